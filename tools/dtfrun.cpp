@@ -16,6 +16,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -38,16 +39,21 @@
 #include <utility>
 #include <vector>
 
+#include "dtfrun/common.hpp"
+#include "dtfrun/sweep.hpp"
+#include "dtfrun/view.hpp"
+
 extern char** environ;
 
 namespace {
 
-using steady = std::chrono::steady_clock;
+using namespace dtfrun;
 using std::chrono::milliseconds;
 
-constexpr int exit_failure = 1;  // a non-chief task failed, or a task could not be started
-constexpr int exit_usage = 2;    // bad command line; nothing was started
 constexpr int exit_timeout = 124;
+
+// How often the state file is rewritten and CPU/memory figures are sampled.
+constexpr milliseconds refresh_interval{1000};
 
 // How long tasks get between SIGTERM and SIGKILL, and after SIGKILL how long dtfrun waits
 // for them to be gone and for their output pipes to close before it exits regardless.
@@ -64,6 +70,12 @@ constexpr long long max_tasks_per_job = 1024;
 
 constexpr std::string_view usage_text =
     R"(usage: dtfrun [options] -- CMD [ARGS...]
+       dtfrun --print-tf-config --hosts H1,H2,... [--ps N] [--workers M] [--chief]
+              [--evaluator] [--port-base P] [--task NAME]
+       dtfrun status [PID]
+       dtfrun sweep --grid KEY=V1,V2,... [--grid ...] [--parallel P] [--out DIR]
+              [--sort METRIC[:asc|desc]] -- CMD [ARGS...]
+(dtfrun status --help and dtfrun sweep --help describe the last two.)
 
 Starts a dtf cluster on this machine. Every task runs CMD ARGS with its own TF_CONFIG
 and DTF_TASK=<job>.<index> added to dtfrun's environment, stdin from /dev/null, in a
@@ -77,6 +89,8 @@ options:
   --evaluator     add an evaluator task (not listed in the cluster, as in TensorFlow)
   --host H        address the tasks listen on; free ports are picked on it
                   (default 127.0.0.1)
+  --port-base P   use ports P, P+1, ... on --host instead of free ones (each is
+                  checked to be free before anything starts)
   --grace_ms MS   after the chief exits, how long the other tasks may take to end by
                   themselves before they get SIGTERM (default 10000)
   --timeout_s S   time limit for the job, counted until the chief exits; 0: none
@@ -87,9 +101,27 @@ options:
                   role, a role left out gets 0 (default 0)
   --restart_delay_ms MS
                   wait before a failed task is started again (default 1000)
+  --live, --no-live
+                  force the live view on or off (default: on when stdout is a
+                  terminal)
   -h, --help      print this help and exit
 Flags take their value as the next argument or after '=' (--ps=2); '-' and '_' in a
 flag's name are the same (--max_restarts, --grace-ms).
+
+live view: on a terminal, a table at the bottom of the screen (state, restarts, step,
+steps/s, loss, CPU % and resident memory of each task's process group) and a bar of the
+chief's step towards its last step, redrawn in place while the tasks' lines scroll above
+it. Steps, losses and rates are read from key=value tokens in any line a task prints:
+step=, last_step=, loss=, steps_per_sec=. The same table goes to a state file about once
+a second ($XDG_RUNTIME_DIR/dtfrun/<pid>.json, else /tmp/dtfrun-<uid>/<pid>.json; removed
+at exit), which `dtfrun status` prints from another shell.
+
+--print-tf-config: prints one line per task, its name, a tab and its TF_CONFIG, for a
+cluster spread over the hosts given (nothing is started). A host list of plain names
+places the tasks round-robin (ps first, then chief, workers, evaluator), each on the next
+port from --port-base (default 2222) on its host; a list of host:port entries gives every
+cluster member its own entry, in that order. With --task NAME only that task's TF_CONFIG
+is printed (for `export TF_CONFIG=$(dtfrun --print-tf-config ... --task worker.$RANK)`).
 
 restarts: a failed task with restarts left is started again with the same TF_CONFIG
 (same address and port) and DTF_RESTART_COUNT=<k> (0 on the first start); whatever it
@@ -118,99 +150,9 @@ exit status:
                     SIGINT this holds however the chief then ended
 )";
 
-// ---- small helpers ----------------------------------------------------------------------
-
-// Writes all of `data` to `fd`. Output that cannot be delivered (a closed pipe on dtfrun's
-// stdout, say) is dropped: losing a log line must not take the cluster down with it.
-void write_all(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n > 0) {
-      data.remove_prefix(static_cast<std::size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else if (n < 0 && errno == EAGAIN) {
-      // dtfrun's own stdout was handed to it non-blocking; wait (bounded) until it drains.
-      pollfd pfd{fd, POLLOUT, 0};
-      if (::poll(&pfd, 1, 1000) <= 0) return;
-    } else {
-      return;
-    }
-  }
-}
-
-void say(std::string_view message) {
-  std::string line = "dtfrun: ";
-  line += message;
-  line += '\n';
-  write_all(STDERR_FILENO, line);
-}
-
-std::string errno_text(int error) { return std::strerror(error); }
-
-std::string signal_name(int sig) {
-  switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    case SIGXCPU: return "SIGXCPU";
-    case SIGXFSZ: return "SIGXFSZ";
-    default: return "signal " + std::to_string(sig);
-  }
-}
-
-// How a task ended, from waitid(): an exit code or the signal that killed it.
-struct task_end {
-  bool killed = false;
-  int value = 0;  // exit code, or signal number when killed
-
-  bool failed() const { return killed || value != 0; }
-  int shell_status() const { return killed ? 128 + value : value; }
-  std::string describe() const {
-    return killed ? "killed by signal " + signal_name(value)
-                  : "exit status " + std::to_string(value);
-  }
-};
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
 
 // ---- command line -----------------------------------------------------------------------
 
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // --max-restarts: per task of each role.
 struct restart_limits {
@@ -237,20 +179,15 @@ struct options {
   long long timeout_s = 0;
   restart_limits max_restarts;
   long long restart_delay_ms = 1000;
+  std::optional<long long> port_base;
+  std::optional<bool> live;  // unset: when stdout is a terminal
+  bool print_tf_config = false;
+  std::vector<std::string> hosts;  // --hosts, for --print-tf-config
+  std::string only_task;           // --task, for --print-tf-config
   std::vector<std::string> command;
   bool help = false;
 };
 
-long long parse_count(std::string_view flag, std::string_view text, long long max) {
-  long long value = 0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc{} || end != text.data() + text.size() || value < 0 ||
-      value > max) {
-    throw usage_error("--" + std::string(flag) + " needs a whole number from 0 to " +
-                      std::to_string(max) + ", not '" + std::string(text) + "'");
-  }
-  return value;
-}
 
 constexpr long long max_restarts_limit = 1'000'000;
 
@@ -320,14 +257,20 @@ options parse_options(int argc, char** argv) {
     std::string normalized(written);
     std::replace(normalized.begin(), normalized.end(), '-', '_');
     const std::string_view name = normalized;
-    if (name == "chief" || name == "evaluator") {
+    if (name == "chief" || name == "evaluator" || name == "live" || name == "no_live" ||
+        name == "print_tf_config") {
       if (inline_value) throw usage_error("--" + std::string(written) + " takes no value");
-      (name == "chief" ? opts.chief : opts.evaluator) = true;
+      if (name == "chief") opts.chief = true;
+      if (name == "evaluator") opts.evaluator = true;
+      if (name == "live") opts.live = true;
+      if (name == "no_live") opts.live = false;
+      if (name == "print_tf_config") opts.print_tf_config = true;
       continue;
     }
     const bool takes_value = name == "ps" || name == "workers" || name == "host" ||
                              name == "grace_ms" || name == "timeout_s" ||
-                             name == "max_restarts" || name == "restart_delay_ms";
+                             name == "max_restarts" || name == "restart_delay_ms" ||
+                             name == "port_base" || name == "hosts" || name == "task";
     if (!takes_value) {
       throw usage_error("unknown flag '--" + std::string(written) + "' (see dtfrun --help)");
     }
@@ -352,9 +295,38 @@ options parse_options(int argc, char** argv) {
       opts.max_restarts = parse_restarts(value);
     } else if (name == "restart_delay_ms") {
       opts.restart_delay_ms = parse_count(written, value, 1'000'000'000LL);
+    } else if (name == "port_base") {
+      opts.port_base = parse_count(written, value, 65535);
+      if (*opts.port_base == 0) throw usage_error("--" + std::string(written) + " needs a port from 1 to 65535");
+    } else if (name == "hosts") {
+      opts.hosts.clear();
+      std::string_view rest = value;
+      while (true) {
+        const auto comma = rest.find(',');
+        const std::string_view host = rest.substr(0, comma);
+        if (host.empty()) throw usage_error("--hosts needs a comma-separated list of hosts, not '" +
+                                            std::string(value) + "'");
+        opts.hosts.emplace_back(host);
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
+    } else if (name == "task") {
+      opts.only_task = value;
     } else {
       opts.timeout_s = parse_count(written, value, 1'000'000'000LL);
     }
+  }
+  if (opts.print_tf_config) {
+    if (saw_separator) throw usage_error("--print-tf-config starts nothing: drop the command after '--'");
+    if (opts.hosts.empty()) throw usage_error("--print-tf-config needs --hosts H1,H2,...");
+    if (opts.worker_count == 0 && !opts.chief) {
+      throw usage_error("--workers 0 leaves no chief; add --chief or start at least one worker");
+    }
+    return opts;
+  }
+  if (!opts.hosts.empty() || !opts.only_task.empty()) {
+    throw usage_error(std::string(!opts.hosts.empty() ? "--hosts" : "--task") +
+                      " only goes with --print-tf-config");
   }
   if (!saw_separator) throw usage_error("missing '--' before the command (see dtfrun --help)");
   if (i >= argc) throw usage_error("missing the command after '--' (see dtfrun --help)");
@@ -363,36 +335,6 @@ options parse_options(int argc, char** argv) {
   }
   for (; i < argc; ++i) opts.command.emplace_back(argv[i]);
   return opts;
-}
-
-bool is_executable_file(const std::string& path) {
-  struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
-         ::access(path.c_str(), X_OK) == 0;
-}
-
-// Finds the program up front, as execvp would, so that a typo is a usage error before any
-// task starts rather than N identical failures after all of them did.
-std::string resolve_command(const std::string& name) {
-  if (name.empty()) throw usage_error("the command after '--' is empty");
-  if (name.find('/') != std::string::npos) {
-    if (!is_executable_file(name)) {
-      throw usage_error("cannot execute '" + name + "': not an executable file");
-    }
-    return name;
-  }
-  const char* path_env = std::getenv("PATH");
-  std::string_view path = path_env != nullptr ? path_env : "/usr/local/bin:/usr/bin:/bin";
-  while (true) {
-    auto colon = path.find(':');
-    std::string_view dir = path.substr(0, colon);
-    // An empty PATH entry means the current directory, as in execvp.
-    std::string candidate = dir.empty() ? name : std::string(dir) + "/" + name;
-    if (is_executable_file(candidate)) return candidate;
-    if (colon == std::string_view::npos) break;
-    path.remove_prefix(colon + 1);
-  }
-  throw usage_error("cannot execute '" + name + "': not found on PATH");
 }
 
 // ---- the cluster ------------------------------------------------------------------------
@@ -408,6 +350,8 @@ struct task {
   std::optional<task_end> end;  // of the latest run
   long long restarts = 0;       // starts after the first
   std::optional<steady::time_point> restart_at;  // a failed task waiting to start again
+  task_view view;  // progress tokens from its output, CPU and memory from /proc
+  std::optional<double> cpu_seconds;  // at the last sample, for CPU %
 };
 
 // One of a task's two output pipes, and the partial line read from it so far. A restarted
@@ -450,18 +394,30 @@ class port_picker {
     for (int fd : sockets_) ::close(fd);
   }
 
-  // "host:port" (IPv6 literals in brackets) for a port nobody else holds right now.
-  std::string next_address() {
+  // "host:port" (IPv6 literals in brackets) for a port nobody else holds right now: any
+  // free one, or `wanted` (--port-base), which must be free.
+  std::string next_address(int wanted = 0) {
     int fd = ::socket(family_, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) throw usage_error("cannot open a socket to pick a port: " + errno_text(errno));
     sockets_.push_back(fd);
     sockaddr_storage bound = address_;
+    const auto wanted_port = htons(static_cast<in_port_t>(wanted));
     if (family_ == AF_INET) {
-      reinterpret_cast<sockaddr_in*>(&bound)->sin_port = 0;
+      reinterpret_cast<sockaddr_in*>(&bound)->sin_port = wanted_port;
     } else {
-      reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port = 0;
+      reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port = wanted_port;
     }
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&bound), address_length_) != 0) {
+    if (wanted != 0) {
+      // Connections of an earlier job in TIME_WAIT do not make the port taken (the tasks'
+      // servers reuse addresses too); a socket bound or listening there does.
+      int on = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+      if (::bind(fd, reinterpret_cast<sockaddr*>(&bound), address_length_) != 0) {
+        throw usage_error("port " + std::to_string(wanted) + " on '" + host_ +
+                          "' is not available (--port-base): " + errno_text(errno));
+      }
+    }
+    if (wanted == 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&bound), address_length_) != 0) {
       throw usage_error("cannot bind a port on --host '" + host_ + "': " + errno_text(errno));
     }
     socklen_t length = sizeof bound;
@@ -483,7 +439,7 @@ class port_picker {
 };
 
 // Tasks in start order: ps first (workers connect to them), then chief, workers, evaluator.
-std::vector<task> plan_tasks(const options& opts) {
+std::vector<task> list_tasks(const options& opts) {
   std::vector<task> tasks;
   auto add = [&](const char* job, long long count) {
     for (long long i = 0; i < count; ++i) {
@@ -498,10 +454,18 @@ std::vector<task> plan_tasks(const options& opts) {
   add("chief", opts.chief ? 1 : 0);
   add("worker", opts.worker_count);
   add("evaluator", opts.evaluator ? 1 : 0);
+  return tasks;
+}
 
+std::vector<task> plan_tasks(const options& opts) {
+  std::vector<task> tasks = list_tasks(opts);
   port_picker picker(opts.host);
+  long long next_port = opts.port_base.value_or(0);
   for (task& t : tasks) {
-    if (t.job != "evaluator") t.address = picker.next_address();
+    if (t.job == "evaluator") continue;
+    if (next_port > 65535) throw usage_error("--port-base leaves too few ports below 65536");
+    t.address = picker.next_address(static_cast<int>(next_port));
+    if (next_port != 0) ++next_port;
   }
 
   std::size_t width = 0;
@@ -529,6 +493,56 @@ std::string tf_config_for(const std::vector<task>& tasks, const task& self) {
          R"(, "index": )" + std::to_string(self.index) + "}}";
 }
 
+// --print-tf-config: the cluster spread over --hosts (see the help text).
+int print_tf_config(const options& opts) {
+  std::vector<task> tasks = list_tasks(opts);
+  std::size_t members = 0;
+  for (const task& t : tasks) members += t.job != "evaluator";
+  const bool with_ports = std::all_of(opts.hosts.begin(), opts.hosts.end(), [](const std::string& h) {
+    const auto colon = h.rfind(':');
+    return colon != std::string::npos && colon + 1 < h.size() && h.back() != ']' &&
+           h.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  });
+  if (with_ports && opts.port_base) {
+    throw usage_error("--port-base goes with plain host names, not host:port entries");
+  }
+  if (with_ports && opts.hosts.size() != members) {
+    throw usage_error("--hosts lists " + std::to_string(opts.hosts.size()) +
+                      " host:port entries for " + std::to_string(members) +
+                      " cluster members (ps, chief, workers)");
+  }
+  const long long base = opts.port_base.value_or(2222);
+  std::vector<long long> used(opts.hosts.size(), 0);
+  std::size_t next = 0;
+  for (task& t : tasks) {
+    if (t.job == "evaluator") continue;
+    if (with_ports) {
+      t.address = opts.hosts[next++];
+      continue;
+    }
+    const std::size_t h = next++ % opts.hosts.size();
+    const long long port = base + used[h]++;
+    if (port > 65535) throw usage_error("--port-base leaves too few ports below 65536");
+    const std::string& host = opts.hosts[h];
+    const bool bracket = host.find(':') != std::string::npos && host.front() != '[';
+    t.address = (bracket ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
+  std::string out;
+  bool found = opts.only_task.empty();
+  for (const task& t : tasks) {
+    if (!opts.only_task.empty()) {
+      if (t.name != opts.only_task) continue;
+      found = true;
+      out += tf_config_for(tasks, t) + "\n";
+    } else {
+      out += t.name + "\t" + tf_config_for(tasks, t) + "\n";
+    }
+  }
+  if (!found) throw usage_error("--task '" + opts.only_task + "' is not a task of this cluster");
+  write_all(STDOUT_FILENO, out);
+  return 0;
+}
+
 // Runs the cluster: starts the tasks, relays their output and decides when and how the job
 // ends. Single-threaded; every event (output, a task ending, a signal to dtfrun, a
 // deadline) arrives through one poll() call.
@@ -541,6 +555,9 @@ class launcher {
 
   int run() {
     setup_signals();
+    started_ = steady::now();
+    live_ = opts_.live.value_or(::isatty(STDOUT_FILENO) == 1 && !dumb_terminal());
+    open_state_file();
     if (start_all()) {
       phase_ = phase::running;
       if (opts_.timeout_s > 0) {
@@ -550,6 +567,7 @@ class launcher {
       exit_status_ = exit_failure;
       begin_terminate();
     }
+    refresh();
     event_loop();
     finish();
     return exit_status_.value_or(exit_failure);
@@ -566,6 +584,99 @@ class launcher {
       if (t.job == job) return &t;
     }
     return nullptr;
+  }
+
+  static bool dumb_terminal() {
+    const char* term = std::getenv("TERM");
+    return term == nullptr || std::string_view(term) == "dumb";
+  }
+
+  // ---- the table: live view and state file ----------------------------------------------
+
+  std::string phase_name() const {
+    switch (phase_) {
+      case phase::running: return "running";
+      case phase::stopping: return "stopping (chief asked to stop)";
+      case phase::grace: return "chief ended";
+      case phase::terminating: return "tearing down (SIGTERM)";
+      case phase::killing: return "tearing down (SIGKILL)";
+      case phase::done: return "done";
+    }
+    return "";
+  }
+
+  static std::string task_state(const task& t) {
+    if (t.running) return "running";
+    if (t.restart_at) return "restarting";
+    if (!t.end) return "not started";
+    return t.end->failed() ? t.end->describe() : "done";
+  }
+
+  job_view snapshot() const {
+    job_view job;
+    job.dtfrun_pid = ::getpid();
+    for (const std::string& word : opts_.command) job.command += (job.command.empty() ? "" : " ") + word;
+    job.phase = phase_name();
+    job.elapsed_s = std::chrono::duration<double>(steady::now() - started_).count();
+    job.chief = chief_->name;
+    for (const task& t : tasks_) {
+      task_view v = t.view;
+      v.name = t.name;
+      v.state = task_state(t);
+      v.restarts = t.restarts;
+      v.pid = t.pid;
+      if (!t.running) {
+        v.cpu_percent.reset();
+        v.rss_bytes.reset();
+      }
+      job.tasks.push_back(std::move(v));
+    }
+    return job;
+  }
+
+  std::size_t terminal_width() const {
+    winsize size{};
+    if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 1) return size.ws_col - 1;
+    return 79;
+  }
+
+  void redraw() {
+    if (live_) console::get().set_footer(render_table(snapshot(), terminal_width()));
+  }
+
+  void open_state_file() {
+    const std::string dir = state_directory();
+    // Only this user may read the job's table (it holds the command line).
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return;
+    struct stat info {};
+    if (::lstat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != ::getuid()) return;
+    state_path_ = dir + "/" + std::to_string(::getpid()) + ".json";
+  }
+
+  // Samples CPU and memory, rewrites the state file and redraws the live view.
+  void refresh() {
+    const auto now = steady::now();
+    std::vector<pid_t> groups;
+    for (const task& t : tasks_) groups.push_back(t.running ? t.pid : -1);
+    const std::vector<group_usage> usage = sample_groups(groups);
+    const double interval_s =
+        last_sample_ ? std::chrono::duration<double>(now - *last_sample_).count() : 0.0;
+    for (std::size_t i = 0; i < tasks_.size(); ++i) {
+      task& t = tasks_[i];
+      if (!t.running || !usage[i].found) {
+        t.cpu_seconds.reset();
+        continue;
+      }
+      if (t.cpu_seconds && interval_s > 0.05) {
+        t.view.cpu_percent = std::max(0.0, 100.0 * (usage[i].cpu_seconds - *t.cpu_seconds) / interval_s);
+      }
+      t.cpu_seconds = usage[i].cpu_seconds;
+      t.view.rss_bytes = usage[i].rss_bytes;
+    }
+    last_sample_ = now;
+    next_refresh_ = now + refresh_interval;
+    if (!state_path_.empty()) write_file_atomically(state_path_, to_json(snapshot()));
+    redraw();
   }
 
   void setup_signals() {
@@ -676,6 +787,8 @@ class launcher {
     }
     t.pid = pid;
     t.running = true;
+    t.cpu_seconds.reset();
+    t.view.cpu_percent.reset();
     t.end.reset();
     t.restart_at.reset();
     pipes_.push_back(output_pipe{&t, out_pipe[0], STDOUT_FILENO, {}});
@@ -705,12 +818,15 @@ class launcher {
         if (fds[0].revents != 0) read_signals();
       }
       pipes_.remove_if([](const output_pipe& p) { return p.fd < 0; });
+      const phase before = phase_;
       advance();
+      if (phase_ != before) redraw();
+      if (steady::now() >= next_refresh_) refresh();
     }
   }
 
   // Reads what is available (once: poll said it would not block) and prints whole lines.
-  void relay(const task& t, output_pipe& p) {
+  void relay(task& t, output_pipe& p) {
     char buffer[read_chunk_bytes];
     const ssize_t n = ::read(p.fd, buffer, sizeof buffer);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
@@ -722,7 +838,7 @@ class launcher {
     emit_lines(t, p);
   }
 
-  void emit_lines(const task& t, output_pipe& p) {
+  void emit_lines(task& t, output_pipe& p) {
     // One write per read keeps a task's lines together and the number of system calls low.
     std::string text;
     std::size_t start = 0;
@@ -738,15 +854,23 @@ class launcher {
         text += t.prefix;
         text.append(p.pending, start, newline + 1 - start);
       }
+      parse_progress_tokens(std::string_view(p.pending).substr(start, newline + 1 - start), t.view);
       start = newline + 1;
     }
     p.pending.erase(0, start);
-    write_all(p.target_fd, text);
+    if (live_) {
+      // The footer is redrawn below the lines, with the figures they brought.
+      const auto footer = render_table(snapshot(), terminal_width());
+      console::get().log(p.target_fd, text, &footer);
+    } else {
+      write_all(p.target_fd, text);
+    }
   }
 
-  void close_pipe(const task& t, output_pipe& p) {
+  void close_pipe(task& t, output_pipe& p) {
     if (!p.pending.empty()) {
-      write_all(p.target_fd, t.prefix + p.pending + "\n");
+      parse_progress_tokens(p.pending, t.view);
+      console::get().log(p.target_fd, t.prefix + p.pending + "\n");
       p.pending.clear();
     }
     ::close(p.fd);
@@ -990,7 +1114,7 @@ class launcher {
         if (t.restart_at && (!next || *t.restart_at < *next)) next = t.restart_at;
       }
     }
-    if (!next) return -1;
+    if (!next || next_refresh_ < *next) next = next_refresh_;
     const auto left = std::chrono::ceil<milliseconds>(*next - steady::now()).count();
     return static_cast<int>(std::clamp<long long>(left, 0, 24LL * 3600 * 1000));
   }
@@ -1009,6 +1133,12 @@ class launcher {
       close_pipe(*p.owner, p);
     }
     pipes_.clear();
+    if (!state_path_.empty()) ::unlink(state_path_.c_str());
+    if (live_) {
+      // The last table stays on the screen.
+      redraw();
+      console::get().keep_footer();
+    }
     for (task& t : tasks_) {
       if (t.pid > 0) {
         int status = 0;
@@ -1030,6 +1160,11 @@ class launcher {
   std::optional<steady::time_point> deadline_;      // of the current phase
   std::optional<steady::time_point> job_deadline_;  // --timeout_s, while running
   std::optional<int> exit_status_;
+  bool live_ = false;
+  std::string state_path_;  // empty: no state file
+  steady::time_point started_;
+  steady::time_point next_refresh_;
+  std::optional<steady::time_point> last_sample_;
 };
 
 }  // namespace
@@ -1040,10 +1175,13 @@ int main(int argc, char** argv) {
   for (int fd = 0; fd <= 2; ++fd) {
     if (::fcntl(fd, F_GETFD) == -1 && errno == EBADF) ::open("/dev/null", O_RDWR);
   }
+  if (argc >= 2 && std::string_view(argv[1]) == "status") return dtfrun::status_main(argc, argv);
+  if (argc >= 2 && std::string_view(argv[1]) == "sweep") return dtfrun::sweep_main(argc, argv);
   options opts;
   std::string program;
   try {
     opts = parse_options(argc, argv);
+    if (opts.print_tf_config) return print_tf_config(opts);
     if (opts.help) {
       write_all(STDOUT_FILENO, usage_text);
       return 0;

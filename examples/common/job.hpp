@@ -4,6 +4,11 @@
 //
 // The RESULT line is machine-readable for the scripts under benchmarks/:
 //   RESULT scheme=agn workers=2 accuracy=0.8712 wall_s=12.3 <scheme-specific key=value...>
+// With --metrics_file PATH the chief also writes the final figures there as a JSON object
+// ({"accuracy": ..., "loss": ..., "global_step": ..., "wall_s": ...}), atomically (a
+// temporary file renamed into place), for `dtfrun sweep`.
+// Progress lines carry key=value tokens (step=, last_step=, loss=, steps_per_sec=) that
+// dtfrun's live view reads.
 #pragma once
 
 #include <dtf/cluster.hpp>
@@ -15,6 +20,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -51,7 +58,8 @@ class job {
         .add("log_every", j.log_every, "steps between progress lines")
         .add("train_examples", j.train_examples_, "use only the first N training examples (0: all)")
         .add("blas_threads", j.blas_threads_, "BLAS threads per process")
-        .add("target_accuracy", j.target_accuracy_, "chief: exit with status 1 if the final test accuracy is lower");
+        .add("target_accuracy", j.target_accuracy_, "chief: exit with status 1 if the final test accuracy is lower")
+        .add("metrics_file", j.metrics_file_, "chief: write the final accuracy, loss, global_step and wall_s there (JSON)");
     add_flags(flags);
     if (!flags.parse(argc, argv)) return std::nullopt;
     j.resolve();
@@ -127,6 +135,7 @@ class job {
                 extra.c_str());
     std::fflush(stdout);
     ps.shutdown();
+    if (!metrics_file_.empty()) write_metrics(e, ps.global_step(), wall);
     if (e.accuracy < target_accuracy_) {
       std::fprintf(stderr, "%s: test accuracy %.4f is below the target %.4f\n", me_.c_str(), e.accuracy,
                    double(target_accuracy_));
@@ -145,6 +154,29 @@ class job {
 
  private:
   job(const char* scheme, job_defaults d) : epochs(d.epochs), batch(d.batch), scheme_(scheme) {}
+
+  // --metrics_file: a temporary file next to the target, renamed over it, so that a reader
+  // sees the whole object or nothing.
+  void write_metrics(const dtf::nn::evaluation& e, std::int64_t global_step, double wall_s) const {
+    const std::filesystem::path target(metrics_file_);
+    const std::filesystem::path temporary = target.string() + ".tmp";
+    {
+      std::ofstream out(temporary, std::ios::trunc);
+      char json[256];
+      std::snprintf(json, sizeof json,
+                    "{\"accuracy\": %.6f, \"loss\": %.6f, \"global_step\": %lld, \"wall_s\": %.3f, \"workers\": %zu}\n",
+                    double(e.accuracy), double(e.loss), static_cast<long long>(global_step), wall_s, trainers);
+      out << json;
+      out.flush();
+      if (!out)
+        throw dtf::error(dtf::errc::io_error, "--metrics_file: cannot write '" + temporary.string() + "'");
+    }
+    std::error_code ec;
+    std::filesystem::rename(temporary, target, ec);
+    if (ec)
+      throw dtf::error(dtf::errc::io_error, "--metrics_file: cannot rename '" + temporary.string() + "' to '" +
+                                          target.string() + "': " + ec.message());
+  }
 
   void resolve() {
     dtf::set_cpu_threads({.device = 1, .blas = blas_threads_});
@@ -175,6 +207,7 @@ class job {
   clock::time_point started_ = clock::now();
   dtf::cluster_flags cf_;
   std::string data_dir_ = dtf::data::fashion_mnist_default_dir, partitioner_ = "greedy", secret_, me_;
+  std::string metrics_file_;
   int blas_threads_ = 1, train_examples_ = 0, finish_timeout_s_ = 1800, num_shards_ = 2;
   float target_accuracy_ = 0.0f;
   dtf::data::dataset train_all_{xt::xtensor<float, 2>::from_shape({0, 1}), xt::xtensor<std::int32_t, 1>::from_shape({0}),
@@ -184,17 +217,23 @@ class job {
   std::vector<float> centre_host_;
 };
 
-/// Progress line every log_every steps.
+/// Progress line every log_every steps, as key=value tokens dtfrun's live view reads:
+///   worker.0: step=1200 last_step=4690 loss=0.4123 steps_per_sec=85.3 samples_per_sec=5459 <extra>
+/// step counts this task's local steps; last_step is where they end when the task trains
+/// `epochs` passes over its shard (0 leaves the token out).
 class progress {
  public:
-  explicit progress(const job& j) : j_(j) {}
+  explicit progress(const job& j)
+      : j_(j), last_step_(std::size_t(std::max(0, j.epochs)) * j.shard_batches(j.trainer)) {}
   void step(float loss, std::size_t samples, const std::function<std::string()>& extra) {
     loss_ += loss;
     samples_ += samples;
     if (++steps_ % std::size_t(j_.log_every) != 0) return;
     const double secs = std::chrono::duration<double>(job::clock::now() - window_).count();
-    std::printf("%s: step %zu  loss %.4f  samples/s %.0f  %s\n", j_.me().c_str(), steps_, loss_ / double(j_.log_every),
-                double(samples_) / secs, extra().c_str());
+    const std::string last = last_step_ > 0 ? " last_step=" + std::to_string(last_step_) : "";
+    std::printf("%s: step=%zu%s loss=%.4f steps_per_sec=%.1f samples_per_sec=%.0f  %s\n", j_.me().c_str(), steps_,
+                last.c_str(), loss_ / double(j_.log_every), double(j_.log_every) / secs, double(samples_) / secs,
+                extra().c_str());
     std::fflush(stdout);
     window_ = job::clock::now();
     samples_ = 0;
@@ -204,6 +243,7 @@ class progress {
 
  private:
   const job& j_;
+  std::size_t last_step_;
   job::clock::time_point window_ = job::clock::now();
   std::size_t samples_ = 0, steps_ = 0;
   double loss_ = 0.0;
