@@ -129,13 +129,14 @@ class job {
     }
     const auto e = evaluate_centre(ps);
     const double wall = std::chrono::duration<double>(clock::now() - started_).count();
+    const std::int64_t global_step = ps.global_step();
     std::printf("%s: final test accuracy %.4f  test_loss %.4f  global_step %lld  wall %.1fs\n", me_.c_str(), e.accuracy,
-                e.loss, static_cast<long long>(ps.global_step()), wall);
+                e.loss, static_cast<long long>(global_step), wall);
     std::printf("RESULT scheme=%s workers=%zu accuracy=%.4f wall_s=%.1f %s\n", scheme_, trainers, e.accuracy, wall,
                 extra.c_str());
     std::fflush(stdout);
     ps.shutdown();
-    if (!metrics_file_.empty()) write_metrics(e, ps.global_step(), wall);
+    if (!metrics_file_.empty()) write_metrics(e, global_step, wall);
     if (e.accuracy < target_accuracy_) {
       std::fprintf(stderr, "%s: test accuracy %.4f is below the target %.4f\n", me_.c_str(), e.accuracy,
                    double(target_accuracy_));
