@@ -1,0 +1,109 @@
+# Three "hosts" on this machine, built from network namespaces: a ps on one and a worker on
+# each of the other two, addressed by the namespaces' own IPs (10.0.0.1-3) through veth
+# pairs on a bridge (which sits in a fourth namespace, so the host's network is untouched).
+# Each task's TF_CONFIG comes from `dtfrun --print-tf-config` for that host list. The job
+# must train to the end: the chief's RESULT line, the ps shut down by the chief.
+#
+# Usage: test_netns_cluster.sh <dtfrun> <downpour>. Exits 77 (skipped) only when the machine
+# refuses to create network namespaces; always removes the namespaces it made.
+set -u
+dtfrun=${1:?usage: $0 <dtfrun> <downpour>}
+program=${2:?usage: $0 <dtfrun> <downpour>}
+id="dtf$$"
+sw="${id}sw"
+hosts=("${id}h1" "${id}h2" "${id}h3")
+work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_netns.XXXXXX")
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  for ns in "${hosts[@]}" "$sw"; do
+    if ip netns list 2>/dev/null | grep -qw "$ns"; then
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+      ip netns del "$ns" 2>/dev/null
+    fi
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/*.log; do
+    [[ -f "$f" ]] || continue
+    echo "---- $f" >&2
+    tail -n 30 "$f" >&2
+  done
+  exit 1
+}
+
+skip() {
+  echo "SKIP: $*"
+  exit 77
+}
+
+command -v ip >/dev/null || skip "no 'ip' command (iproute2) to build network namespaces"
+if ! ip netns add "$sw" 2>"$work/netns.err"; then
+  skip "this machine refuses network namespaces: ip netns add: $(head -n1 "$work/netns.err")"
+fi
+
+# The switch: a bridge in its own namespace; each host gets a veth pair into it.
+ip -n "$sw" link add br0 type bridge || fail "cannot create a bridge"
+ip -n "$sw" link set br0 up || fail "cannot bring the bridge up"
+addresses=()
+for i in 1 2 3; do
+  ns=${hosts[$((i - 1))]}
+  ip netns add "$ns" || fail "cannot create namespace $ns"
+  ip link add "${id}a$i" netns "$ns" type veth peer name "${id}b$i" netns "$sw" ||
+    fail "cannot create the veth pair of $ns"
+  ip -n "$ns" link set "${id}a$i" name eth0 || fail "cannot rename the veth in $ns"
+  ip -n "$ns" addr add "10.0.0.$i/24" dev eth0 || fail "cannot address $ns"
+  ip -n "$ns" link set lo up && ip -n "$ns" link set eth0 up || fail "cannot bring $ns up"
+  ip -n "$sw" link set "${id}b$i" master br0 && ip -n "$sw" link set "${id}b$i" up ||
+    fail "cannot attach $ns to the bridge"
+  addresses+=("10.0.0.$i")
+done
+
+ip -n "${hosts[0]}" -4 addr show | grep -q "inet 10.0.0.1/24" || fail "host 1 lacks its address"
+
+list=$(IFS=,; echo "${addresses[*]}")
+"$dtfrun" --print-tf-config --ps 1 --workers 2 --hosts "$list" --port-base 2222 >"$work/tf_config.txt" ||
+  fail "dtfrun --print-tf-config failed"
+grep -qF '"ps": ["10.0.0.1:2222"]' "$work/tf_config.txt" || fail "the ps is not placed on host 1: $(cat "$work/tf_config.txt")"
+
+start() {  # start <namespace> <task> : runs the example there with its TF_CONFIG
+  local ns=$1 task=$2 config
+  config=$("$dtfrun" --print-tf-config --ps 1 --workers 2 --hosts "$list" --port-base 2222 --task "$task") ||
+    fail "no TF_CONFIG for $task"
+  TF_CONFIG="$config" ip netns exec "$ns" "$program" --epochs 2 --train_examples 6000 --batch 32 \
+    --log_every 20 --finish_timeout_s 60 --metrics_file "$work/metrics.json" >"$work/$task.log" 2>&1 &
+  pids+=($!)
+}
+start "${hosts[0]}" ps.0
+start "${hosts[1]}" worker.0
+start "${hosts[2]}" worker.1
+chief=${pids[1]}
+
+deadline=$((SECONDS + 120))
+while kill -0 "$chief" 2>/dev/null; do
+  ((SECONDS < deadline)) || fail "the chief did not finish within 120 s"
+  sleep 0.2
+done
+wait "$chief"
+status=$?
+[[ $status -eq 0 ]] || fail "the chief (worker.0 on host 2) exited with status $status"
+grep -q '^RESULT scheme=downpour workers=2 accuracy=' "$work/worker.0.log" || fail "the chief printed no RESULT"
+for task in ps.0 worker.1; do
+  pid=${pids[$([[ $task == ps.0 ]] && echo 0 || echo 2)]}
+  deadline=$((SECONDS + 30))
+  while kill -0 "$pid" 2>/dev/null; do
+    ((SECONDS < deadline)) || fail "$task did not end after the chief"
+    sleep 0.1
+  done
+  wait "$pid" || fail "$task exited with status $?"
+done
+grep -q 'shut down by the chief' "$work/ps.0.log" || fail "the ps was not shut down by the chief"
+grep -q 'step=' "$work/worker.1.log" || fail "worker.1 on host 3 did not train"
+grep -q '"accuracy"' "$work/metrics.json" || fail "no metrics file from the chief"
+echo "trained across three namespaces: $(grep -o 'RESULT.*' "$work/worker.0.log")"
+echo PASS
