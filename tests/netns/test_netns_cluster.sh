@@ -43,12 +43,18 @@ skip() {
 }
 
 command -v ip >/dev/null || skip "no 'ip' command (iproute2) to build network namespaces"
+# What the machine may refuse: a namespace, running a program in it, a bridge, a veth pair.
 if ! ip netns add "$sw" 2>"$work/netns.err"; then
   skip "this machine refuses network namespaces: ip netns add: $(head -n1 "$work/netns.err")"
 fi
-
+ip netns exec "$sw" true 2>"$work/netns.err" ||
+  skip "this machine refuses to run programs in a network namespace: ip netns exec: $(head -n1 "$work/netns.err")"
 # The switch: a bridge in its own namespace; each host gets a veth pair into it.
-ip -n "$sw" link add br0 type bridge || fail "cannot create a bridge"
+ip -n "$sw" link add br0 type bridge 2>"$work/netns.err" ||
+  skip "this machine refuses a bridge in a network namespace: $(head -n1 "$work/netns.err")"
+ip -n "$sw" link add "${id}p" type veth peer name "${id}q" 2>"$work/netns.err" ||
+  skip "this machine refuses veth pairs: $(head -n1 "$work/netns.err")"
+ip -n "$sw" link del "${id}p"
 ip -n "$sw" link set br0 up || fail "cannot bring the bridge up"
 addresses=()
 for i in 1 2 3; do
