@@ -498,11 +498,17 @@ int print_tf_config(const options& opts) {
   std::vector<task> tasks = list_tasks(opts);
   std::size_t members = 0;
   for (const task& t : tasks) members += t.job != "evaluator";
-  const bool with_ports = std::all_of(opts.hosts.begin(), opts.hosts.end(), [](const std::string& h) {
+  // host:port or [v6]:port; a bare IPv6 address has several colons and no brackets.
+  const auto has_port = [](const std::string& h) {
     const auto colon = h.rfind(':');
-    return colon != std::string::npos && colon + 1 < h.size() && h.back() != ']' &&
-           h.find_first_not_of("0123456789", colon + 1) == std::string::npos;
-  });
+    if (colon == std::string::npos || colon + 1 == h.size()) return false;
+    if (h.front() == '[' ? h[colon - 1] != ']' : std::count(h.begin(), h.end(), ':') != 1) return false;
+    return h.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+  };
+  const bool with_ports = std::all_of(opts.hosts.begin(), opts.hosts.end(), has_port);
+  if (!with_ports && std::any_of(opts.hosts.begin(), opts.hosts.end(), has_port)) {
+    throw usage_error("--hosts mixes host:port entries and plain hosts");
+  }
   if (with_ports && opts.port_base) {
     throw usage_error("--port-base goes with plain host names, not host:port entries");
   }

@@ -49,4 +49,40 @@ check '{"ps": 2, "chief": 1, "worker": 2, "evaluator": 1}' --ps 2 --workers 2 --
 check '{"worker": 1}'
 check '{"chief": 1}' --workers 0 --chief
 check '{"ps": 1, "worker": 3}' --ps=1 --workers=3 --host 127.0.0.1
+
+# --port-base: consecutive ports from it, in start order (ps, chief, workers).
+"$dtfrun" --port-base 0 -- true >/dev/null 2>&1 && fail "--port-base 0 accepted"
+base=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+((base < 65000)) || base=40000
+"$dtfrun" --ps 1 --workers 2 --port-base "$base" -- bash "$work/task.sh" >"$work/base.out" 2>"$work/base.err"
+expect_rc 0 $? "--port-base"
+grep -qF "\"worker\": [\"127.0.0.1:$((base + 1))\", \"127.0.0.1:$((base + 2))\"], \"ps\": [\"127.0.0.1:$base\"]" \
+  "$work/base.out" || fail "--port-base $base: ports not consecutive: $(head -n1 "$work/base.out")"
+
+# --print-tf-config: a line per task (name, tab, TF_CONFIG) for tasks spread over hosts.
+"$dtfrun" --print-tf-config --ps 2 --workers 3 --chief --evaluator --hosts h1,h2,h3 >"$work/print.out" 2>"$work/print.err"
+expect_rc 0 $? "--print-tf-config"
+"$py" - "$work/print.out" <<'PY' || fail "--print-tf-config round-robin placement"
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+names = [l.split("\t")[0] for l in lines]
+assert names == ["ps.0", "ps.1", "chief.0", "worker.0", "worker.1", "worker.2", "evaluator.0"], names
+configs = [json.loads(l.split("\t", 1)[1]) for l in lines]
+want = {"chief": ["h3:2222"], "worker": ["h1:2223", "h2:2223", "h3:2223"], "ps": ["h1:2222", "h2:2222"]}
+for name, c in zip(names, configs):
+    job, index = name.split(".")
+    assert c["task"] == {"type": job, "index": int(index)}, c
+    assert c["cluster"] == want, c["cluster"]
+PY
+"$dtfrun" --print-tf-config --ps 1 --workers 2 --hosts 10.0.0.1:5000,10.0.0.2:6000,10.0.0.3:7000 --task worker.1 \
+  >"$work/one.out" 2>&1
+expect_rc 0 $? "--print-tf-config --task"
+[[ "$(cat "$work/one.out")" == '{"cluster": {"worker": ["10.0.0.2:6000", "10.0.0.3:7000"], "ps": ["10.0.0.1:5000"]}, "task": {"type": "worker", "index": 1}}' ]] ||
+  fail "--print-tf-config --task worker.1: $(cat "$work/one.out")"
+"$dtfrun" --print-tf-config --workers 3 --hosts ::1,node2,fe80::2 --port-base 4000 --task worker.0 >"$work/v6.out" 2>&1
+expect_rc 0 $? "--print-tf-config with IPv6 hosts"
+grep -qF '"worker": ["[::1]:4000", "node2:4000", "[fe80::2]:4000"]' "$work/v6.out" || fail "IPv6 hosts not bracketed: $(cat "$work/v6.out")"
+"$dtfrun" --print-tf-config --workers 2 --hosts [::1]:5000,[::2]:5001 --task worker.1 >"$work/v6p.out" 2>&1
+expect_rc 0 $? "--print-tf-config with [v6]:port entries"
+grep -qF '"worker": ["[::1]:5000", "[::2]:5001"]' "$work/v6p.out" || fail "[v6]:port entries: $(cat "$work/v6p.out")"
 echo PASS

@@ -40,7 +40,7 @@ with DTF_RUN_DIR set to its directory. CMD may itself be a cluster, e.g.
 `dtfrun --ps 1 --workers 2 -- build/examples/downpour`: the flags reach the program. A run
 writes its final figures as a JSON object of numbers to its metrics file (the examples'
 chief does: accuracy, loss, global_step, wall_s). When all runs have ended, the sweep
-prints a table of every run (its values, status, wall time and metrics) sorted by
+prints a table of every run (its values, status, elapsed_s and metrics) sorted by
 METRIC (default accuracy, descending; runs without it last) and saves it as
 DIR/results.csv. A failed run is a row with its status; the sweep goes on.
 
@@ -128,7 +128,11 @@ sweep_options parse_sweep_options(int argc, char** argv) {
       return opts;
     }
     if (!arg.starts_with("--")) {
-      throw usage_error("unexpected argument '" + std::string(arg) + "' (see dtfrun sweep --help)");
+      const bool separator_follows = std::find(argv + i, argv + argc, std::string_view("--")) != argv + argc;
+      throw usage_error(separator_follows ? "unexpected argument '" + std::string(arg) +
+                                                "' before '--' (see dtfrun sweep --help)"
+                                          : "missing '--' before the command '" + std::string(arg) +
+                                                "' (see dtfrun sweep --help)");
     }
     std::string_view written = arg.substr(2);
     std::optional<std::string_view> inline_value;
@@ -553,7 +557,7 @@ class sweeper {
 
     std::vector<std::string> header{"run"};
     for (const grid_entry& g : opts_.grid) header.push_back(g.key);
-    header.insert(header.end(), {"status", "wall_s"});
+    header.insert(header.end(), {"status", "elapsed_s"});
     header.insert(header.end(), metric_names.begin(), metric_names.end());
     std::vector<std::vector<std::string>> rows;
     for (const run* r : order) {

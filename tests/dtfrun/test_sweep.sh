@@ -1,0 +1,127 @@
+# dtfrun sweep: every combination of the grid runs once, in its own directory with its log,
+# with --KEY VALUE flags and --metrics_file appended, at most --parallel at a time; the table
+# (printed and saved as results.csv) is sorted by the chosen metric; failed runs are rows
+# with their status and the sweep goes on. A sweep of clusters (CMD = dtfrun ...) passes the
+# flags to the program. SIGINT and SIGKILL leave no run behind.
+source "$(dirname "$0")/lib.sh"
+
+# The "training program": records its arguments, how many runs are active at once, and
+# writes accuracy/loss from the flags; lr=0.3 with batch=64 fails; lr=0.3 with batch=32
+# writes no metrics file.
+mkdir "$work/active"
+cat >"$work/prog.sh" <<'PROG'
+#!/bin/bash
+echo "args: $*"
+echo "run dir: $DTF_RUN_DIR"
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --lr) lr=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
+    --metrics_file) metrics=$2; shift 2 ;;
+    *) shift ;;
+  esac
+done
+me="$work/active/$$"
+touch "$me"
+( flock 9; n=$(ls "$work/active" | wc -l); echo "$n" >>"$work/concurrency"; ((n < 2)) || touch "$work/overlap" ) 9>"$work/lock"
+# The first runs stay until two were active at once (bounded), so that parallel runs
+# overlap for sure.
+for ((k = 0; k < 100; ++k)); do [[ -f "$work/overlap" ]] && break; sleep 0.02; done
+rm -f "$me"
+[[ "$lr" == 0.3 && "$batch" == 64 ]] && { echo "diverged" >&2; exit 3; }
+[[ "$lr" == 0.3 ]] && exit 0
+accuracy=$("$py" -c "print(round(0.9 - abs($lr - 0.03) - $batch / 1000, 4))")
+loss=$("$py" -c "print(round(0.1 + abs($lr - 0.03) + $batch / 1000, 4))")
+printf '{"accuracy": %s, "loss": %s, "global_step": 100, "wall_s": 0.5, "note": "text is ignored"}\n' \
+  "$accuracy" "$loss" >"$metrics.tmp" && mv "$metrics.tmp" "$metrics"
+PROG
+chmod +x "$work/prog.sh"
+
+out="$work/sweep1"
+"$dtfrun" sweep --grid lr=0.1,0.03,0.3 --grid batch=32,64 --parallel 2 --out "$out" -- "$work/prog.sh" --fixed x \
+  >"$work/sweep1.out" 2>"$work/sweep1.err"
+expect_rc 1 $? "a sweep with a failed run"
+# Six runs, each in its own directory, with the flags appended after the command's own.
+for lr in 0.1 0.03 0.3; do
+  for batch in 32 64; do
+    dir=$(ls -d "$out"/*_lr=${lr}_batch=$batch 2>/dev/null)
+    [[ -d "$dir" ]] || fail "no run directory for lr=$lr batch=$batch"
+    expect_line "$dir/log.txt" "args: --fixed x --lr $lr --batch $batch --metrics_file $dir/metrics.json"
+    expect_line "$dir/log.txt" "run dir: $dir"
+  done
+done
+[[ $(ls -d "$out"/*_lr=* | wc -l) -eq 6 ]] || fail "expected 6 run directories"
+grep -qx diverged "$out"/*_lr=0.3_batch=64/log.txt || fail "stderr of a run is not in its log"
+# At most two at a time, and two did run together.
+max=$(sort -n "$work/concurrency" | tail -n 1)
+[[ "$max" -eq 2 ]] || fail "at most 2 runs at a time expected, and 2 at some point; saw up to $max"
+# The table: sorted by accuracy (descending by default), the failures last in run order;
+# elapsed_s is measured, so only its form is checked.
+cat >"$work/expected.csv" <<CSV
+run,lr,batch,status,elapsed_s,accuracy,loss,global_step,wall_s,dir
+3,0.03,32,ok,S,0.868,0.132,100,0.5,$out/003_lr=0.03_batch=32
+4,0.03,64,ok,S,0.836,0.164,100,0.5,$out/004_lr=0.03_batch=64
+1,0.1,32,ok,S,0.798,0.202,100,0.5,$out/001_lr=0.1_batch=32
+2,0.1,64,ok,S,0.766,0.234,100,0.5,$out/002_lr=0.1_batch=64
+5,0.3,32,no metrics file,S,,,,,$out/005_lr=0.3_batch=32
+6,0.3,64,exit 3,S,,,,,$out/006_lr=0.3_batch=64
+CSV
+sed -E 's/^([^,]*,[^,]*,[^,]*,[^,]*),[0-9]+(\.[0-9])?,/\1,S,/' "$out/results.csv" >"$work/got.csv"
+diff "$work/expected.csv" "$work/got.csv" >"$work/csv.diff" || fail "results.csv differs: $(cat "$work/csv.diff")"
+# The same table is printed, aligned.
+grep -qE '^run +lr +batch +status +elapsed_s +accuracy +loss +global_step +wall_s$' "$work/sweep1.out" ||
+  fail "no table header printed"
+[[ $(sed -n 2p "$work/sweep1.out" | awk '{print $1, $2, $3, $4}') == "3 0.03 32 ok" ]] || fail "the best run is not first"
+expect_line "$work/sweep1.err" "dtfrun: sweep: 4 of 6 runs succeeded; table saved as $out/results.csv"
+grep -q '^dtfrun: sweep: \[6/6\] lr=0.3 batch=64: exit status 3 after ' "$work/sweep1.err" || fail "no line for the failed run"
+
+# --sort loss:asc; all runs succeed: exit 0. A sweep over clusters: the flags reach the
+# program through the inner dtfrun, whose chief (worker.0) writes the metrics.
+cat >"$work/chief_only.sh" <<'PROG'
+#!/bin/bash
+[[ "$DTF_TASK" == worker.0 ]] || exit 0
+exec "$work/prog.sh" "$@"
+PROG
+chmod +x "$work/chief_only.sh"
+rm -f "$work/concurrency" "$work/overlap"
+out="$work/sweep2"
+"$dtfrun" sweep --grid lr=0.1,0.03 --grid=batch=32 --sort loss:asc --parallel=2 --out "$out" -- \
+  "$dtfrun" --ps 1 --workers 2 -- "$work/chief_only.sh" >"$work/sweep2.out" 2>"$work/sweep2.err"
+expect_rc 0 $? "a sweep of clusters"
+[[ $(sed -n 2p "$work/sweep2.out" | awk '{print $1, $4, $6}') == "2 ok 0.132" ]] || fail "sweep 2: lowest loss not first"
+[[ $(sed -n 3p "$work/sweep2.out" | awk '{print $1, $4, $6}') == "1 ok 0.202" ]] || fail "sweep 2: second row wrong"
+grep -q '^worker.0 | args: --lr 0.1 --batch 32 --metrics_file ' "$out"/001_*/log.txt || fail "the inner dtfrun's output is not in the run's log"
+expect_line "$work/sweep2.err" "dtfrun: sweep: 2 of 2 runs succeeded; table saved as $out/results.csv"
+
+# SIGINT: passed on to the running runs, no new run starts, the table lists what happened,
+# exit 130, nothing left running.
+set -m
+cat >"$work/forever.sh" <<TASK
+#!/bin/bash
+$forever
+TASK
+chmod +x "$work/forever.sh"
+out="$work/sweep3"
+"$dtfrun" sweep --grid a=1,2,3 --parallel 2 --out "$out" -- "$work/forever.sh" >"$work/sweep3.out" 2>"$work/sweep3.err" &
+bg_pid=$!
+ready2() { [[ $(grep -c '^ready$' "$out"/*/log.txt 2>/dev/null | grep -c ':1$') -eq 2 ]]; }
+wait_until 20 ready2 || fail "two runs did not start"
+kill -INT "$bg_pid"
+wait "$bg_pid"
+expect_rc 130 $? "SIGINT to a sweep"
+bg_pid=""
+expect_line "$work/sweep3.err" "dtfrun: sweep: received SIGINT; passing it on to the running runs and starting no more (SIGINT again kills them)"
+[[ $(grep -c ',killed by SIGINT,' "$out/results.csv") -eq 2 ]] || fail "the interrupted runs are not in the table"
+grep -q '^3,3,not run,' "$out/results.csv" || fail "the run never started is not in the table"
+expect_no_tasks_left
+
+# SIGKILL to the sweep: its runs die with it.
+out="$work/sweep4"
+"$dtfrun" sweep --grid a=1,2 --parallel 2 --out "$out" -- "$work/forever.sh" >"$work/sweep4.out" 2>"$work/sweep4.err" &
+bg_pid=$!
+wait_until 20 tasks_running 2 || fail "two runs did not start"
+kill -KILL "$bg_pid"
+wait "$bg_pid" 2>/dev/null
+bg_pid=""
+expect_no_tasks_left
+echo PASS
