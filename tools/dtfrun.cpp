@@ -640,14 +640,32 @@ class launcher {
     return job;
   }
 
-  std::size_t terminal_width() const {
+  // The live view's table, cut to the terminal: lines one column short of its width (so
+  // the cursor never wraps), and with more tasks than rows, the rows that fit and a line
+  // that says how many are left out (the cursor cannot move above the screen's top).
+  std::vector<std::string> footer() const {
     winsize size{};
-    if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 1) return size.ws_col - 1;
-    return 79;
+    std::size_t width = 79, height = 24;
+    if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0) {
+      if (size.ws_col > 1) width = size.ws_col - 1u;
+      if (size.ws_row > 0) height = size.ws_row;
+    }
+    std::vector<std::string> lines = render_table(snapshot(), width);
+    const std::size_t max_lines = std::max<std::size_t>(height, 6) - 2;
+    if (lines.size() > max_lines) {
+      // Title and header, the first task rows, the count of the others, the chief's bar.
+      const std::size_t rows_kept = max_lines - 4;
+      const std::size_t left_out = lines.size() - 3 - rows_kept;
+      std::string bar = lines.back();
+      lines.resize(2 + rows_kept);
+      lines.push_back("... " + std::to_string(left_out) + " more tasks (dtfrun status shows all)");
+      lines.push_back(std::move(bar));
+    }
+    return lines;
   }
 
   void redraw() {
-    if (live_) console::get().set_footer(render_table(snapshot(), terminal_width()));
+    if (live_) console::get().set_footer(footer());
   }
 
   void open_state_file() {
@@ -866,8 +884,8 @@ class launcher {
     p.pending.erase(0, start);
     if (live_) {
       // The footer is redrawn below the lines, with the figures they brought.
-      const auto footer = render_table(snapshot(), terminal_width());
-      console::get().log(p.target_fd, text, &footer);
+      const auto lines = footer();
+      console::get().log(p.target_fd, text, &lines);
     } else {
       write_all(p.target_fd, text);
     }

@@ -47,6 +47,16 @@ grep -qE '^worker\.0 +done +0 +12 +52\.5 +0\.4880 +- +-$' "$work/table.txt" || f
 grep -qE '^worker\.1 +done +1 +12 +52\.5 +0\.4880 +- +-$' "$work/table.txt" || fail "no row for worker.1 with its restart"
 grep -qE '^chief worker\.0: \[#{10,}\] 12/12 100%$' "$work/table.txt" || fail "no full progress bar"
 
+# More tasks than the terminal (40 rows) has rows: the table keeps to the screen and says
+# how many rows it leaves out; it is still drawn once.
+echo 'echo "step=3 last_step=10"' >"$work/short.sh"
+"$py" "$term" 100 "$work/many.raw" "$work/many.screen" -- "$dtfrun" --workers 45 -- bash "$work/short.sh"
+expect_rc 0 $? "live run of 45 tasks"
+[[ $(grep -c '^task  *state ' "$work/many.screen") -eq 1 ]] || fail "45 tasks: the table was not redrawn cleanly"
+tail -n 2 "$work/many.screen" | head -n 1 | grep -qx '\.\.\. 11 more tasks (dtfrun status shows all)' ||
+  fail "45 tasks: no line for the rows left out"
+tail -n 1 "$work/many.screen" | grep -q '^chief worker.0: \[#*\.*\] 3/10 30%$' || fail "45 tasks: no progress bar"
+
 # Not a terminal: plain prefixed lines, no escape sequences, no table.
 touch "$work/worker1_done"
 "$dtfrun" --ps 1 --workers 1 -- bash "$work/task.sh" >"$work/plain.out" 2>&1
