@@ -157,7 +157,8 @@ std::vector<std::string> render_table(const job_view& job, std::size_t width) {
     const std::string figures = " " + std::to_string(*chief->step) + "/" + std::to_string(*chief->last_step) + " " +
                                 std::to_string(static_cast<int>(fraction * 100.0)) + "%";
     std::string eta;
-    if (chief->steps_per_sec && *chief->steps_per_sec > 0 && *chief->step < *chief->last_step) {
+    if (chief->state == "running" && chief->steps_per_sec && *chief->steps_per_sec > 0 &&
+        *chief->step < *chief->last_step) {
       eta = " eta " + format_elapsed(double(*chief->last_step - *chief->step) / *chief->steps_per_sec);
     }
     // The bar takes what the terminal leaves (between 10 and 50 columns).
