@@ -66,7 +66,7 @@ run,lr,batch,status,elapsed_s,accuracy,loss,global_step,wall_s,dir
 5,0.3,32,no metrics file,S,,,,,$out/005_lr=0.3_batch=32
 6,0.3,64,exit 3,S,,,,,$out/006_lr=0.3_batch=64
 CSV
-sed -E 's/^([^,]*,[^,]*,[^,]*,[^,]*),[0-9]+(\.[0-9])?,/\1,S,/' "$out/results.csv" >"$work/got.csv"
+sed -E 's/^([^,]*,[^,]*,[^,]*,[^,]*),[0-9]+\.[0-9],/\1,S,/' "$out/results.csv" >"$work/got.csv"
 diff "$work/expected.csv" "$work/got.csv" >"$work/csv.diff" || fail "results.csv differs: $(cat "$work/csv.diff")"
 # The same table is printed, aligned.
 grep -qE '^run +lr +batch +status +elapsed_s +accuracy +loss +global_step +wall_s$' "$work/sweep1.out" ||

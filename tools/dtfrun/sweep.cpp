@@ -206,6 +206,12 @@ std::string format_metric(double v) {
   return buf;
 }
 
+std::string fixed_1(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
 bool make_directories(const std::string& path) {
   std::string partial;
   std::size_t at = 0;
@@ -507,7 +513,7 @@ class sweeper {
       std::string figures;
       for (const auto& [key, value] : r.metrics) figures += " " + key + "=" + format_metric(value);
       say("sweep: " + describe(r) + ": " + (r.end->failed() ? r.end->describe() : r.status()) + " after " +
-          format_metric(std::round(r.wall_s * 10) / 10) + " s" + (figures.empty() ? "" : ";" + figures));
+          fixed_1(r.wall_s) + " s" + (figures.empty() ? "" : ";" + figures));
     }
   }
 
@@ -564,7 +570,7 @@ class sweeper {
       std::vector<std::string> row{std::to_string(r->index)};
       row.insert(row.end(), r->values.begin(), r->values.end());
       row.push_back(r->status());
-      row.push_back(r->started && !r->running ? format_metric(std::round(r->wall_s * 10) / 10) : "");
+      row.push_back(r->started && !r->running ? fixed_1(r->wall_s) : "");
       for (const std::string& m : metric_names) {
         const auto v = r->metric(m);
         row.push_back(v ? format_metric(*v) : "");
