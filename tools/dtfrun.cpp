@@ -3,11 +3,16 @@
 //   dtfrun --ps 2 --workers 3 -- ./build/examples/downpour --lr 0.01
 //
 // Every task runs the same command with its own TF_CONFIG (and DTF_TASK=<job>.<index>),
-// each line of a task's output is printed with the task's name in front of it, the job ends
-// when the chief ends, and no task outlives dtfrun. `dtfrun --help` lists the flags and the
-// exit-status rules.
+// each line of a task's output is printed with the task's name in front of it, a failed
+// task may be restarted (--max-restarts), the job ends when the chief ends, and no task
+// outlives dtfrun. On a terminal a table of the tasks stays at the bottom of the screen.
+// `dtfrun --help` lists the flags and the exit-status rules.
 //
-// Linux only: it relies on prctl(PR_SET_PDEATHSIG) and signalfd.
+// This file: the command line, --print-tf-config and the launcher. tools/dtfrun/ holds the
+// rest: common.hpp (output, messages, errors), view.* (the task table, the state file,
+// `dtfrun status`), sweep.* (`dtfrun sweep`), json.hpp (reading state and metrics files).
+//
+// Linux only: it relies on prctl(PR_SET_PDEATHSIG), signalfd and /proc.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
