@@ -26,7 +26,7 @@ touch "$me"
 ( flock 9; n=$(ls "$work/active" | wc -l); echo "$n" >>"$work/concurrency"; ((n < 2)) || touch "$work/overlap" ) 9>"$work/lock"
 # The first runs stay until two were active at once (bounded), so that parallel runs
 # overlap for sure.
-for ((k = 0; k < 100; ++k)); do [[ -f "$work/overlap" ]] && break; sleep 0.02; done
+for ((k = 0; k < 500; ++k)); do [[ -f "$work/overlap" ]] && break; sleep 0.02; done
 rm -f "$me"
 [[ "$lr" == 0.3 && "$batch" == 64 ]] && { echo "diverged" >&2; exit 3; }
 [[ "$lr" == 0.3 ]] && exit 0
