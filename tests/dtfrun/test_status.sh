@@ -69,6 +69,15 @@ grep -q "no running dtfrun job with pid $dead" "$work/none.err" || fail "the mes
 "$dtfrun" status 12x >/dev/null 2>&1
 expect_rc 2 $? "dtfrun status with a malformed pid"
 
+# A corrupt state file of a live process: one line naming the file, status 1.
+printf '{"pid": 1, "tasks": [' >"$state_dir/$$.json"
+"$dtfrun" status "$$" >"$work/corrupt.out" 2>"$work/corrupt.err"
+expect_rc 1 $? "dtfrun status with a corrupt state file"
+[[ $(wc -l <"$work/corrupt.err") -eq 1 ]] || fail "corrupt state file: expected one line on stderr"
+grep -q "cannot read $state_dir/$$.json: invalid JSON at offset" "$work/corrupt.err" ||
+  fail "corrupt state file: the message does not say why"
+rm "$state_dir/$$.json"
+
 # A state file left by a dtfrun killed with SIGKILL is ignored and removed.
 cp "$state" "$state_dir/$dead.json"
 "$dtfrun" status >"$work/status2.out" 2>&1

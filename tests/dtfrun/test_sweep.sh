@@ -93,6 +93,26 @@ expect_rc 0 $? "a sweep of clusters"
 grep -q '^worker.0 | args: --lr 0.1 --batch 32 --metrics_file ' "$out"/001_*/log.txt || fail "the inner dtfrun's output is not in the run's log"
 expect_line "$work/sweep2.err" "dtfrun: sweep: 2 of 2 runs succeeded; table saved as $out/results.csv"
 
+# A malformed metrics file and a run over --timeout_s are rows with their status too.
+cat >"$work/odd.sh" <<'PROG'
+#!/bin/bash
+case "$2" in
+  bad) echo '{"accuracy": 0.5,' >"$4" ;;
+  slow) exec "$py" -c 'import time; time.sleep(600)' "$tok.slow" ;;
+esac
+PROG
+chmod +x "$work/odd.sh"
+out="$work/sweep5"
+"$dtfrun" sweep --grid case=bad,slow --parallel 2 --timeout_s 1 --out "$out" -- "$work/odd.sh" \
+  >"$work/sweep5.out" 2>"$work/sweep5.err"
+expect_rc 1 $? "a sweep with a bad metrics file and a timeout"
+grep -q '^1,bad,bad metrics file,' "$out/results.csv" || fail "the malformed metrics file is not reported"
+grep -q '^2,slow,timed out,' "$out/results.csv" || fail "the run over its time limit is not reported"
+grep -q "sweep: \[1/2\] case=bad: $out/001_case=bad/metrics.json: invalid JSON at offset" "$work/sweep5.err" ||
+  fail "no message for the malformed metrics file"
+expect_line "$work/sweep5.err" "dtfrun: sweep: [2/2] case=slow: time limit of 1 s reached; sending SIGTERM"
+expect_no_tasks_left
+
 # SIGINT: passed on to the running runs, no new run starts, the table lists what happened,
 # exit 130, nothing left running.
 set -m
