@@ -10,6 +10,10 @@ py=$("${DTF_TEST_PYTHON3:-python3}" -c 'import sys; print(sys.executable)')
 work=$(mktemp -d "${TMPDIR:-/tmp}/dtfrun_test.XXXXXX")
 tok="dtfrunmark${$}x${RANDOM}${RANDOM}"
 export py tok work
+# dtfrun's state files (dtfrun status) stay inside this test's directory, also those a
+# dtfrun killed with SIGKILL leaves behind.
+export XDG_RUNTIME_DIR="$work/xdg"
+mkdir -m 700 "$XDG_RUNTIME_DIR"
 bg_pid=""
 ulimit -c 0  # tasks killed by signals in these tests must leave no core files behind
 

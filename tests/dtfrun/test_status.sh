@@ -3,8 +3,6 @@
 # resident memory of its process group. The file goes away when dtfrun ends; stale files of
 # a killed dtfrun are ignored.
 source "$(dirname "$0")/lib.sh"
-export XDG_RUNTIME_DIR="$work/xdg"  # this test's jobs only
-mkdir -m 700 "$XDG_RUNTIME_DIR"
 state_dir="$XDG_RUNTIME_DIR/dtfrun"
 
 # worker.0 (the chief) reports step 5 of 50 and waits for $work/go; worker.1 keeps a CPU busy
