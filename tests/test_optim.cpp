@@ -34,7 +34,7 @@ TEST_CASE("sgd step is p -= lr g", "[optim]") {
   CHECK(s[1][1] == Approx(-2.1f));
 }
 
-TEST_CASE("momentum accumulates velocity; nesterov looks ahead", "[optim]") {
+TEST_CASE("momentum accumulates velocity, and nesterov looks ahead", "[optim]") {
   // v1 = g1 = 0.5; p = 1 - 0.1*0.5 = 0.95. v2 = 0.9*0.5 + 1 = 1.45; p = 0.95 - 0.145 = 0.805.
   auto m = two_steps(optim::momentum{.learning_rate = 0.1f, .momentum = 0.9f}, {0.5f, 0.0f}, {1.0f, 0.0f});
   CHECK(m[0][0] == Approx(0.95f));

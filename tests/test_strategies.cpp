@@ -116,7 +116,7 @@ TEST_CASE("AEASGD's elastic step moves worker and centre by the same E", "[strat
   CHECK(moved > 0.0);
 }
 
-TEST_CASE("elastic strategies refuse alpha outside (0, 1); windows must be positive", "[strategies][errors]") {
+TEST_CASE("elastic strategies refuse alpha outside (0, 1) and windows must be positive", "[strategies][errors]") {
   CHECK_THROWS_WITH(strategies::aeasgd({.window = 4, .learning_rate = 0.5f, .rho = 5.0f}), Catch::Contains("alpha"));
   CHECK_THROWS_WITH(strategies::agn({0, optim::sgd{}}), Catch::Contains("window"));
   CHECK_THROWS_WITH(strategies::downpour({.fetch_every = 0}), Catch::Contains("fetch_every"));

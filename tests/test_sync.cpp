@@ -67,7 +67,7 @@ TEST_CASE("2 workers at batch B with N = 2 equal one process at batch 2B (plain 
   for (std::size_t j = 0; j < p.size(); ++j) REQUIRE(centre[j] == Catch::Detail::Approx(p[j]).margin(1e-5));
 }
 
-TEST_CASE("a slowed worker with one backup does not hold the steps; its stale gradients are counted",
+TEST_CASE("a slowed worker with one backup does not hold the steps and its stale gradients are counted",
           "[sync][straggler]") {
   running_ps ps0(opts("ps.0"));
   auto proto = net3();
@@ -143,7 +143,7 @@ TEST_CASE("contributions for a finished step are dropped and reported", "[sync]"
   CHECK(p[0] == Catch::Detail::Approx(-0.5));  // only the accepted contribution was applied
 }
 
-TEST_CASE("per-worker rates scale contributions; SAGN averages window updates", "[sync][sagn]") {
+TEST_CASE("per-worker rates scale contributions and SAGN averages window updates", "[sync][sagn]") {
   running_ps ps0(opts("ps.0"));
   auto proto = net3();
   const auto layout = partitioners::round_robin{}.place(proto.variables(), 1);

@@ -83,7 +83,7 @@ TEST_CASE("server-side optimiser equals the same update applied locally", "[ps][
   CHECK(c.global_step() == 3);
 }
 
-TEST_CASE("push deltas add; a learning-rate override applies; a second init is ignored", "[ps][transport]") {
+TEST_CASE("push deltas add, a learning-rate override applies, a second init is ignored", "[ps][transport]") {
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::round_robin{}.place(model_vars(), 1);
   ps_client c({ps0.address()}, layout, opts("worker.0"));
@@ -99,7 +99,7 @@ TEST_CASE("push deltas add; a learning-rate override applies; a second init is i
   CHECK(v[0] == 1.25f);
 }
 
-TEST_CASE("pushes report staleness; DynSGD deltas are scaled by 1/(staleness+1)", "[ps][transport]") {
+TEST_CASE("pushes report staleness and DynSGD deltas are scaled by 1/(staleness+1)", "[ps][transport]") {
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::round_robin{}.place(model_vars(), 1);
   ps_client a({ps0.address()}, layout, opts("worker.0")), b({ps0.address()}, layout, opts("worker.1"));
@@ -120,7 +120,7 @@ TEST_CASE("pushes report staleness; DynSGD deltas are scaled by 1/(staleness+1)"
   CHECK(a.push_deltas(std::vector<float>(40, 1.0f), true, true).staleness == 0);
 }
 
-TEST_CASE("workers report the end of training; the count is per task", "[ps][transport]") {
+TEST_CASE("workers report the end of training, counted per task", "[ps][transport]") {
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::round_robin{}.place(model_vars(), 1);
   ps_client a({ps0.address()}, layout, opts("worker.0")), b({ps0.address()}, layout, opts("worker.1"));
@@ -227,7 +227,7 @@ TEST_CASE("authentication: right secret admitted, wrong or missing secret refuse
   CHECK(v[5] == 2.0f);
 }
 
-TEST_CASE("a client with a secret refuses a server without one; wrong cluster id refused", "[transport][auth]") {
+TEST_CASE("a client with a secret refuses a server without one and a wrong cluster id is refused", "[transport][auth]") {
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::round_robin{}.place(model_vars(), 1);
   ps_client c({ps0.address()}, layout, opts("worker.0", "s3cret"));
