@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <dtf/checkpoint.hpp>
+#include <dtf/hooks/checkpoint_saver.hpp>
+#include <dtf/hooks/stop_at_step.hpp>
 #include <dtf/nn/init.hpp>
 #include <dtf/ps.hpp>
 
@@ -307,4 +309,83 @@ TEST_CASE("write_npy writes a NumPy 1.0 header and the raw float32 data", "[chec
   CHECK(read("b.npy").find("'shape': (6,), }") != std::string::npos);
   CHECK(read("c.npy").find("'shape': (), }") != std::string::npos);
   CHECK_THROWS_AS(write_npy(dir.path / "d.npy", {4}, data), error);
+}
+
+TEST_CASE("checkpoint_saver saves at start, every N steps and at the end; the ps scaffold resumes from it",
+          "[checkpoint][hooks]") {
+  temp_dir dir("hook");
+  const auto vars = model_vars();
+  const optim::rule rule = optim::momentum{.learning_rate = 0.05f};
+  const auto n = num_parameters(vars);
+  const checkpoint_options ck{dir.path.string(), "model", 3};
+  std::vector<std::int64_t> before, after;
+  int begun = 0, ended = 0;
+  std::vector<float> final_values;
+  {
+    cluster_of a(place_on(2));
+    bool initialised = false;
+    monitored_training_session s({.is_chief = true,
+                                  .scaffold = ps_scaffold(*a.client, {.checkpoint_dir = dir.path.string(),
+                                                                      .variables = vars,
+                                                                      .rule = rule,
+                                                                      .init = [&] {
+                                                                        a.client->initialize(seeded(n, 11), rule);
+                                                                        initialised = true;
+                                                                      }})});
+    s.add_hook(hooks::stop_at_step({.last_step = 10}));
+    auto& saver = s.add_chief_hook(hooks::checkpoint_saver::for_ps(
+        *a.client, vars, ck,
+        {.every_n_steps = 4,
+         .every_secs = 0,
+         .listeners = {{.begin = [&] { ++begun; },
+                        .before_save = [&](std::int64_t st) { before.push_back(st); },
+                        .after_save = [&](std::int64_t st, const checkpoint_manifest& m) {
+                          after.push_back(m.global_step);
+                          CHECK(m.name == "model-" + std::to_string(st));
+                          return false;
+                        },
+                        .end = [&](std::int64_t) { ++ended; }}}}));
+    std::uint64_t seed = 1000;
+    CHECK(s.train([&](run_context&) {
+      return run_values{.global_step = a.client->push_gradients(seeded(n, seed++)).global_step};
+    }) == 10);
+    CHECK(initialised);
+    CHECK(saver.saves() == 4);
+    final_values = pull_all(*a.client);
+  }
+  CHECK(begun == 1);
+  CHECK(ended == 1);
+  CHECK(before == std::vector<std::int64_t>{0, 4, 8, 10});
+  CHECK(after == std::vector<std::int64_t>{0, 4, 8, 10});
+  const auto state = read_checkpoint_state(dir.path);
+  REQUIRE(state);
+  CHECK(state->all == std::vector<std::string>{"model-4", "model-8", "model-10"});
+
+  // A new run (one ps now) resumes at step 10 from the checkpoint and stops at once.
+  cluster_of b(place_on(1));
+  std::vector<float> restored;
+  monitored_training_session s({.is_chief = true,
+                                .scaffold = ps_scaffold(*b.client, {.checkpoint_dir = dir.path.string(),
+                                                                    .variables = vars,
+                                                                    .rule = rule,
+                                                                    .init = [] { FAIL("init despite a checkpoint"); },
+                                                                    .restored = [&](std::span<const float> v) {
+                                                                      restored.assign(v.begin(), v.end());
+                                                                    }})});
+  s.add_hook(hooks::stop_at_step({.last_step = 12}));
+  auto& saver = s.add_chief_hook(hooks::checkpoint_saver::for_ps(
+      *b.client, vars, ck,
+      {.every_n_steps = 0,
+       .every_secs = 0,
+       .listeners = {{.after_save = [](std::int64_t st, const checkpoint_manifest&) { return st >= 11; }}}}));
+  std::uint64_t seed = 2000;
+  s.create();
+  CHECK(s.global_step() == 10);
+  CHECK(restored == final_values);
+  CHECK(pull_all(*b.client) == final_values);
+  s.train([&](run_context&) { return run_values{.global_step = b.client->push_gradients(seeded(n, seed++)).global_step}; });
+  CHECK(s.global_step() == 12);
+  // Saved at start (10) and at the end (12); no interval.
+  CHECK(saver.saves() == 2);
+  CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("model-12"));
 }
