@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -80,8 +81,26 @@ options:
                   themselves before they get SIGTERM (default 10000)
   --timeout_s S   time limit for the job, counted until the chief exits; 0: none
                   (default 0)
+  --max-restarts N | ps=N,worker=M,chief=K,evaluator=E
+                  how often each task of a role may be restarted after it failed
+                  (non-zero exit or killed by a signal); a bare N applies to every
+                  role, a role left out gets 0 (default 0)
+  --restart_delay_ms MS
+                  wait before a failed task is started again (default 1000)
   -h, --help      print this help and exit
-Flags take their value as the next argument or after '=' (--ps=2).
+Flags take their value as the next argument or after '=' (--ps=2); '-' and '_' in a
+flag's name are the same (--max_restarts, --grace-ms).
+
+restarts: a failed task with restarts left is started again with the same TF_CONFIG
+(same address and port) and DTF_RESTART_COUNT=<k> (0 on the first start); whatever it
+left running in its process group is killed first. This holds for the chief too; a
+chief that exits with status 0 ends the job. A task without restarts left that fails
+ends the job as described below, with a line saying which task failed and how.
+
+SIGINT (Ctrl-C): the first asks the chief to stop: SIGTERM goes to the chief's process
+group only (a dtf chief saves a checkpoint and ends the job normally); the other tasks
+then get the grace period as after any end of the chief. A second SIGINT kills every
+task at once. SIGTERM and SIGHUP tear the whole cluster down.
 
 teardown: tasks still running get SIGTERM (to their whole process group), and SIGKILL
 3 s later; a second SIGINT/SIGTERM skips the wait. When dtfrun exits, whatever the tasks
@@ -91,11 +110,12 @@ processes they started).
 
 exit status:
   the chief's       when the chief ends the job (128+N if signal N killed the chief)
-  1                 a non-chief task failed (non-zero exit or killed by a signal) before
-                    the chief ended, or a task could not be started
+  1                 a non-chief task failed (non-zero exit or killed by a signal) with no
+                    restarts left before the chief ended, or a task could not be started
   2                 bad command line; nothing was started
   124               the --timeout_s limit was reached
-  128+N             dtfrun got signal N (SIGHUP 129, SIGINT 130, SIGTERM 143)
+  128+N             dtfrun got signal N (SIGHUP 129, SIGINT 130, SIGTERM 143); after a
+                    SIGINT this holds however the chief then ended
 )";
 
 // ---- small helpers ----------------------------------------------------------------------
@@ -192,6 +212,21 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// --max-restarts: per task of each role.
+struct restart_limits {
+  long long ps = 0;
+  long long chief = 0;
+  long long worker = 0;
+  long long evaluator = 0;
+
+  long long for_job(std::string_view job) const {
+    if (job == "ps") return ps;
+    if (job == "chief") return chief;
+    if (job == "worker") return worker;
+    return evaluator;
+  }
+};
+
 struct options {
   long long ps_count = 0;
   long long worker_count = 1;
@@ -200,6 +235,8 @@ struct options {
   std::string host = "127.0.0.1";
   long long grace_ms = 10000;
   long long timeout_s = 0;
+  restart_limits max_restarts;
+  long long restart_delay_ms = 1000;
   std::vector<std::string> command;
   bool help = false;
 };
@@ -213,6 +250,40 @@ long long parse_count(std::string_view flag, std::string_view text, long long ma
                       std::to_string(max) + ", not '" + std::string(text) + "'");
   }
   return value;
+}
+
+constexpr long long max_restarts_limit = 1'000'000;
+
+// "N" or "ps=N,worker=M,chief=K,evaluator=E" (any subset, any order).
+restart_limits parse_restarts(std::string_view text) {
+  restart_limits limits;
+  if (text.find('=') == std::string_view::npos) {
+    const long long n = parse_count("max-restarts", text, max_restarts_limit);
+    return {n, n, n, n};
+  }
+  std::vector<std::string_view> seen;
+  while (true) {
+    const auto comma = text.find(',');
+    const std::string_view item = text.substr(0, comma);
+    const auto eq = item.find('=');
+    const std::string_view role = item.substr(0, eq);
+    if (eq == std::string_view::npos ||
+        (role != "ps" && role != "worker" && role != "chief" && role != "evaluator")) {
+      throw usage_error("--max-restarts needs N or role=N,... with roles ps, worker, chief, "
+                        "evaluator, not '" + std::string(item) + "'");
+    }
+    if (std::find(seen.begin(), seen.end(), role) != seen.end()) {
+      throw usage_error("--max-restarts names '" + std::string(role) + "' twice");
+    }
+    seen.push_back(role);
+    const long long n = parse_count("max-restarts " + std::string(role), item.substr(eq + 1),
+                                    max_restarts_limit);
+    (role == "ps" ? limits.ps : role == "worker" ? limits.worker
+                             : role == "chief" ? limits.chief : limits.evaluator) = n;
+    if (comma == std::string_view::npos) break;
+    text.remove_prefix(comma + 1);
+  }
+  return limits;
 }
 
 options parse_options(int argc, char** argv) {
@@ -239,21 +310,26 @@ options parse_options(int argc, char** argv) {
                             : "missing '--' before the command '" + std::string(arg) +
                                   "' (see dtfrun --help)");
     }
-    std::string_view name = arg.substr(2);
+    std::string_view written = arg.substr(2);
     std::optional<std::string_view> inline_value;
-    if (auto eq = name.find('='); eq != std::string_view::npos) {
-      inline_value = name.substr(eq + 1);
-      name = name.substr(0, eq);
+    if (auto eq = written.find('='); eq != std::string_view::npos) {
+      inline_value = written.substr(eq + 1);
+      written = written.substr(0, eq);
     }
+    // '-' and '_' are the same in a flag's name; messages show the name as written.
+    std::string normalized(written);
+    std::replace(normalized.begin(), normalized.end(), '-', '_');
+    const std::string_view name = normalized;
     if (name == "chief" || name == "evaluator") {
-      if (inline_value) throw usage_error("--" + std::string(name) + " takes no value");
+      if (inline_value) throw usage_error("--" + std::string(written) + " takes no value");
       (name == "chief" ? opts.chief : opts.evaluator) = true;
       continue;
     }
     const bool takes_value = name == "ps" || name == "workers" || name == "host" ||
-                             name == "grace_ms" || name == "timeout_s";
+                             name == "grace_ms" || name == "timeout_s" ||
+                             name == "max_restarts" || name == "restart_delay_ms";
     if (!takes_value) {
-      throw usage_error("unknown flag '--" + std::string(name) + "' (see dtfrun --help)");
+      throw usage_error("unknown flag '--" + std::string(written) + "' (see dtfrun --help)");
     }
     std::string_view value;
     if (inline_value) {
@@ -261,19 +337,23 @@ options parse_options(int argc, char** argv) {
     } else if (i + 1 < argc) {
       value = argv[++i];
     } else {
-      throw usage_error("--" + std::string(name) + " needs a value");
+      throw usage_error("--" + std::string(written) + " needs a value");
     }
     if (name == "ps") {
-      opts.ps_count = parse_count(name, value, max_tasks_per_job);
+      opts.ps_count = parse_count(written, value, max_tasks_per_job);
     } else if (name == "workers") {
-      opts.worker_count = parse_count(name, value, max_tasks_per_job);
+      opts.worker_count = parse_count(written, value, max_tasks_per_job);
     } else if (name == "host") {
       if (value.empty()) throw usage_error("--host needs a non-empty address");
       opts.host = value;
     } else if (name == "grace_ms") {
-      opts.grace_ms = parse_count(name, value, 1'000'000'000LL);
+      opts.grace_ms = parse_count(written, value, 1'000'000'000LL);
+    } else if (name == "max_restarts") {
+      opts.max_restarts = parse_restarts(value);
+    } else if (name == "restart_delay_ms") {
+      opts.restart_delay_ms = parse_count(written, value, 1'000'000'000LL);
     } else {
-      opts.timeout_s = parse_count(name, value, 1'000'000'000LL);
+      opts.timeout_s = parse_count(written, value, 1'000'000'000LL);
     }
   }
   if (!saw_separator) throw usage_error("missing '--' before the command (see dtfrun --help)");
@@ -317,24 +397,26 @@ std::string resolve_command(const std::string& name) {
 
 // ---- the cluster ------------------------------------------------------------------------
 
-// One of a task's two output pipes, and the partial line read from it so far.
-struct output_pipe {
-  int fd = -1;
-  int target_fd = -1;  // dtfrun's stdout or stderr
-  std::string pending;
-};
-
 struct task {
   std::string job;  // "ps", "chief", "worker", "evaluator"
   int index = 0;
   std::string name;     // "worker.1"
   std::string address;  // "127.0.0.1:40123"; empty for the evaluator
   std::string prefix;   // name padded to the common width, then " | "
-  pid_t pid = -1;       // also the task's process group id
+  pid_t pid = -1;       // also the task's process group id; -1 while not started
   bool running = false;
-  std::optional<task_end> end;
-  output_pipe out;
-  output_pipe err;
+  std::optional<task_end> end;  // of the latest run
+  long long restarts = 0;       // starts after the first
+  std::optional<steady::time_point> restart_at;  // a failed task waiting to start again
+};
+
+// One of a task's two output pipes, and the partial line read from it so far. A restarted
+// task gets new pipes; the old ones are read until every writer has closed them.
+struct output_pipe {
+  task* owner = nullptr;
+  int fd = -1;
+  int target_fd = -1;  // dtfrun's stdout or stderr
+  std::string pending;
 };
 
 // Holds one socket bound to port 0 per requested port until all are chosen, so the kernel
@@ -474,9 +556,10 @@ class launcher {
   }
 
  private:
-  // running: waiting for the chief. grace: the chief has ended; the others may finish by
-  // themselves. terminating: SIGTERM sent. killing: SIGKILL sent. done: dtfrun exits.
-  enum class phase { running, grace, terminating, killing, done };
+  // running: waiting for the chief. stopping: the chief was asked to stop (first SIGINT).
+  // grace: the chief has ended; the others may finish by themselves. terminating: SIGTERM
+  // sent. killing: SIGKILL sent. done: dtfrun exits.
+  enum class phase { running, stopping, grace, terminating, killing, done };
 
   task* find(std::string_view job) {
     for (task& t : tasks_) {
@@ -503,11 +586,13 @@ class launcher {
   }
 
   bool start_all() {
-    std::vector<std::string> base_env;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string_view entry = *e;
-      if (entry.starts_with("TF_CONFIG=") || entry.starts_with("DTF_TASK=")) continue;
-      base_env.emplace_back(entry);
+      if (entry.starts_with("TF_CONFIG=") || entry.starts_with("DTF_TASK=") ||
+          entry.starts_with("DTF_RESTART_COUNT=")) {
+        continue;
+      }
+      base_env_.emplace_back(entry);
     }
     dev_null_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (dev_null_ < 0) {
@@ -515,16 +600,17 @@ class launcher {
       return false;
     }
     for (task& t : tasks_) {
-      if (!start_task(t, base_env)) return false;
+      if (!start_task(t)) return false;
     }
     return true;
   }
 
-  bool start_task(task& t, const std::vector<std::string>& base_env) {
+  bool start_task(task& t) {
     // Everything the child needs is built before fork so the child only makes system calls.
-    std::vector<std::string> env_strings = base_env;
+    std::vector<std::string> env_strings = base_env_;
     env_strings.push_back("TF_CONFIG=" + tf_config_for(tasks_, t));
     env_strings.push_back("DTF_TASK=" + t.name);
+    env_strings.push_back("DTF_RESTART_COUNT=" + std::to_string(t.restarts));
     std::vector<char*> envp;
     for (std::string& s : env_strings) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -590,10 +676,13 @@ class launcher {
     }
     t.pid = pid;
     t.running = true;
-    t.out = {out_pipe[0], STDOUT_FILENO, {}};
-    t.err = {err_pipe[0], STDERR_FILENO, {}};
-    say("started " + t.name + " (pid " + std::to_string(pid) + ")" +
-        (t.address.empty() ? "" : " at " + t.address));
+    t.end.reset();
+    t.restart_at.reset();
+    pipes_.push_back(output_pipe{&t, out_pipe[0], STDOUT_FILENO, {}});
+    pipes_.push_back(output_pipe{&t, err_pipe[0], STDERR_FILENO, {}});
+    say((t.restarts == 0 ? "started " : "restarted ") + t.name + " (pid " +
+        std::to_string(pid) + ")" + (t.address.empty() ? "" : " at " + t.address) +
+        (t.restarts == 0 ? "" : ", restart " + std::to_string(t.restarts)));
     return true;
   }
 
@@ -603,30 +692,21 @@ class launcher {
     while (phase_ != phase::done) {
       fds.assign(1, pollfd{signal_fd_, POLLIN, 0});
       pipes.clear();
-      for (task& t : tasks_) {
-        for (output_pipe* p : {&t.out, &t.err}) {
-          if (p->fd < 0) continue;
-          fds.push_back(pollfd{p->fd, POLLIN, 0});
-          pipes.push_back(p);
-        }
+      for (output_pipe& p : pipes_) {
+        fds.push_back(pollfd{p.fd, POLLIN, 0});
+        pipes.push_back(&p);
       }
       const int ready = ::poll(fds.data(), fds.size(), poll_timeout_ms());
       if (ready < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text(errno));
       if (ready > 0) {
         for (std::size_t i = 0; i < pipes.size(); ++i) {
-          if (fds[i + 1].revents != 0) relay(owner_of(pipes[i]), *pipes[i]);
+          if (fds[i + 1].revents != 0) relay(*pipes[i]->owner, *pipes[i]);
         }
         if (fds[0].revents != 0) read_signals();
       }
+      pipes_.remove_if([](const output_pipe& p) { return p.fd < 0; });
       advance();
     }
-  }
-
-  task& owner_of(const output_pipe* p) {
-    for (task& t : tasks_) {
-      if (&t.out == p || &t.err == p) return t;
-    }
-    throw std::logic_error("output pipe without a task");
   }
 
   // Reads what is available (once: poll said it would not block) and prints whole lines.
@@ -689,11 +769,19 @@ class launcher {
   }
 
   void on_dtfrun_signal(int sig) {
-    if (phase_ == phase::running || phase_ == phase::grace) {
+    if (sig == SIGINT && phase_ == phase::running && chief_->running) {
+      // A stop request: the chief saves and ends the job; a second SIGINT kills everything.
+      say("received SIGINT; asking " + chief_->name +
+          " (chief) to stop with SIGTERM (SIGINT again kills every task)");
+      exit_status_ = 128 + sig;
+      phase_ = phase::stopping;
+      ::kill(-chief_->pid, SIGTERM);
+    } else if (phase_ == phase::running || phase_ == phase::grace ||
+               (phase_ == phase::stopping && sig != SIGINT)) {
       say("received " + signal_name(sig) + "; tearing down the cluster");
       exit_status_ = 128 + sig;
       begin_terminate();
-    } else if (phase_ == phase::terminating) {
+    } else if (phase_ == phase::terminating || phase_ == phase::stopping) {
       say("received " + signal_name(sig) + " again; killing the cluster");
       begin_kill();
     }
@@ -720,29 +808,79 @@ class launcher {
     on_task_end(t);
   }
 
-  void on_task_end(const task& t) {
+  // " after 2 restarts" once a task was restarted; empty before.
+  static std::string after_restarts(const task& t) {
+    if (t.restarts == 0) return "";
+    return " after " + std::to_string(t.restarts) + (t.restarts == 1 ? " restart" : " restarts");
+  }
+
+  bool restarts_left(const task& t) const {
+    return t.restarts < opts_.max_restarts.for_job(t.job);
+  }
+
+  // A failed task starts again after --restart_delay_ms. Whatever it left in its process
+  // group would hold its port and its output pipes, so that goes first; then the zombie is
+  // reaped (its pid is no longer a group dtfrun signals).
+  void schedule_restart(task& t) {
+    const long long limit = opts_.max_restarts.for_job(t.job);
+    say(t.name + (&t == chief_ ? " (chief)" : "") + " failed (" + t.end->describe() +
+        "); restarting it (restart " + std::to_string(t.restarts + 1) + " of " +
+        std::to_string(limit) + ")");
+    ::kill(-t.pid, SIGKILL);
+    int status = 0;
+    ::waitpid(t.pid, &status, 0);
+    t.pid = -1;
+    ++t.restarts;
+    t.restart_at = steady::now() + milliseconds(opts_.restart_delay_ms);
+  }
+
+  void on_task_end(task& t) {
+    const bool may_restart = phase_ == phase::running || phase_ == phase::stopping;
     if (&t == chief_) {
-      if (phase_ == phase::running) {
-        say(t.name + " (chief) ended (" + t.end->describe() + ")");
-        exit_status_ = t.end->shell_status();
+      if (phase_ == phase::running && t.end->failed() && restarts_left(t)) {
+        schedule_restart(t);
+      } else if (phase_ == phase::running || phase_ == phase::stopping) {
+        say(t.name + " (chief) ended (" + t.end->describe() + ")" + after_restarts(t) +
+            (phase_ == phase::stopping ? " after the stop request" : ""));
+        if (phase_ == phase::running) exit_status_ = t.end->shell_status();
         phase_ = phase::grace;
         deadline_ = steady::now() + milliseconds(opts_.grace_ms);
+        for (task& other : tasks_) other.restart_at.reset();
       }
       return;
     }
     if (!t.end->failed()) return;
-    if (phase_ == phase::running) {
-      say(t.name + " failed (" + t.end->describe() + "); tearing down the cluster");
+    if (may_restart && restarts_left(t)) {
+      schedule_restart(t);
+    } else if (phase_ == phase::running) {
+      say(t.name + " failed (" + t.end->describe() + ")" + after_restarts(t) +
+          "; tearing down the cluster");
       exit_status_ = exit_failure;
       begin_terminate();
+    } else if (phase_ == phase::stopping) {
+      say(t.name + " failed (" + t.end->describe() + ")" + after_restarts(t) +
+          " while the chief was stopping");
     } else if (phase_ == phase::grace) {
       say(t.name + " failed (" + t.end->describe() + ") after the chief ended");
     }
   }
 
+  // Starts the failed tasks whose restart delay is over.
+  void start_due_restarts(steady::time_point now) {
+    for (task& t : tasks_) {
+      if (!t.restart_at || now < *t.restart_at) continue;
+      if (!start_task(t)) {
+        exit_status_ = exit_failure;
+        begin_terminate();
+        return;
+      }
+    }
+  }
+
   bool all_quiet() const {
+    if (!pipes_.empty()) return false;
     for (const task& t : tasks_) {
-      if (t.running || t.out.fd >= 0 || t.err.fd >= 0) return false;
+      if (t.running) return false;
     }
     return true;
   }
@@ -766,12 +904,14 @@ class launcher {
   }
 
   void begin_terminate() {
+    for (task& t : tasks_) t.restart_at.reset();
     phase_ = phase::terminating;
     deadline_ = steady::now() + term_wait;
     signal_all(SIGTERM);
   }
 
   void begin_kill() {
+    for (task& t : tasks_) t.restart_at.reset();
     phase_ = phase::killing;
     deadline_ = steady::now() + kill_wait;
     signal_all(SIGKILL);
@@ -792,11 +932,14 @@ class launcher {
     const bool expired = deadline_ && now >= *deadline_;
     switch (phase_) {
       case phase::running:
+      case phase::stopping:
         if (job_deadline_ && now >= *job_deadline_) {
           say("job time limit of " + std::to_string(opts_.timeout_s) +
               " s reached; tearing down the cluster");
           exit_status_ = exit_timeout;
           begin_terminate();
+        } else {
+          start_due_restarts(now);
         }
         break;
       case phase::grace:
@@ -841,7 +984,12 @@ class launcher {
 
   int poll_timeout_ms() const {
     std::optional<steady::time_point> next = deadline_;
-    if (phase_ == phase::running) next = job_deadline_;
+    if (phase_ == phase::running || phase_ == phase::stopping) {
+      next = job_deadline_;
+      for (const task& t : tasks_) {
+        if (t.restart_at && (!next || *t.restart_at < *next)) next = t.restart_at;
+      }
+    }
     if (!next) return -1;
     const auto left = std::chrono::ceil<milliseconds>(*next - steady::now()).count();
     return static_cast<int>(std::clamp<long long>(left, 0, 24LL * 3600 * 1000));
@@ -850,17 +998,18 @@ class launcher {
   void finish() {
     // Whatever is still buffered in a pipe (only when the kill wait ran out) is printed, then
     // partial lines with the task's prefix.
-    for (task& t : tasks_) {
-      for (output_pipe* p : {&t.out, &t.err}) {
-        if (p->fd < 0) continue;
-        char buffer[read_chunk_bytes];
-        ssize_t n;
-        while ((n = ::read(p->fd, buffer, sizeof buffer)) > 0) {
-          p->pending.append(buffer, static_cast<std::size_t>(n));
-          emit_lines(t, *p);
-        }
-        close_pipe(t, *p);
+    for (output_pipe& p : pipes_) {
+      if (p.fd < 0) continue;
+      char buffer[read_chunk_bytes];
+      ssize_t n;
+      while ((n = ::read(p.fd, buffer, sizeof buffer)) > 0) {
+        p.pending.append(buffer, static_cast<std::size_t>(n));
+        emit_lines(*p.owner, p);
       }
+      close_pipe(*p.owner, p);
+    }
+    pipes_.clear();
+    for (task& t : tasks_) {
       if (t.pid > 0) {
         int status = 0;
         ::waitpid(t.pid, &status, WNOHANG);
@@ -870,7 +1019,9 @@ class launcher {
 
   options opts_;
   std::string program_;
-  std::vector<task> tasks_;
+  std::vector<task> tasks_;  // never resized after construction: pipes point into it
+  std::list<output_pipe> pipes_;
+  std::vector<std::string> base_env_;
   task* chief_ = nullptr;
   int signal_fd_ = -1;
   int dev_null_ = -1;

@@ -37,6 +37,12 @@ bad "cannot execute '/nonexistent/program'" -- /nonexistent/program
 bad "cannot execute '${tok}_command'" -- "${tok}_command"
 bad "cannot execute '$work/not_executable'" -- "$work/not_executable"
 bad "cannot execute '$work'" -- "$work"
+bad "--max-restarts needs a whole number" --max-restarts x -- touch "$sentinel"
+bad "--max-restarts needs N or role=N" --max-restarts gpu=1 -- touch "$sentinel"
+bad "--max-restarts needs N or role=N" --max-restarts ps=1,,worker=2 -- touch "$sentinel"
+bad "--max-restarts worker needs a whole number" --max_restarts ps=1,worker= -- touch "$sentinel"
+bad "--max-restarts names 'ps' twice" --max-restarts ps=1,ps=2 -- touch "$sentinel"
+bad "--restart-delay-ms needs a whole number" --restart-delay-ms -5 -- touch "$sentinel"
 bad "cannot resolve --host" --host no-such-host.invalid -- touch "$sentinel"
 
 "$dtfrun" --help >"$work/help.out" 2>"$work/help.err"
