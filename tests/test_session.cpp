@@ -469,12 +469,12 @@ TEST_CASE("nan_tensor fails the session or stops it with a warning", "[session][
   }
 }
 
-TEST_CASE("logging writes key=value progress lines every N steps", "[session][hooks]") {
+TEST_CASE("logging writes key=value progress lines every N iterations", "[session][hooks]") {
   std::vector<std::string> lines;
   monitored_training_session s;
   auto& stop = s.add_hook(hooks::stop_at_step({.num_steps = 20}));
   s.add_hook(hooks::logging(
-      {.every_n_steps = 5, .prefix = "worker.0", .stop = &stop, .sink = [&](const std::string& l) { lines.push_back(l); }}));
+      {.every_n_iter = 5, .prefix = "worker.0", .stop = &stop, .sink = [&](const std::string& l) { lines.push_back(l); }}));
   int steps = 0;
   s.train([&](run_context&) {
     ++steps;
@@ -489,12 +489,28 @@ TEST_CASE("logging writes key=value progress lines every N steps", "[session][ho
   CHECK_THAT(lines[3], Catch::StartsWith("worker.0: step=20 last_step=20 loss=18.0000 "));
 }
 
+TEST_CASE("logging counts this task's iterations, reporting the global step", "[session][hooks]") {
+  std::vector<std::string> lines;
+  monitored_training_session s({.scaffold = {.restore = [] { return std::optional<std::int64_t>(30); }}});
+  s.add_hook(hooks::stop_at_step({.num_steps = 12}));
+  s.add_hook(hooks::logging({.every_n_iter = 2, .at_end = true, .sink = [&](const std::string& l) { lines.push_back(l); }}));
+  std::int64_t g = 30;
+  s.train([&](run_context&) {  // three workers: the global step advances by 3 per run here
+    run_values v = step_loss(1.0);
+    v.global_step = g += 3;
+    return v;
+  });
+  REQUIRE(lines.size() == 2);  // iterations 2 and 4; at the end nothing new to report
+  CHECK_THAT(lines[0], Catch::StartsWith("step=36 loss=1.0000 steps_per_sec="));
+  CHECK_THAT(lines[1], Catch::StartsWith("step=42 loss=1.0000 steps_per_sec="));
+}
+
 TEST_CASE("logging every few seconds, and at the end", "[session][hooks]") {
   std::vector<std::string> lines;
   monitored_training_session s;
   s.add_hook(hooks::stop_at_step({.last_step = 3}));
   // every_secs so small that every step after the first qualifies: the time path triggers.
-  auto& h = s.add_hook(hooks::logging({.every_n_steps = 0, .every_secs = 1e-9, .last_step = 3, .at_end = true,
+  auto& h = s.add_hook(hooks::logging({.every_n_iter = 0, .every_secs = 1e-9, .last_step = 3, .at_end = true,
                                        .sink = [&](const std::string& l) { lines.push_back(l); }}));
   s.train([](run_context&) { return step_loss(0.25); });
   CHECK(h.lines() == std::int64_t(lines.size()));

@@ -41,7 +41,7 @@ int main(int argc, char** argv) try {
   session.add_hook(hooks::nan_tensor());
   session.add_chief_hook(hooks::summary_saver({.every_n_steps = 10, .writer = writer}));
   auto& counter = session.add_chief_hook(hooks::step_counter({.every_n_steps = 20, .writer = writer}));
-  session.add_chief_hook(hooks::logging({.every_n_steps = 20, .prefix = "write_run", .last_step = steps}));
+  session.add_chief_hook(hooks::logging({.every_n_iter = 20, .prefix = "write_run", .last_step = steps}));
   session.train([&](run_context& ctx) {
     auto b = stream.next();
     assign_from_host(x, b->features);
