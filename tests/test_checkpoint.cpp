@@ -7,6 +7,7 @@
 #include <dtf/hooks/stop_at_step.hpp>
 #include <dtf/nn/init.hpp>
 #include <dtf/ps.hpp>
+#include <dtf/recovery.hpp>
 
 #include "ps_helpers.hpp"
 
@@ -388,4 +389,80 @@ TEST_CASE("checkpoint_saver saves at start, every N steps and at the end; the ps
   // Saved at start (10) and at the end (12); no interval.
   CHECK(saver.saves() == 2);
   CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("model-12"));
+}
+
+TEST_CASE("after a ps restart the chief restores it from the latest checkpoint while a worker is held",
+          "[checkpoint][recovery]") {
+  temp_dir dir("recovery");
+  const auto vars = model_vars();
+  const auto n = num_parameters(vars);
+  const optim::rule rule = optim::adagrad{.learning_rate = 0.1f};
+  const auto layout = place_on(1);
+  auto start_ps = [](std::uint16_t port) {
+    ps_options o{test::opts("ps.0")};
+    o.transport.log = [](const std::string&) {};
+    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
+  };
+  auto ps = start_ps(0);
+  const auto port = ps->port();
+  std::thread serve([p = ps.get()] { p->run(); });
+  const std::vector<std::string> addr{"127.0.0.1:" + std::to_string(port)};
+  ps_client chief(addr, layout, test::opts("chief.0"));
+  ps_client worker(addr, layout, test::opts("worker.0"));
+  chief.connect();
+  worker.connect();
+  chief.initialize(seeded(n, 21), rule);
+  train(chief, 3, 1100);
+  const auto at_save = pull_all(chief);
+  chief.save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  train(chief, 2, 1200);  // progress after the checkpoint, lost with the ps
+
+  // The ps dies (its connections close) and comes back empty on the same port.
+  ps->stop();
+  serve.join();
+  ps = start_ps(port);
+  serve = std::thread([p = ps.get()] { p->run(); });
+
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  auto logger = [&](const std::string& l) {
+    std::lock_guard g(log_mu);
+    log.push_back(l);
+  };
+  int worker_after = 0;
+  std::vector<float> worker_values(n);
+  std::thread w([&] {
+    ps_recovery rec(worker, false, {}, {.ready_timeout = std::chrono::milliseconds(5000), .log = logger},
+                    [&] { ++worker_after; });
+    rec.run([&] { return worker.pull(worker_values); });
+  });
+  ps_recovery rec(
+      chief, true, [&] { REQUIRE(chief.restore_latest(dir.path.string(), vars, rule)); },
+      {.log = logger});
+  std::vector<float> chief_values(n);
+  const auto step = rec.run([&] { return chief.pull(chief_values); });
+  w.join();
+  CHECK(step == 3);
+  CHECK(rec.recoveries() == 1);
+  CHECK(rec.reinitialisations() == 1);
+  CHECK(worker_after == 1);
+  CHECK(chief_values == at_save);
+  CHECK(worker_values == at_save);
+  // Adagrad's accumulators came back too: the next update matches one from the checkpoint.
+  cluster_of reference(layout);
+  reference.client->restore_latest(dir.path.string(), vars, rule);
+  train(chief, 1, 1300);
+  train(*reference.client, 1, 1300);
+  CHECK(pull_all(chief) == pull_all(*reference.client));
+  // Errors that are not a lost peer are not retried.
+  int calls = 0;
+  CHECK_THROWS_WITH(rec.run([&] {
+    ++calls;
+    std::vector<float> small(3);
+    return chief.pull(small);
+  }),
+                    Catch::Contains("buffer of 3 floats"));
+  CHECK(calls == 1);
+  ps->stop();
+  serve.join();
 }

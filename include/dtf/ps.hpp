@@ -533,6 +533,8 @@ class ps_client {
   }
 
   const placement& layout() const noexcept { return layout_; }
+  /// This task's identity ("worker.1"), as presented to the ps.
+  const std::string& identity() const noexcept { return rpc_.options().identity; }
 
   /// Connects to every ps (retrying while they start). Errors: see rpc_client::connect_all.
   void connect() { rpc_.connect_all(); }
