@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The fault test: one ps and two workers (worker 0 is the chief) under
+# `dtfrun --max-restarts 2`. While the run goes on, this script SIGKILLs
+#   1. the ps        when the chief's log shows step >= 25% of the run,
+#   2. worker 1      once the chief has restored the restarted ps and shows step >= 45%,
+#   3. the chief     once worker 1 is back and the chief shows step >= 65%.
+# The run must complete (dtfrun exit 0 and a RESULT line), its test accuracy must be within
+# one point of an undisturbed run with the same seed and flags, every checkpoint on disk must
+# verify with dtf-ckpt (list and export work on the latest), and no process may be left.
+# Usage: test_fault.sh <dtfrun> <fault_trainer> <dtf-ckpt>
+set -u
+dtfrun=${1:?usage: $0 <dtfrun> <fault_trainer> <dtf-ckpt>}
+trainer=${2:?usage: $0 <dtfrun> <fault_trainer> <dtf-ckpt>}
+ckpt=${3:?usage: $0 <dtfrun> <fault_trainer> <dtf-ckpt>}
+work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_fault.XXXXXX")
+run_pid=
+cleanup() {
+  [[ -n "$run_pid" ]] && kill -KILL "$run_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/*.log; do
+    [[ -f "$f" ]] || continue
+    echo "---- $f (last 40 lines)" >&2
+    tail -n 40 "$f" >&2
+  done
+  exit 1
+}
+
+# wait_until <seconds> <command...>: polls the command until it succeeds; false on timeout.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.05
+  done
+}
+
+last_step=3000
+flags=(--train_examples 0 --batch 256 --lr 0.01 --log_every 25 --last_step "$last_step" --save_every 150
+       --keep 4 --seed 7 --timeout_ms 30000)
+
+# The latest step the chief printed, and the pid a task printed last (its latest start).
+chief_step() { grep -E '^worker\.0 +\| ' "$work/faulty.log" | grep -oE ' step=[0-9]+' | tail -n 1 | cut -d= -f2; }
+task_pid() { grep -E "^$1 +\| $1: pid=" "$work/faulty.log" | tail -n 1 | sed -E 's/.*pid=([0-9]+).*/\1/'; }
+chief_past() { local s; s=$(chief_step); [[ -n "$s" ]] && ((s >= $1)); }
+log_has() { grep -qE "$1" "$work/faulty.log"; }
+accuracy_of() { grep -E '^worker\.0 +\| RESULT ' "$1" | tail -n 1 | grep -oE 'accuracy=[0-9.]+' | cut -d= -f2; }
+kill_task() {
+  local pid
+  pid=$(task_pid "$1")
+  [[ -n "$pid" ]] || fail "no pid printed by $1"
+  kill -0 "$pid" 2>/dev/null || fail "$1 (pid $pid) is not running"
+  echo "killing $1 (pid $pid) at chief step $(chief_step)"
+  kill -KILL "$pid"
+}
+
+# 1. The undisturbed run.
+timeout 240 "$dtfrun" --ps 1 --workers 2 -- "$trainer" --checkpoint_dir "$work/clean" "${flags[@]}" \
+  >"$work/clean.log" 2>&1 || fail "the undisturbed run failed (exit $?)"
+clean=$(accuracy_of "$work/clean.log")
+[[ -n "$clean" ]] || fail "no RESULT line in the undisturbed run"
+echo "undisturbed: accuracy $clean"
+
+# 2. The same run with three SIGKILLs.
+timeout 240 "$dtfrun" --ps 1 --workers 2 --max-restarts 2 --restart_delay_ms 200 -- "$trainer" \
+  --checkpoint_dir "$work/faulty" "${flags[@]}" >"$work/faulty.log" 2>&1 &
+run_pid=$!
+wait_until 120 chief_past $((last_step / 4)) || fail "the chief never reached step $((last_step / 4))"
+kill_task ps.0
+wait_until 60 log_has 're-initialising from the latest checkpoint' || fail "the chief did not re-initialise the ps"
+wait_until 60 log_has '^ps\.0 +\| .*restored [0-9]+ shards from checkpoint' || fail "the ps was not restored"
+wait_until 120 chief_past $((last_step * 45 / 100)) || fail "no progress after the ps restart"
+kill_task worker.1
+wait_until 60 log_has '^worker\.1 +\| worker\.1: pid=[0-9]+ restart=1' || fail "worker 1 was not restarted"
+wait_until 60 log_has '^worker\.1 +\| worker\.1: session created' || fail "the restarted worker 1 did not rejoin"
+wait_until 120 chief_past $((last_step * 65 / 100)) || fail "no progress after the worker restart"
+kill_task worker.0
+wait_until 60 log_has '^worker\.0 +\| worker\.0: pid=[0-9]+ restart=1' || fail "the chief was not restarted"
+wait "$run_pid"
+status=$?
+run_pid=
+((status == 0)) || fail "the disturbed run ended with exit status $status"
+faulty=$(accuracy_of "$work/faulty.log")
+[[ -n "$faulty" ]] || fail "no RESULT line in the disturbed run"
+echo "disturbed: accuracy $faulty"
+python3 - "$clean" "$faulty" <<'PY' || fail "accuracy $faulty is not within one point of the undisturbed $clean"
+import sys
+a, b = float(sys.argv[1]), float(sys.argv[2])
+sys.exit(0 if abs(a - b) <= 0.01 else 1)
+PY
+restores=$(grep -cE '^ps\.0 +\| .*restored [0-9]+ shards from checkpoint' "$work/faulty.log")
+((restores >= 2)) || fail "expected a restore after the ps restart and one after the chief restart, saw $restores"
+
+# 3. Every checkpoint on disk verifies (every manifest, kept or not, and the state file's list).
+for dir in "$work/clean" "$work/faulty"; do
+  "$ckpt" verify "$dir" --all >"$work/verify.log" 2>&1 || fail "dtf-ckpt verify --all failed in $dir: $(cat "$work/verify.log")"
+  n=0
+  for m in "$dir"/*.manifest.json; do
+    [[ -e "$m" ]] || continue
+    name=$(basename "$m" .manifest.json)
+    "$ckpt" verify "$dir" "$name" >>"$work/verify.log" 2>&1 || fail "checkpoint $name in $dir fails verification"
+    n=$((n + 1))
+  done
+  ((n >= 1)) || fail "no checkpoint in $dir"
+  echo "$dir: $n checkpoints verify"
+done
+"$ckpt" list "$work/faulty" >"$work/list.log" 2>&1 || fail "dtf-ckpt list failed"
+grep -qE '^dense_0/kernel +\[784, 256\] +float32 +200704 ' "$work/list.log" || fail "dtf-ckpt list: $(cat "$work/list.log")"
+"$ckpt" export "$work/faulty" dense_2/bias "$work/bias.npy" >/dev/null 2>&1 || fail "dtf-ckpt export failed"
+python3 - "$work/bias.npy" <<'PY' || fail "the exported .npy is malformed"
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+assert data[:8] == b"\x93NUMPY\x01\x00", data[:8]
+hlen = struct.unpack("<H", data[8:10])[0]
+header = data[10:10 + hlen].decode()
+assert "'descr': '<f4'" in header and "'shape': (10,)" in header, header
+values = struct.unpack("<10f", data[10 + hlen:])
+assert all(abs(v) < 100 for v in values) and any(v != 0 for v in values), values
+PY
+
+# 4. No process left behind.
+no_leftovers() { ! pgrep -f -- "$work/" >/dev/null; }  # pgrep never lists itself; this script's command line does not name $work
+wait_until 10 no_leftovers || fail "processes left behind: $(pgrep -af -- "$work/")"
+echo "PASS: undisturbed $clean, disturbed $faulty"
