@@ -123,6 +123,14 @@ values = struct.unpack("<10f", data[10 + hlen:])
 assert all(abs(v) < 100 for v in values) and any(v != 0 for v in values), values
 PY
 
+# dtf-ckpt refuses a damaged copy, naming the file (exit status 1).
+cp -r "$work/faulty" "$work/damaged"
+shard=$(ls "$work"/damaged/*.shard | tail -n 1)
+printf '\x7f' | dd of="$shard" bs=1 seek=100 conv=notrunc status=none
+name=$(basename "$shard" | sed -E 's/\.ps-.*//')
+"$ckpt" verify "$work/damaged" "$name" >"$work/damaged.out" 2>&1
+[[ $? == 1 ]] && grep -q "$(basename "$shard"): SHA-256" "$work/damaged.out" || fail "damaged checkpoint: $(cat "$work/damaged.out")"
+
 # 4. No process left behind.
 no_leftovers() { ! pgrep -f -- "$work/" >/dev/null; }  # pgrep never lists itself; this script's command line does not name $work
 wait_until 10 no_leftovers || fail "processes left behind: $(pgrep -af -- "$work/")"
