@@ -25,6 +25,10 @@ namespace examples {
 struct job_defaults {
   int epochs = 5;
   int batch = 64;
+  /// The learning rate at a global step in an epoch of the worker's data, logged and summarised
+  /// as "learning_rate" (empty: the example does not report one). May read the example's
+  /// flags: it is called after parsing.
+  std::function<double(std::int64_t global_step, std::size_t epoch)> learning_rate;
 };
 
 class job {

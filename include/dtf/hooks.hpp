@@ -4,6 +4,7 @@
 #include <dtf/session.hpp>
 #include <dtf/summary.hpp>
 
+#include <dtf/hooks/checkpoint_saver.hpp>
 #include <dtf/hooks/feed_fn.hpp>
 #include <dtf/hooks/final_ops.hpp>
 #include <dtf/hooks/global_step_waiter.hpp>
@@ -13,6 +14,3 @@
 #include <dtf/hooks/stop_at_step.hpp>
 #include <dtf/hooks/summary_saver.hpp>
 #include <dtf/hooks/timer.hpp>
-#if __has_include(<dtf/hooks/checkpoint_saver.hpp>)
-#include <dtf/hooks/checkpoint_saver.hpp>
-#endif

@@ -8,15 +8,7 @@
 set -euo pipefail
 write_run=$1 venv=$2 work=$3
 here=$(cd "$(dirname "$0")" && pwd)
-python=${DTF_TEST_PYTHON3:-python3}
-
-if ! "$venv/bin/python" -c "import tensorboard" 2>/dev/null; then
-  echo "test_tensorboard: creating $venv and installing tensorboard from PyPI"
-  rm -rf "$venv"
-  "$python" -m venv "$venv" || { echo "test_tensorboard: python3 -m venv failed (install python3-venv)"; exit 1; }
-  "$venv/bin/pip" install --quiet --disable-pip-version-check tensorboard ||
-    { echo "test_tensorboard: pip install tensorboard failed (PyPI unreachable?)"; exit 1; }
-fi
+bash "$here/ensure_venv.sh" "$venv"
 "$venv/bin/python" -c "import tensorboard; print('test_tensorboard: tensorboard', tensorboard.__version__)"
 
 rm -rf "$work"

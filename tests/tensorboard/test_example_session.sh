@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The standard session of the ps examples (examples/common/hooks.hpp) end to end, under dtfrun
+# with one ps and two workers on a small subset:
+#   1. sync_sgd with --model_dir: progress lines carry dtfrun's tokens, checkpoints are written,
+#      and TensorBoard's reader finds loss, learning rate, steps/s, contributions and dropped
+#      gradients as scalars and the variables as histograms;
+#   2. the same command with --num_steps 12 resumes from the latest checkpoint and trains 12
+#      more global steps;
+#   3. agn: SIGTERM to both workers stops them early; the chief saves a checkpoint, ends the
+#      job normally (exit 0, RESULT line) and its summaries carry the staleness.
+#
+#   test_example_session.sh <dtfrun> <examples dir> <venv_dir>
+set -u
+dtfrun=$1 examples=$2 venv=$3
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_session.XXXXXX")
+bg=()
+trap 'for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/*.log; do echo "---- $f" >&2; tail -n 25 "$f" >&2; done
+  exit 1
+}
+wait_until() {  # wait_until <seconds> <command...>
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.05
+  done
+}
+
+bash "$here/ensure_venv.sh" "$venv" || fail "no TensorBoard virtual environment"
+py="$venv/bin/python"
+small=(--train_examples 4000 --batch 32 --log_every 10)
+
+# 1. A fresh run.
+dir="$work/sync"
+timeout 120 "$dtfrun" --ps 1 --workers 2 -- "$examples/sync_sgd" --epochs 1 "${small[@]}" --model_dir "$dir" \
+  --summary_every 5 --save_checkpoints_steps 20 >"$work/sync1.log" 2>&1 || fail "sync_sgd failed"
+grep -q "^worker.0 *| worker.0: step=[0-9]* last_step=[0-9]* loss=[0-9.]* steps_per_sec=" "$work/sync1.log" ||
+  fail "no progress line with step=, last_step=, loss=, steps_per_sec="
+first_end=$(sed -n 's/.*worker.0: done at global step \([0-9]*\);.*/\1/p' "$work/sync1.log")
+[[ -n "$first_end" && -f "$dir/checkpoint" ]] || fail "no final step or no checkpoint state file"
+ls "$dir"/ckpt-"$first_end".manifest.json >/dev/null 2>&1 || fail "no checkpoint at the final step $first_end: $(ls "$dir")"
+"$py" "$here/check_logdir.py" "$dir" 1 loss learning_rate global_step/sec examples/sec contributions \
+  dropped_gradients 2>/dev/null || fail "TensorBoard does not see the sync run's summaries"
+
+# 2. Resume: 12 more global steps from the latest checkpoint.
+timeout 120 "$dtfrun" --ps 1 --workers 2 -- "$examples/sync_sgd" --epochs 1 "${small[@]}" --model_dir "$dir" \
+  --summary_every 5 --num_steps 12 >"$work/sync2.log" 2>&1 || fail "the resumed sync_sgd failed"
+grep -q "restored .* (global step $first_end)" "$work/sync2.log" || fail "the ps was not restored from step $first_end"
+grep -q "worker.1: training to global step $((first_end + 12)) (from $first_end)" "$work/sync2.log" ||
+  fail "worker.1 did not resume at $first_end towards $((first_end + 12))"
+grep -q "worker.0: done at global step $((first_end + 12));" "$work/sync2.log" || fail "the resumed run did not stop at $((first_end + 12))"
+[[ -f "$dir/ckpt-$((first_end + 12)).manifest.json" ]] || fail "no checkpoint at the resumed run's end"
+"$py" "$here/check_logdir.py" "$dir" $((first_end + 1)) loss learning_rate 2>/dev/null ||
+  fail "TensorBoard does not see the resumed summaries"
+
+# 3. SIGTERM to every worker: they stop early, the chief checkpoints and ends the job.
+dir="$work/agn"
+"$dtfrun" --ps 1 --workers 2 --grace_ms 20000 -- "$examples/agn" --epochs 200 "${small[@]}" --model_dir "$dir" \
+  --summary_every 5 >"$work/agn.log" 2>&1 &
+bg+=($!)
+dtfrun_pid=$!
+wait_until 60 grep -q "worker.1: step=" "$work/agn.log" || fail "agn never trained"
+wait_until 60 grep -q "worker.0: step=" "$work/agn.log" || fail "agn's chief never trained"
+for t in worker.0 worker.1; do
+  pid=$(sed -n "s/^dtfrun: started $t (pid \([0-9]*\)).*/\1/p" "$work/agn.log")
+  [[ -n "$pid" ]] || fail "no pid for $t"
+  kill -TERM "$pid"
+done
+wait_until 60 bash -c "! kill -0 $dtfrun_pid 2>/dev/null" || fail "the job did not end within 60 s of SIGTERM"
+wait "$dtfrun_pid"
+status=$?
+((status == 0)) || fail "dtfrun exited with $status after the workers were asked to stop"
+grep -q "stop requested by signal" "$work/agn.log" || fail "no stop message"
+grep -q "^worker.0 *| RESULT scheme=agn" "$work/agn.log" || fail "no RESULT line after the stop"
+steps=$(sed -n 's/.*worker.1: done after \([0-9]*\) steps.*/\1/p' "$work/agn.log")
+((steps > 0 && steps < 200 * 63)) || fail "worker.1 ran $steps steps: it did not stop early"
+saved=$(ls "$dir"/ckpt-*.manifest.json | sed 's/.*ckpt-\([0-9]*\)\.manifest.json/\1/' | sort -n | tail -n 1)
+((saved > 0)) || fail "the chief saved no checkpoint after step 0"
+"$py" "$here/check_logdir.py" "$dir" 1 loss learning_rate staleness_mean staleness_max 2>/dev/null ||
+  fail "TensorBoard does not see the agn run's summaries"
+echo "PASS: resumed at $first_end; agn stopped by SIGTERM after $steps steps of worker.1, checkpoint at $saved"
