@@ -190,10 +190,13 @@ TEST_CASE("a save that dies part-way through a shard file leaves the previous ch
   cluster_of b(place_on(2));
   REQUIRE(b.client->restore_latest(dir.path.string(), vars, rule) == std::optional<std::int64_t>(2));
   CHECK(pull_all(*b.client) == good);
-  // The next successful save replaces the debris.
-  healthy.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars, 4);
-  CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-4"));
-  CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-4"));
+  // The next successful save sweeps the debris away.
+  healthy.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars, 6);
+  CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-6"));
+  CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-6"));
+  CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-2"));
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-4.ps-0-of-2.shard"));
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-4.ps-1-of-2.shard.tmp"));
 }
 
 TEST_CASE("restore refuses a damaged checkpoint, naming the file", "[checkpoint][errors]") {
@@ -268,6 +271,13 @@ TEST_CASE("max_to_keep prunes the oldest checkpoints and their files", "[checkpo
   }
   CHECK(files == 1 + 2 * 3);
   for (const auto& n : state->all) CHECK_NOTHROW(verify_checkpoint(dir.path, n));
+  // Files of other prefixes, and names that only look alike, are not touched.
+  std::ofstream(dir.path / "ckpt-notes.txt") << "mine";
+  std::ofstream(dir.path / "other-1.manifest.json") << "{}";
+  a.client->save_checkpoint({dir.path.string(), "ckpt", 2}, vars, 9);
+  CHECK(fs::exists(dir.path / "ckpt-notes.txt"));
+  CHECK(fs::exists(dir.path / "other-1.manifest.json"));
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-3.manifest.json"));
 }
 
 TEST_CASE("a restored synchronous ps continues at the saved global step", "[checkpoint][sync]") {

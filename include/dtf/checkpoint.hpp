@@ -524,8 +524,9 @@ inline void copy_into_layout(const checkpoint_tensors& t, const std::vector<vari
 }
 
 /// Writes NAME.manifest.json and then the state file naming NAME as the latest; prunes the
-/// oldest checkpoints beyond max_to_keep (0 keeps all), deleting their files. Returns the
-/// names pruned. The chief calls this once every shard file is written.
+/// oldest checkpoints beyond max_to_keep (0 keeps all), deleting their files and the debris
+/// of failed saves with the same prefix. Returns the names pruned. The chief calls this once
+/// every shard file is written.
 inline std::vector<std::string> commit_checkpoint(const std::filesystem::path& dir, const checkpoint_manifest& m,
                                                   std::size_t max_to_keep) {
   detail::ckpt::write_text_atomically(dir / detail::ckpt::manifest_file_name(m.name), m.to_json().dump(1) + "\n");
@@ -540,16 +541,28 @@ inline std::vector<std::string> commit_checkpoint(const std::filesystem::path& d
   }
   write_checkpoint_state(dir, s);
   // Deleted only after the state file stopped naming them: a crash here leaves orphans, never
-  // a named checkpoint with missing files. The manifest goes first, so a half-deleted
-  // checkpoint is visibly incomplete.
-  for (const auto& name : pruned) {
-    std::error_code ec;
-    std::filesystem::remove(dir / detail::ckpt::manifest_file_name(name), ec);
+  // a named checkpoint with missing files. The same sweep removes the debris of saves that
+  // died before their commit (shard files and temporaries of a checkpoint that no state file
+  // names): files "<prefix>-<digits>.*" of this checkpoint's prefix whose name is not kept.
+  const auto dash = m.name.rfind('-');
+  const std::string prefix = dash == std::string::npos ? std::string() : m.name.substr(0, dash + 1);
+  auto kept = [&](const std::string& n) { return std::find(s.all.begin(), s.all.end(), n) != s.all.end(); };
+  std::error_code ec;
+  std::vector<std::filesystem::path> doomed;
+  if (!prefix.empty())
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
       const auto file = e.path().filename().string();
-      if (file.rfind(name + ".", 0) == 0) std::filesystem::remove(e.path(), ec);
+      if (file.rfind(prefix, 0) != 0) continue;
+      const auto dot = file.find('.', prefix.size());
+      if (dot == std::string::npos || dot == prefix.size()) continue;
+      const auto digits = file.substr(prefix.size(), dot - prefix.size());
+      if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (!kept(file.substr(0, dot))) doomed.push_back(e.path());
     }
-  }
+  // Manifests first, so a half-deleted checkpoint is visibly incomplete.
+  std::stable_partition(doomed.begin(), doomed.end(),
+                        [](const auto& p) { return p.filename().string().ends_with(".manifest.json"); });
+  for (const auto& p : doomed) std::filesystem::remove(p, ec);
   return pruned;
 }
 

@@ -293,8 +293,12 @@ public:
     return *it->second;
   }
 
-  // Snapshot of every shard (each under its lock, so no update is half-applied in it), then
-  // the file is written outside the locks: pushes continue while the bytes go to disk.
+  // Snapshot of every shard (each under its lock, so no locked update is half-applied in it),
+  // then the file is written outside the locks: pushes continue while the bytes go to disk.
+  // Lock-free (Hogwild) updates take no lock, so they may race with the copy, as they race
+  // with pulls. Shards are copied one after another: in asynchronous training a checkpoint is
+  // a per-shard-consistent snapshot, not one instant of the whole model (TensorFlow's Saver
+  // gives the same).
   void save(const detail::ps_save_msg& m, rpc_reply& reply) {
     std::vector<std::vector<float>> copies;
     std::vector<detail::ckpt::shard_record> records;
