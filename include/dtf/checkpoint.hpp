@@ -45,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,9 +214,11 @@ struct checkpoint_options {
 };
 
 /// Testing aid for crash safety: makes a write stop after `abort_after_bytes` bytes of a file,
-/// leaving its temporary file on disk as a crash would, and throw errc::io_error.
+/// leaving its temporary file on disk as a crash would, and throw errc::io_error — or, with
+/// kill_process, SIGKILL this very process there (a real crash in the middle of a save).
 struct checkpoint_fault {
   std::uint64_t abort_after_bytes = 0;  ///< 0: off
+  bool kill_process = false;
 };
 
 namespace detail::ckpt {
@@ -253,6 +256,7 @@ inline written write_atomically(const std::filesystem::path& path, std::span<con
   sha256 h;
   written w;
   auto fail = [&](const std::string& what) {
+    if (fault.kill_process && what.rfind("fault injection", 0) == 0) ::kill(::getpid(), SIGKILL);
     ::close(fd);
     throw error(errc::io_error, what);
   };

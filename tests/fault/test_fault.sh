@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The fault test: one ps and two workers (worker 0 is the chief) under
 # `dtfrun --max-restarts 2`. While the run goes on, this script SIGKILLs
-#   1. the ps        when the chief's log shows step >= 25% of the run,
+#   1. the ps        when the chief's log shows step >= 25% of the run; the restarted ps then
+#                    SIGKILLs itself part-way through writing its shard of the next checkpoint
+#                    (--ps_crash_at_restart 1), and the chief must restore the previous one,
 #   2. worker 1      once the chief has restored the restarted ps and shows step >= 45%,
 #   3. the chief     once worker 1 is back and the chief shows step >= 65%.
 # The run must complete (dtfrun exit 0 and a RESULT line), its test accuracy must be within
@@ -41,14 +43,16 @@ wait_until() {
 }
 
 last_step=3000
-flags=(--train_examples 0 --batch 256 --lr 0.01 --log_every 25 --last_step "$last_step" --save_every 150
+flags=(--train_examples 0 --batch 256 --lr 0.03 --log_every 25 --last_step "$last_step" --save_every 150
        --keep 4 --seed 7 --timeout_ms 30000)
+crash=(--ps_crash_at_restart 1 --ps_crash_save_bytes 100000)
 
 # The latest step the chief printed, and the pid a task printed last (its latest start).
 chief_step() { grep -E '^worker\.0 +\| ' "$work/faulty.log" | grep -oE ' step=[0-9]+' | tail -n 1 | cut -d= -f2; }
 task_pid() { grep -E "^$1 +\| $1: pid=" "$work/faulty.log" | tail -n 1 | sed -E 's/.*pid=([0-9]+).*/\1/'; }
 chief_past() { local s; s=$(chief_step); [[ -n "$s" ]] && ((s >= $1)); }
 log_has() { grep -qE "$1" "$work/faulty.log"; }
+restores_at_least() { (($(grep -cE '^ps\.0 +\| .*restored [0-9]+ shards from checkpoint' "$work/faulty.log") >= $1)); }
 accuracy_of() { grep -E '^worker\.0 +\| RESULT ' "$1" | tail -n 1 | grep -oE 'accuracy=[0-9.]+' | cut -d= -f2; }
 kill_task() {
   local pid
@@ -68,12 +72,15 @@ echo "undisturbed: accuracy $clean"
 
 # 2. The same run with three SIGKILLs.
 timeout 240 "$dtfrun" --ps 1 --workers 2 --max-restarts 2 --restart_delay_ms 200 -- "$trainer" \
-  --checkpoint_dir "$work/faulty" "${flags[@]}" >"$work/faulty.log" 2>&1 &
+  --checkpoint_dir "$work/faulty" "${flags[@]}" "${crash[@]}" >"$work/faulty.log" 2>&1 &
 run_pid=$!
 wait_until 120 chief_past $((last_step / 4)) || fail "the chief never reached step $((last_step / 4))"
 kill_task ps.0
 wait_until 60 log_has 're-initialising from the latest checkpoint' || fail "the chief did not re-initialise the ps"
 wait_until 60 log_has '^ps\.0 +\| .*restored [0-9]+ shards from checkpoint' || fail "the ps was not restored"
+wait_until 60 log_has '^ps\.0 +\| ps\.0: pid=[0-9]+ restart=2' || fail "the ps did not crash during a save"
+wait_until 60 restores_at_least 2 ||
+  fail "the ps was not restored after crashing during a save"
 wait_until 120 chief_past $((last_step * 45 / 100)) || fail "no progress after the ps restart"
 kill_task worker.1
 wait_until 60 log_has '^worker\.1 +\| worker\.1: pid=[0-9]+ restart=1' || fail "worker 1 was not restarted"
@@ -94,7 +101,19 @@ a, b = float(sys.argv[1]), float(sys.argv[2])
 sys.exit(0 if abs(a - b) <= 0.01 else 1)
 PY
 restores=$(grep -cE '^ps\.0 +\| .*restored [0-9]+ shards from checkpoint' "$work/faulty.log")
-((restores >= 2)) || fail "expected a restore after the ps restart and one after the chief restart, saw $restores"
+((restores >= 3)) || fail "expected restores after both ps restarts and the chief restart, saw $restores"
+# The save the ps died in never became a checkpoint: the restore after that crash used one
+# that was complete (saved) before it.
+python3 - "$work/faulty.log" <<'PY' || fail "the restore after the crash during a save did not use the previous checkpoint"
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+crash = next(i for i, l in enumerate(lines) if re.match(r"ps\.0 +\| ps\.0: pid=\d+ restart=2", l))
+restored = next(re.search(r"from checkpoint (\S+)", l).group(1) for l in lines[crash:]
+                if re.match(r"ps\.0 +\| .*restored \d+ shards from checkpoint", l))
+saved_before = {m.group(1) for l in lines[:crash] for m in [re.search(r"saved checkpoint (\S+)", l)] if m}
+print("restored", restored, "after the crash during a save")
+sys.exit(0 if restored in saved_before else 1)
+PY
 
 # 3. Every checkpoint on disk verifies (every manifest, kept or not, and the state file's list).
 for dir in "$work/clean" "$work/faulty"; do
