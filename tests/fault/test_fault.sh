@@ -114,6 +114,19 @@ saved_before = {m.group(1) for l in lines[:crash] for m in [re.search(r"saved ch
 print("restored", restored, "after the crash during a save")
 sys.exit(0 if restored in saved_before else 1)
 PY
+# The restarted chief resumed from the latest checkpoint: a restore sent by worker.0 after it came back.
+python3 - "$work/faulty.log" <<'PY' || fail "the restarted chief did not restore the ps from the latest checkpoint"
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+back = next(i for i, l in enumerate(lines) if re.match(r"worker\.0 +\| worker\.0: pid=\d+ restart=1", l))
+restored = next(re.search(r"from checkpoint (\S+)", l).group(1) for l in lines[back:]
+                if re.match(r"ps\.0 +\| .*restored \d+ shards from checkpoint .* sent by worker\.0", l))
+saved = [m.group(1) for l in lines[:back] for m in [re.search(r"saved checkpoint (\S+)", l)] if m]
+print("the restarted chief restored", restored)
+# The latest one it announced (or a later one, committed just before the kill and not yet announced).
+step = lambda name: int(name.rsplit("-", 1)[1])
+sys.exit(0 if saved and step(restored) >= step(saved[-1]) else 1)
+PY
 
 # 3. Every checkpoint on disk verifies (every manifest, kept or not, and the state file's list).
 for dir in "$work/clean" "$work/faulty"; do
@@ -149,6 +162,13 @@ printf '\x7f' | dd of="$shard" bs=1 seek=100 conv=notrunc status=none
 name=$(basename "$shard" | sed -E 's/\.ps-.*//')
 "$ckpt" verify "$work/damaged" "$name" >"$work/damaged.out" 2>&1
 [[ $? == 1 ]] && grep -q "$(basename "$shard"): SHA-256" "$work/damaged.out" || fail "damaged checkpoint: $(cat "$work/damaged.out")"
+
+# dtf-ckpt's own errors: an unknown variable names the ones there are (exit 1); bad usage exits 2.
+"$ckpt" export "$work/faulty" dense_9/kernel "$work/x.npy" >"$work/ckpt_err.out" 2>&1
+[[ $? == 1 ]] && grep -q "has no variable 'dense_9/kernel' (it has: dense_0/kernel" "$work/ckpt_err.out" ||
+  fail "dtf-ckpt export of an unknown variable: $(cat "$work/ckpt_err.out")"
+"$ckpt" frobnicate >"$work/ckpt_err.out" 2>&1
+[[ $? == 2 ]] && grep -q "unknown command 'frobnicate'" "$work/ckpt_err.out" || fail "dtf-ckpt usage: $(cat "$work/ckpt_err.out")"
 
 # 4. No process left behind.
 no_leftovers() { ! pgrep -f -- "$work/" >/dev/null; }  # pgrep never lists itself; this script's command line does not name $work
