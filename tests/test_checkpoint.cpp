@@ -156,6 +156,25 @@ TEST_CASE("a checkpoint saved by 2 ps restores into 1 and into 3 ps, and 1 into 
   CHECK(pull_all(*three_again.client) == pull_all(*one.client));
 }
 
+TEST_CASE("a ps that holds no shard writes an empty shard file; Adam's slots still restore", "[checkpoint][reshard]") {
+  temp_dir dir("empty");
+  const auto vars = model_vars();
+  const optim::rule rule = optim::adam{.learning_rate = 0.01f};
+  cluster_of five(partitioners::round_robin{}.place(vars, 5));  // 4 variables: ps.4 holds nothing
+  five.client->initialize(seeded(num_parameters(vars), 8), rule);
+  train(*five.client, 3, 1600);
+  const auto m = five.client->save_checkpoint({dir.path.string(), "ckpt", 0}, vars);
+  CHECK(m.files.size() == 5);
+  CHECK(m.num_slots == 2);
+  CHECK_NOTHROW(verify_checkpoint(dir.path, m.name));
+  cluster_of two(place_on(2));
+  REQUIRE(two.client->restore_latest(dir.path.string(), vars, rule) == std::optional<std::int64_t>(3));
+  CHECK(pull_all(*two.client) == pull_all(*five.client));
+  train(*five.client, 2, 1700);
+  train(*two.client, 2, 1700);
+  CHECK(pull_all(*two.client) == pull_all(*five.client));
+}
+
 TEST_CASE("a save that dies part-way through a shard file leaves the previous checkpoint the latest and intact",
           "[checkpoint][crash]") {
   temp_dir dir("crash");
