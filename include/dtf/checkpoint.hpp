@@ -392,6 +392,7 @@ inline shard_header parse_shard_header(const std::vector<char>& data, const std:
   } catch (const nlohmann::json::exception& e) {
     throw error(errc::corrupt_data, what + ": malformed shard header: " + e.what());
   }
+  if (h.num_slots > 2) throw error(errc::corrupt_data, what + ": " + std::to_string(h.num_slots) + " slots (at most 2)");
   h.data_offset = 16 + std::size_t(len);
   std::uint64_t floats = 0;
   for (const auto& e : h.entries) {
