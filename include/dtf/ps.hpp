@@ -693,10 +693,12 @@ class ps_client {
     checkpoint_manifest m;
     m.name = options.prefix + "-" + std::to_string(step ? *step : global_step());
     m.num_ps = layout_.num_ps;
+    // The ps tasks may run in another working directory: they get the absolute path.
+    const std::string directory = std::filesystem::absolute(options.directory).lexically_normal().string();
     std::vector<rpc_call> calls;
     for (std::size_t ps = 0; ps < layout_.num_ps; ++ps)
       calls.push_back(make_call(ps, detail::message_kind::ps_save,
-                                detail::encode_message(detail::ps_save_msg{options.directory, m.name, ps, layout_.num_ps})));
+                                detail::encode_message(detail::ps_save_msg{directory, m.name, ps, layout_.num_ps})));
     run(calls);
     std::vector<std::int64_t> iterations(vars.size(), 0);
     for (const auto& c : calls) {
