@@ -35,7 +35,8 @@ int async_main(int argc, char** argv, const char* scheme, const std::function<vo
       },
       .ps_rule = worker.strategy().ps_rule(),
       .lock_free = worker.strategy().lock_free(),
-      .restored = [&](std::span<const float> v) { std::copy(v.begin(), v.end(), worker.params().begin()); }});
+      .restored = [&](std::span<const float> v) { std::copy(v.begin(), v.end(), worker.params().begin()); },
+      .after_recovery = [&] { worker.begin(); }});
   session->create();
   if (j->is_chief() && session->global_step() > 0)
     std::printf("%s: resumed from the checkpoint at global step %lld\n", j->me().c_str(),
@@ -53,7 +54,7 @@ int async_main(int argc, char** argv, const char* scheme, const std::function<vo
     if (!b) break;
     session->run([&](dtf::run_context& ctx) {
       dtf::run_values v;
-      v.loss = worker.step(*b);
+      v.loss = session.recoverable([&] { return worker.step(*b); });
       // A worker that has not heard from the ps yet reports 0: the session's step is newer.
       v.global_step = std::max(worker.global_step(), ctx.global_step());
       v.examples = b->labels.size();
@@ -63,7 +64,8 @@ int async_main(int argc, char** argv, const char* scheme, const std::function<vo
       standard_session::add_variables(ctx, vars, worker.params(), v);
       return v;
     });
-    if (j->is_chief() && b->index + 1 == train.batches_per_epoch()) j->log_epoch(ps, b->epoch + 1);
+    if (j->is_chief() && b->index + 1 == train.batches_per_epoch())
+      session.recoverable([&] { j->log_epoch(ps, b->epoch + 1); });
   }
   session->close();
   worker.end();
@@ -74,7 +76,7 @@ int async_main(int argc, char** argv, const char* scheme, const std::function<vo
   char extra[128];
   std::snprintf(extra, sizeof extra, "staleness_mean=%.2f staleness_max=%llu", st.mean(),
                 static_cast<unsigned long long>(st.max));
-  return j->finish(ps, extra);
+  return session.recoverable([&] { return j->finish(ps, extra); });
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s: %s\n", scheme, e.what());
   return 2;

@@ -10,6 +10,8 @@
 //   --last_step N / --num_steps N  stop at global step N / after N more global steps
 //   --summary_every N              chief: TensorBoard summaries every N global steps (0: none)
 //   --nan_policy fail|stop         a NaN or infinite loss fails the task, or stops it cleanly
+//   --max_recoveries N             carry on after a lost ps up to N times (0: a lost ps ends the
+//                                  task); for dtfrun --max-restarts (dtf/recovery.hpp)
 // Progress lines come from the logging hook every --log_every global steps (job.hpp's flag)
 // and carry dtfrun's key=value tokens (step=, last_step=, loss=, steps_per_sec=).
 //
@@ -26,6 +28,7 @@
 
 #include <dtf/hooks.hpp>
 #include <dtf/hooks/checkpoint_saver.hpp>
+#include <dtf/recovery.hpp>
 #include <dtf/session.hpp>
 #include <dtf/summary.hpp>
 
@@ -51,6 +54,7 @@ struct hook_flags {
   std::int64_t last_step = 0, num_steps = 0;
   int summary_every = 100;
   std::string nan_policy = "fail";
+  int max_recoveries = 0;
 
   void add_to(dtf::flag_parser& f) {
     f.add("model_dir", model_dir, "checkpoints and TensorBoard event files; resumes from its latest checkpoint")
@@ -60,7 +64,9 @@ struct hook_flags {
         .add("last_step", last_step, "stop at this global step (0: the example's own end)")
         .add("num_steps", num_steps, "stop after this many more global steps (0: the example's own end)")
         .add("summary_every", summary_every, "chief: TensorBoard summaries every N global steps (0: none)")
-        .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)");
+        .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)")
+        .add("max_recoveries", max_recoveries,
+             "recover from a lost parameter server up to N times (with dtfrun --max-restarts; 0: fail)");
   }
 
   /// Checks the values; errors name the flag.
@@ -76,6 +82,7 @@ struct hook_flags {
     if (save_checkpoints_secs < 0) bad("save_checkpoints_secs", "must not be negative");
     if (keep_checkpoints < 0) bad("keep_checkpoints", "must not be negative");
     if (summary_every < 0) bad("summary_every", "must not be negative");
+    if (max_recoveries < 0) bad("max_recoveries", "must not be negative");
   }
 };
 
@@ -90,6 +97,8 @@ struct session_setup {
   std::size_t replicas_to_aggregate = 0;
   /// Chief after a restore: the restored values (e.g. to copy into the worker's parameters).
   std::function<void(std::span<const float>)> restored;
+  /// After recovering from a lost ps (e.g. the strategy's begin(), which pulls θ̃ afresh).
+  std::function<void()> after_recovery;
 };
 
 namespace detail {
@@ -136,6 +145,13 @@ class stop_on_signals {
 /// comment). The session restores or initialises the ps when created.
 class standard_session {
  public:
+  /// Runs f() — a step, a save, the end of the job — recovering from a lost ps when
+  /// --max_recoveries allows (see dtf/recovery.hpp); otherwise just f().
+  template <class F>
+  decltype(auto) recoverable(F&& f) {
+    if (recovery_) return recovery_->run(std::forward<F>(f));
+    return std::forward<F>(f)();
+  }
   standard_session(job& j, dtf::ps_client& ps, const hook_flags& f, session_setup setup)
       : session_({.is_chief = j.is_chief(),
                   .scaffold = dtf::ps_scaffold(ps, {.checkpoint_dir = f.model_dir,
@@ -148,6 +164,22 @@ class standard_session {
                                                     .restored = setup.restored})}),
         signals_(session_) {
     f.validate();
+    if (f.max_recoveries > 0) {
+      // The chief re-initialises a ps that came back empty: every ps from the latest checkpoint,
+      // or from scratch when there is none.
+      auto reinitialise = [&ps, &j, f, setup] {
+        if (f.model_dir.empty() || !ps.restore_latest(f.model_dir, j.net.variables(), setup.ps_rule, setup.lock_free,
+                                                       setup.replicas_to_aggregate)) {
+          std::fprintf(stderr, "%s: no checkpoint to restore the parameter servers from; initialising afresh\n",
+                       j.me().c_str());
+          if (setup.init) setup.init();
+        }
+      };
+      recovery_.emplace(ps, j.is_chief(), reinitialise,
+                        dtf::recovery_options{.max_recoveries = f.max_recoveries,
+                                              .ready_timeout = std::chrono::milliseconds(j.timeout_ms)},
+                        setup.after_recovery);
+    }
     std::optional<std::int64_t> last = setup.last_step;
     if (f.last_step > 0) last = f.last_step;
     if (last) stop_ = &session_.add_hook(dtf::hooks::stop_at_step({.last_step = *last}));
@@ -157,8 +189,11 @@ class standard_session {
          .warn = [me = j.me()](const std::string& w) { std::fprintf(stderr, "%s: %s\n", me.c_str(), w.c_str()); }}));
     session_.add_hook(dtf::hooks::logging({.every_n_iter = j.log_every, .prefix = j.me(), .stop = stop_}));
     if (f.model_dir.empty()) return;
-    session_.add_chief_hook(dtf::hooks::checkpoint_saver::for_ps(
-        ps, j.net.variables(), {.directory = f.model_dir, .max_to_keep = std::size_t(f.keep_checkpoints)},
+    const dtf::checkpoint_options ck{.directory = f.model_dir, .max_to_keep = std::size_t(f.keep_checkpoints)};
+    session_.add_chief_hook(dtf::hooks::checkpoint_saver(
+        [this, &ps, ck, vars = j.net.variables()](std::int64_t step) -> dtf::checkpoint_manifest {
+          return recoverable([&] { return ps.save_checkpoint(ck, vars, step); });
+        },
         {.every_n_steps = f.save_checkpoints_steps, .every_secs = f.save_checkpoints_secs}));
     if (!j.is_chief()) return;
     writer_ = std::make_shared<dtf::summary_writer>(f.model_dir);
@@ -169,6 +204,7 @@ class standard_session {
   }
 
   dtf::monitored_training_session& session() noexcept { return session_; }
+  int recoveries() const noexcept { return recovery_ ? recovery_->recoveries() : 0; }
   dtf::monitored_training_session* operator->() noexcept { return &session_; }
   /// The event file's writer (chief with --model_dir only).
   const std::shared_ptr<dtf::summary_writer>& writer() const noexcept { return writer_; }
@@ -186,6 +222,7 @@ class standard_session {
  private:
   dtf::monitored_training_session session_;
   stop_on_signals signals_;
+  std::optional<dtf::ps_recovery> recovery_;
   const dtf::hooks::stop_at_step* stop_ = nullptr;
   std::shared_ptr<dtf::summary_writer> writer_;
 };

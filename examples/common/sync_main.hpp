@@ -43,7 +43,8 @@ int sync_main(int argc, char** argv, const char* scheme, const std::function<voi
       },
       .ps_rule = worker.strategy().ps_rule(),
       .replicas_to_aggregate = worker.strategy().replicas_to_aggregate(),
-      .restored = [&](std::span<const float> v) { std::copy(v.begin(), v.end(), worker.params().begin()); }});
+      .restored = [&](std::span<const float> v) { std::copy(v.begin(), v.end(), worker.params().begin()); },
+      .after_recovery = [&] { worker.begin(); }});
   session->create();
   // --num_steps counts from the step the session started at (after a restore).
   const std::int64_t last_step = hf.last_step > 0   ? hf.last_step
@@ -66,7 +67,7 @@ int sync_main(int argc, char** argv, const char* scheme, const std::function<voi
     auto b = stream.next();
     session->run([&](dtf::run_context& ctx) {
       dtf::run_values v;
-      v.loss = worker.step(*b);
+      v.loss = session.recoverable([&] { return worker.step(*b); });
       // A worker that has not heard from the ps yet reports 0: the session's step is newer.
       v.global_step = std::max(worker.global_step(), ctx.global_step());
       v.examples = b->labels.size();
@@ -77,7 +78,7 @@ int sync_main(int argc, char** argv, const char* scheme, const std::function<voi
       return v;
     });
     if (j->is_chief() && worker.global_step() >= next_epoch_eval && !worker.finished()) {
-      j->log_epoch(ps, std::size_t(next_epoch_eval / steps_per_epoch));
+      session.recoverable([&] { j->log_epoch(ps, std::size_t(next_epoch_eval / steps_per_epoch)); });
       next_epoch_eval += steps_per_epoch;
     }
   }
@@ -96,7 +97,7 @@ int sync_main(int argc, char** argv, const char* scheme, const std::function<voi
                 double(steps_run) * double(j->batch) * double(worker.strategy().replicas_to_aggregate()) *
                     double(worker.strategy().steps_per_contribution()) / secs,
                 static_cast<unsigned long long>(d.contributions), static_cast<unsigned long long>(d.dropped));
-  return j->finish(ps, extra);
+  return session.recoverable([&] { return j->finish(ps, extra); });
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s: %s\n", scheme, e.what());
   return 2;

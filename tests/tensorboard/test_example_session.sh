@@ -7,7 +7,10 @@
 #   2. the same command with --num_steps 12 resumes from the latest checkpoint and trains 12
 #      more global steps;
 #   3. agn: SIGTERM to both workers stops them early; the chief saves a checkpoint, ends the
-#      job normally (exit 0, RESULT line) and its summaries carry the staleness.
+#      job normally (exit 0, RESULT line) and its summaries carry the staleness;
+#   4. agn under dtfrun --max-restarts ps=1 with --max_recoveries: the ps is SIGKILLed mid-run,
+#      restarted, restored from the latest checkpoint by the chief; both workers recover and
+#      train on; stopped by SIGTERM, the job ends normally.
 #
 #   test_example_session.sh <dtfrun> <examples dir> <venv_dir>
 set -u
@@ -65,7 +68,8 @@ dir="$work/agn"
 bg+=($!)
 dtfrun_pid=$!
 wait_until 60 grep -q "worker.1: step=" "$work/agn.log" || fail "agn never trained"
-wait_until 60 grep -q "worker.0: step=" "$work/agn.log" || fail "agn's chief never trained"
+# Until the chief has seen global step 5 or more (so that summaries past step 0 exist).
+wait_until 60 grep -Eq "worker.0: step=([5-9]|[1-9][0-9]+) " "$work/agn.log" || fail "agn's chief never trained"
 for t in worker.0 worker.1; do
   pid=$(sed -n "s/^dtfrun: started $t (pid \([0-9]*\)).*/\1/p" "$work/agn.log")
   [[ -n "$pid" ]] || fail "no pid for $t"
@@ -83,4 +87,30 @@ saved=$(ls "$dir"/ckpt-*.manifest.json | sed 's/.*ckpt-\([0-9]*\)\.manifest.json
 ((saved > 0)) || fail "the chief saved no checkpoint after step 0"
 "$py" "$here/check_logdir.py" "$dir" 1 loss learning_rate staleness_mean staleness_max 2>/dev/null ||
   fail "TensorBoard does not see the agn run's summaries"
-echo "PASS: resumed at $first_end; agn stopped by SIGTERM after $steps steps of worker.1, checkpoint at $saved"
+
+# 4. A lost ps, restarted by dtfrun, restored by the chief; the workers carry on.
+dir="$work/recover"
+"$dtfrun" --ps 1 --workers 2 --max-restarts ps=1 --grace_ms 20000 -- "$examples/agn" --epochs 200 "${small[@]}" \
+  --model_dir "$dir" --save_checkpoints_steps 5 --max_recoveries 3 >"$work/recover.log" 2>&1 &
+bg+=($!)
+dtfrun_pid=$!
+wait_until 60 grep -q "worker.1: step=" "$work/recover.log" || fail "agn never trained"
+has_checkpoint() { ls "$dir" 2>/dev/null | grep -q "^ckpt-[1-9][0-9]*\.manifest\.json$"; }
+wait_until 60 has_checkpoint || fail "no checkpoint after step 0"
+ps_pid=$(sed -n "s/^dtfrun: started ps.0 (pid \([0-9]*\)).*/\1/p" "$work/recover.log")
+kill -KILL "$ps_pid"
+for t in worker.0 worker.1; do
+  wait_until 60 grep -q "$t: recovered (recovery 1)" "$work/recover.log" || fail "$t did not recover"
+done
+grep -q "restored 6 shards from checkpoint" "$work/recover.log" || fail "the restarted ps was not restored"
+n=$(grep -c "worker.1: step=" "$work/recover.log")
+wait_until 60 bash -c "(( \$(grep -c 'worker.1: step=' '$work/recover.log') > $n ))" || fail "worker.1 did not train on"
+for t in worker.0 worker.1; do
+  kill -TERM "$(sed -n "s/^dtfrun: started $t (pid \([0-9]*\)).*/\1/p" "$work/recover.log")"
+done
+wait_until 60 bash -c "! kill -0 $dtfrun_pid 2>/dev/null" || fail "the recovered job did not end within 60 s of SIGTERM"
+wait "$dtfrun_pid" || fail "dtfrun exited with $? after the recovered job was stopped"
+grep -q "^worker.0 *| RESULT scheme=agn" "$work/recover.log" || fail "no RESULT line after the recovery"
+
+echo "PASS: resumed at $first_end; agn stopped by SIGTERM after $steps steps of worker.1, checkpoint at $saved;" \
+  "recovered from a lost ps"
