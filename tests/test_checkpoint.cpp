@@ -156,7 +156,7 @@ TEST_CASE("a checkpoint saved by 2 ps restores into 1 and into 3 ps, and 1 into 
   CHECK(pull_all(*three_again.client) == pull_all(*one.client));
 }
 
-TEST_CASE("a ps that holds no shard writes an empty shard file; Adam's slots still restore", "[checkpoint][reshard]") {
+TEST_CASE("a ps that holds no shard writes an empty shard file, and Adam's slots still restore", "[checkpoint][reshard]") {
   temp_dir dir("empty");
   const auto vars = model_vars();
   const optim::rule rule = optim::adam{.learning_rate = 0.01f};
@@ -341,7 +341,7 @@ TEST_CASE("write_npy writes a NumPy 1.0 header and the raw float32 data", "[chec
   CHECK_THROWS_AS(write_npy(dir.path / "d.npy", {4}, data), error);
 }
 
-TEST_CASE("checkpoint_saver saves at start, every N steps and at the end; the ps scaffold resumes from it",
+TEST_CASE("checkpoint_saver saves at start, every N steps and at the end, and the ps scaffold resumes from it",
           "[checkpoint][hooks]") {
   temp_dir dir("hook");
   const auto vars = model_vars();
