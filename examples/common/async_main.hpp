@@ -76,6 +76,7 @@ int async_main(int argc, char** argv, const char* scheme, const std::function<vo
   char extra[128];
   std::snprintf(extra, sizeof extra, "staleness_mean=%.2f staleness_max=%llu", st.mean(),
                 static_cast<unsigned long long>(st.max));
+  if (standard_session::stopped_by_signal()) j->wait_for_workers = false;
   return session.recoverable([&] { return j->finish(ps, extra); });
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s: %s\n", scheme, e.what());

@@ -21,9 +21,10 @@
 // steps/s, examples/s, the example's own scalars (staleness, dropped gradients) and a
 // histogram per variable. `tensorboard --logdir DIR` shows them.
 //
-// Signals: the first SIGTERM or SIGINT requests a stop (the step in progress completes, the
-// chief saves a checkpoint, the task ends its part of the job normally); a second one ends the
-// process at once with the signal's default action.
+// Signals: the first SIGTERM or SIGINT requests a stop: the step in progress completes, the
+// chief saves a checkpoint and ends the job at once (evaluation, RESULT line, ps shutdown,
+// without waiting for the other workers, which then lose their parameter servers); another
+// worker ends its part. A second signal ends the process at once with the default action.
 #pragma once
 
 #include <dtf/hooks.hpp>
@@ -205,6 +206,8 @@ class standard_session {
 
   dtf::monitored_training_session& session() noexcept { return session_; }
   int recoveries() const noexcept { return recovery_ ? recovery_->recoveries() : 0; }
+  /// Whether SIGTERM or SIGINT asked this task to stop.
+  static bool stopped_by_signal() noexcept { return detail::signals_seen.load() > 0; }
   dtf::monitored_training_session* operator->() noexcept { return &session_; }
   /// The event file's writer (chief with --model_dir only).
   const std::shared_ptr<dtf::summary_writer>& writer() const noexcept { return writer_; }

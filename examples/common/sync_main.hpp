@@ -97,6 +97,7 @@ int sync_main(int argc, char** argv, const char* scheme, const std::function<voi
                 double(steps_run) * double(j->batch) * double(worker.strategy().replicas_to_aggregate()) *
                     double(worker.strategy().steps_per_contribution()) / secs,
                 static_cast<unsigned long long>(d.contributions), static_cast<unsigned long long>(d.dropped));
+  if (standard_session::stopped_by_signal()) j->wait_for_workers = false;
   return session.recoverable([&] { return j->finish(ps, extra); });
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s: %s\n", scheme, e.what());
