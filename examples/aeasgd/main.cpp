@@ -17,5 +17,6 @@ int main(int argc, char** argv) {
       [&] {
         c.window = std::size_t(window);
         return dtf::strategies::aeasgd(c);
-      });
+      },
+      {.learning_rate = [&](std::int64_t, std::size_t) { return double(c.learning_rate); }});
 }

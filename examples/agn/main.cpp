@@ -16,5 +16,6 @@ int main(int argc, char** argv) {
             .add("lr", lr, "local learning rate")
             .add("optimizer", optimizer, "local optimiser: sgd, momentum, nesterov, adagrad or adam");
       },
-      [&] { return dtf::strategies::agn({std::size_t(window), dtf::optim::make_rule(optimizer, lr)}); });
+      [&] { return dtf::strategies::agn({std::size_t(window), dtf::optim::make_rule(optimizer, lr)}); },
+      {.learning_rate = [&](std::int64_t, std::size_t) { return double(lr); }});
 }

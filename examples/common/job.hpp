@@ -32,6 +32,10 @@ namespace examples {
 struct job_defaults {
   int epochs = 5;
   int batch = 64;
+  /// The learning rate at a global step in an epoch of the worker's data, logged and summarised
+  /// as "learning_rate" (empty: the example does not report one). May read the example's
+  /// flags: it is called after parsing.
+  std::function<double(std::int64_t global_step, std::size_t epoch)> learning_rate;
 };
 
 class job {
@@ -121,7 +125,7 @@ class job {
     ps.mark_done();
     if (!is_chief()) return 0;
     const auto deadline = clock::now() + std::chrono::seconds(finish_timeout_s_);
-    while (ps.workers_done() < trainers) {
+    while (wait_for_workers && ps.workers_done() < trainers) {
       if (clock::now() > deadline)
         throw dtf::error(dtf::errc::timeout,
                          "workers did not finish within " + std::to_string(finish_timeout_s_) + " s");
@@ -151,6 +155,9 @@ class job {
   dtf::placement layout;
   std::size_t trainers = 1, trainer = 0;  // training tasks (chief + workers) and this one's index
   int epochs, batch, log_every = 200, timeout_ms = 60000;
+  /// The chief's finish() waits for every worker's mark_done (false after a stop request:
+  /// the job ends now, and tasks still training lose their parameter servers).
+  bool wait_for_workers = true;
   std::uint64_t seed = 42;
 
  private:

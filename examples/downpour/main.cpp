@@ -23,5 +23,6 @@ int main(int argc, char** argv) {
         c.local_rule = dtf::optim::sgd{local_lr};
         c.ps_rule = dtf::optim::adagrad{ps_lr};
         return dtf::strategies::downpour(c);
-      });
+      },
+      {.learning_rate = [&](std::int64_t, std::size_t) { return double(local_lr); }});
 }

@@ -18,5 +18,6 @@ int main(int argc, char** argv) {
       [&] {
         c.window = std::size_t(window);
         return dtf::strategies::eamsgd(c);
-      });
+      },
+      {.learning_rate = [&](std::int64_t, std::size_t) { return double(c.learning_rate); }});
 }

@@ -2,6 +2,8 @@
 //   dtfrun --ps 1 --workers 2 -- build/examples/hogwild
 #include <dtf/strategies/hogwild.hpp>
 
+#include <cmath>
+
 #include "../common/async_main.hpp"
 
 int main(int argc, char** argv) {
@@ -11,5 +13,8 @@ int main(int argc, char** argv) {
       [&](dtf::flag_parser& f) {
         f.add("lr", c.learning_rate, "SGD step size the ps applies").add("epoch_decay", c.epoch_decay, "per-epoch step-size factor");
       },
-      [&] { return dtf::strategies::hogwild(c); });
+      [&] { return dtf::strategies::hogwild(c); },
+      {.learning_rate = [&](std::int64_t, std::size_t epoch) {
+        return double(c.learning_rate) * std::pow(double(c.epoch_decay), double(epoch));
+      }});
 }

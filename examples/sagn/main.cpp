@@ -14,5 +14,6 @@ int main(int argc, char** argv) {
       [&](std::size_t workers) {
         return dtf::strategies::sagn(
             {.replicas_to_aggregate = workers, .window = std::size_t(window), .local_rule = dtf::optim::adam{lr}});
-      });
+      },
+      {.learning_rate = [&](std::int64_t, std::size_t) { return double(lr); }});
 }

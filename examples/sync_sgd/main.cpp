@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   float lr = 1e-3f;
   std::string optimizer = "adam";
   bool linear_scaling = true;
+  std::size_t replicas = 1;
   return examples::sync_main<dtf::strategies::sync_sgd>(
       argc, argv, "sync_sgd",
       [&](dtf::flag_parser& f) {
@@ -20,9 +21,14 @@ int main(int argc, char** argv) {
             .add("warmup_steps", warmup, "ramp from lr to N*lr over this many steps (with --linear_scaling)");
       },
       [&](std::size_t workers) {
-        return dtf::strategies::sync_sgd({.replicas_to_aggregate = n > 0 ? std::size_t(n) : workers,
+        replicas = n > 0 ? std::size_t(n) : workers;
+        return dtf::strategies::sync_sgd({.replicas_to_aggregate = replicas,
                                           .rule = dtf::optim::make_rule(optimizer, lr),
                                           .linear_scaling = linear_scaling,
                                           .warmup_steps = warmup});
-      });
+      },
+      {.learning_rate = [&](std::int64_t step, std::size_t) {
+        if (!linear_scaling) return double(lr);
+        return double(dtf::optim::linear_scaling_warmup{.base_rate = lr, .scale = float(replicas), .warmup_steps = warmup}(step));
+      }});
 }

@@ -12,6 +12,10 @@
 //   step      the global step
 //   done      a worker reports the end of its training (the chief waits for all of them)
 //   shutdown  the chief ends the job: the ps replies, stops and run() returns (exit 0)
+//   save      write this ps's shards (values, update-rule slots, update counts) as one shard
+//             file of a checkpoint (dtf/checkpoint.hpp); the chief then writes the manifest
+//   restore   replace every shard, the slots, the update counts and the global step with the
+//             ones the chief sends from a checkpoint (initialises a fresh ps, e.g. a restarted one)
 //
 // Apply modes: locked (default: one update at a time per shard, and a pull sees no update
 // half-applied, at the price of one snapshot copy of the shard into the reply buffer) and
@@ -24,6 +28,7 @@
 // Thread safety: parameter_server::stop() from any thread; a ps_client serves one thread.
 #pragma once
 
+#include <dtf/checkpoint.hpp>
 #include <dtf/detail/archive.hpp>
 #include <dtf/detail/messages.hpp>
 #include <dtf/optim/optimizer.hpp>
@@ -49,6 +54,7 @@ namespace dtf {
 struct ps_options {
   transport_options transport{};
   int threads = 1;  ///< I/O threads; with lock_free shards, updates from several run concurrently
+  checkpoint_fault save_fault{};  ///< testing crash safety: a save stops part-way through its file
 };
 
 /// A parameter server task. Construct it on its address, then run() until the chief's shutdown.
@@ -98,6 +104,9 @@ class parameter_server {
       case message_kind::ps_push: return push(detail::decode_message<detail::ps_push_msg>(meta, "push"), payload, reply);
       case message_kind::ps_sync_push:
         return sync_push(peer, detail::decode_message<detail::ps_sync_push_msg>(meta, "sync push"), payload, reply);
+      case message_kind::ps_save: return save(detail::decode_message<detail::ps_save_msg>(meta, "save"), reply);
+      case message_kind::ps_restore:
+        return restore(peer, detail::decode_message<detail::ps_restore_msg>(meta, "restore"), payload, reply);
       case message_kind::ps_shutdown:
         detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": shutdown requested by " +
                                                  peer.identity + "; global step " + std::to_string(global_step_.load()));
@@ -284,6 +293,118 @@ public:
     return *it->second;
   }
 
+  // Snapshot of every shard (each under its lock, so no locked update is half-applied in it),
+  // then the file is written outside the locks: pushes continue while the bytes go to disk.
+  // Lock-free (Hogwild) updates take no lock, so they may race with the copy, as they race
+  // with pulls. Shards are copied one after another: in asynchronous training a checkpoint is
+  // a per-shard-consistent snapshot, not one instant of the whole model (TensorFlow's Saver
+  // gives the same).
+  void save(const detail::ps_save_msg& m, rpc_reply& reply) {
+    std::vector<std::vector<float>> copies;
+    std::vector<detail::ckpt::shard_record> records;
+    detail::ps_saved_msg out;
+    std::size_t num_slots = 0;
+    {
+      std::shared_lock lock(shards_mu_);
+      require_initialized();
+      out.global_step = global_step_.load();
+      for (auto& [id, s] : shards_) {
+        std::lock_guard g(s->mu);
+        num_slots = optim::detail::slot_count(s->opt->update_rule());
+        out.rule = std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); },
+                              s->opt->update_rule());
+        detail::ckpt::shard_record r{id, s->values.size(), s->opt->iterations(), {}};
+        copies.emplace_back(s->values.begin(), s->values.end());
+        for (std::size_t k = 0; k < num_slots; ++k) {
+          auto slot = s->opt->slot(k);
+          copies.emplace_back(slot.begin(), slot.end());
+        }
+        records.push_back(std::move(r));
+        out.ids.push_back(id);
+        out.iterations.push_back(s->opt->iterations());
+      }
+    }
+    std::size_t c = 0;
+    for (auto& r : records)
+      for (std::size_t k = 0; k <= num_slots; ++k) r.tensors.push_back(copies[c++].data());
+    const auto f = detail::ckpt::write_shard_file(m.directory, m.name, std::size_t(m.ps_index), std::size_t(m.num_ps),
+                                                  out.global_step, num_slots, records, options_.save_fault);
+    out.file = f.name;
+    out.sha256 = f.sha256;
+    out.bytes = f.bytes;
+    out.num_slots = num_slots;
+    if (out.rule.empty()) out.rule = "sgd";
+    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
+                                             std::to_string(records.size()) + " shards to " + m.directory + "/" +
+                                             f.name + " (" + std::to_string(f.bytes) + " bytes) at global step " +
+                                             std::to_string(out.global_step));
+    reply.meta = detail::encode_message(out);
+  }
+
+  void restore(const rpc_peer& peer, const detail::ps_restore_msg& m, std::span<const std::byte> payload,
+               rpc_reply& reply) {
+    const auto& init = m.init;
+    if (init.ids.size() != init.sizes.size() || init.ids.size() != m.iterations.size())
+      throw error(errc::corrupt_data, "restore: ids, sizes and iterations differ in length");
+    const optim::rule rule = init.rule.to_rule();
+    if (optim::detail::slot_count(rule) != m.num_slots)
+      throw error(errc::invalid_argument, "restore: rule " + init.rule.name + " has " +
+                                              std::to_string(optim::detail::slot_count(rule)) + " slots, " +
+                                              std::to_string(m.num_slots) + " sent");
+    const std::uint64_t per = 1 + m.num_slots;
+    std::uint64_t total = 0;
+    for (auto sz : init.sizes) {
+      if (sz > payload.size() / sizeof(float) / per - total / per)
+        throw error(errc::shape_mismatch, "restore: shard sizes exceed the " + std::to_string(payload.size()) +
+                                              " payload bytes");
+      total += sz * per;
+    }
+    if (total * sizeof(float) != payload.size())
+      throw error(errc::shape_mismatch, "restore: " + std::to_string(payload.size()) + " payload bytes for " +
+                                            std::to_string(total) + " floats");
+    std::map<std::uint32_t, std::unique_ptr<shard_state>> fresh;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < init.ids.size(); ++i) {
+      const std::size_t n = init.sizes[i];
+      auto s = std::make_unique<shard_state>();
+      s->values.resize(n);
+      std::memcpy(s->values.data(), payload.data() + at, n * sizeof(float));
+      at += n * sizeof(float);
+      s->opt = std::make_unique<optim::optimizer<optim::host_space>>(rule, n);
+      for (std::size_t k = 0; k < m.num_slots; ++k) {
+        std::memcpy(s->opt->slot(k).data(), payload.data() + at, n * sizeof(float));
+        at += n * sizeof(float);
+      }
+      s->opt->set_iterations(m.iterations[i]);
+      fresh[init.ids[i]] = std::move(s);
+    }
+    std::unique_lock lock(shards_mu_);
+    shards_ = std::move(fresh);
+    lock_free_ = init.lock_free;
+    {
+      std::lock_guard g(sync_mu_);
+      // Contributors waiting on a step that the restore replaced learn it (they retry).
+      for (auto& w : sync_waiting_)
+        w.send(rpc_reply::failure(errc::peer_failure, options_.transport.identity + " was restored from checkpoint " +
+                                                          m.checkpoint + " while this step was aggregated"));
+      sync_waiting_.clear();
+      sync_n_ = std::size_t(init.replicas_to_aggregate);
+      sync_acc_.clear();
+      for (auto id : init.ids) sync_acc_[id].assign(shards_[id]->values.size(), 0.0f);
+      sync_step_ = m.global_step;
+      sync_count_ = 0;
+      sync_contributors_.clear();
+      sync_failure_.clear();
+    }
+    global_step_ = m.global_step;
+    initialized_ = true;
+    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": restored " +
+                                             std::to_string(init.ids.size()) + " shards from checkpoint " +
+                                             m.checkpoint + " (global step " + std::to_string(m.global_step) +
+                                             ") sent by " + peer.identity);
+    status(reply);
+  }
+
   void require_initialized() const {
     if (!initialized_) throw error(errc::invalid_argument, options_.transport.identity + " is not initialised yet");
   }
@@ -416,6 +537,8 @@ class ps_client {
   }
 
   const placement& layout() const noexcept { return layout_; }
+  /// This task's identity ("worker.1"), as presented to the ps.
+  const std::string& identity() const noexcept { return rpc_.options().identity; }
 
   /// Connects to every ps (retrying while they start). Errors: see rpc_client::connect_all.
   void connect() { rpc_.connect_all(); }
@@ -542,6 +665,133 @@ class ps_client {
   void shutdown() {
     auto calls = broadcast(detail::message_kind::ps_shutdown);
     run(calls);
+  }
+
+  /// Reconnects to every ps whose connection failed (a restarted ps comes back on the same
+  /// address), retrying until transport_options::connect_timeout_ms.
+  void reconnect() { rpc_.connect_all(); }
+
+  /// Saves a checkpoint (the chief does this): every ps writes its shard file into
+  /// options.directory, then the manifest and the state file are written here, and
+  /// checkpoints beyond options.max_to_keep are deleted. `vars` are the model's variables
+  /// (the placement's variable indices refer to them). The checkpoint is named
+  /// "<prefix>-<step>"; without `step`, the global step read from ps 0 first. Returns the
+  /// manifest (its global_step is ps 0's at the time of the save).
+  /// Errors: errc::io_error / peer_failure when a ps cannot write its file (the previous
+  /// checkpoint stays the latest); errc::invalid_argument when vars do not match the placement.
+  checkpoint_manifest save_checkpoint(const checkpoint_options& options, const std::vector<variable_spec>& vars,
+                                      std::optional<std::int64_t> step = std::nullopt) {
+    for (const auto& sh : layout_.shards)
+      if (sh.variable >= vars.size())
+        throw error(errc::invalid_argument, "save_checkpoint: the placement names variable " +
+                                                std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
+    if (options.directory.empty()) throw error(errc::invalid_config, "save_checkpoint: no checkpoint directory");
+    std::error_code ec;
+    std::filesystem::create_directories(options.directory, ec);
+    if (ec)
+      throw error(errc::io_error, "cannot create checkpoint directory " + options.directory + ": " + ec.message());
+    checkpoint_manifest m;
+    m.name = options.prefix + "-" + std::to_string(step ? *step : global_step());
+    m.num_ps = layout_.num_ps;
+    // The ps tasks may run in another working directory: they get the absolute path.
+    const std::string directory = std::filesystem::absolute(options.directory).lexically_normal().string();
+    std::vector<rpc_call> calls;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps)
+      calls.push_back(make_call(ps, detail::message_kind::ps_save,
+                                detail::encode_message(detail::ps_save_msg{directory, m.name, ps, layout_.num_ps})));
+    run(calls);
+    std::vector<std::int64_t> iterations(vars.size(), 0);
+    for (const auto& c : calls) {
+      const auto r = detail::decode_message<detail::ps_saved_msg>(c.reply_meta, "saved");
+      if (c.peer == 0) m.global_step = r.global_step;
+      if (!r.ids.empty()) {
+        m.rule = r.rule;
+        m.num_slots = std::size_t(r.num_slots);
+      }
+      m.files.push_back({r.file, c.peer, r.bytes, r.sha256});
+      for (std::size_t i = 0; i < r.ids.size() && i < r.iterations.size(); ++i) {
+        if (r.ids[i] >= layout_.shards.size())
+          throw error(errc::corrupt_data, "ps." + std::to_string(c.peer) + " saved shard " + std::to_string(r.ids[i]) +
+                                              " outside the placement");
+        auto& it = iterations[layout_.shards[r.ids[i]].variable];
+        it = std::max(it, r.iterations[i]);
+      }
+    }
+    for (std::size_t v = 0; v < vars.size(); ++v)
+      m.variables.push_back({vars[v].name, vars[v].shape, vars[v].offset, iterations[v]});
+    for (std::size_t id = 0; id < layout_.shards.size(); ++id) {
+      const auto& sh = layout_.shards[id];
+      m.shards.push_back({std::uint32_t(id), sh.variable, sh.part, sh.ps, sh.row_begin, sh.row_end, sh.offset, sh.size});
+    }
+    commit_checkpoint(options.directory, m, options.max_to_keep);
+    return m;
+  }
+
+  /// Restores checkpoint `name` of `directory` into every ps, whatever number of ps tasks
+  /// saved it: the full variables are read (checksums verified), matched to `vars` by name
+  /// and re-sliced for this client's placement; values, the rule's slots, the update counts
+  /// and the global step replace what each ps held (initialised or not). `rule`, lock_free
+  /// and replicas_to_aggregate are as in initialize(). Returns the restored global step; the
+  /// values are left in `params` when it is non-empty.
+  /// Errors: errc::corrupt_data / io_error (a file missing or damaged), invalid_argument /
+  /// shape_mismatch (a variable missing or reshaped), invalid_config (the checkpoint's slots
+  /// belong to another update rule).
+  std::int64_t restore_checkpoint(const std::string& directory, const std::string& name,
+                                  const std::vector<variable_spec>& vars, const optim::rule& rule, bool lock_free = false,
+                                  std::size_t replicas_to_aggregate = 0, std::span<float> params = {}) {
+    const auto t = read_checkpoint(directory, name);
+    const std::size_t num_slots = optim::detail::slot_count(rule);
+    const std::string rule_name =
+        std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule);
+    if (num_slots != 0 && (t.manifest.num_slots != num_slots || t.manifest.rule != rule_name))
+      throw error(errc::invalid_config, "checkpoint " + name + " holds the slots of rule " + t.manifest.rule +
+                                            ", the restoring run uses " + rule_name);
+    const std::size_t n = num_parameters(vars);
+    check_size(n, "restore_checkpoint");
+    std::vector<std::vector<float>> bufs(1 + num_slots, std::vector<float>(n, 0.0f));
+    for (std::size_t k = 0; k <= num_slots; ++k) copy_into_layout(t, vars, bufs[k], int(k) - 1);
+    std::vector<std::int64_t> var_iterations(vars.size(), 0);
+    for (std::size_t v = 0; v < vars.size(); ++v) var_iterations[v] = t.manifest.find(vars[v].name)->iterations;
+    std::vector<rpc_call> calls(layout_.num_ps);
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
+      detail::ps_restore_msg m;
+      m.init.ids = ids_[ps];
+      for (auto id : m.init.ids) {
+        const auto& sh = layout_.shards[id];
+        if (sh.variable >= vars.size())
+          throw error(errc::invalid_argument, "restore_checkpoint: the placement names variable " +
+                                                  std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
+        m.init.sizes.push_back(sh.size);
+        m.iterations.push_back(var_iterations[sh.variable]);
+      }
+      m.init.rule = detail::rule_msg::from(rule);
+      m.init.lock_free = lock_free;
+      m.init.replicas_to_aggregate = replicas_to_aggregate;
+      m.global_step = t.manifest.global_step;
+      m.num_slots = num_slots;
+      m.checkpoint = name;
+      calls[ps] = make_call(ps, detail::message_kind::ps_restore, detail::encode_message(m));
+      for (auto id : ids_[ps])
+        for (const auto& b : bufs)
+          calls[ps].payload.push_back(
+              asio::buffer(b.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
+    }
+    run(calls);
+    if (!params.empty()) {
+      check_size(params.size(), "restore_checkpoint");
+      std::copy(bufs[0].begin(), bufs[0].end(), params.begin());
+    }
+    return t.manifest.global_step;
+  }
+
+  /// Restores the latest checkpoint of `directory` (see restore_checkpoint); returns its
+  /// global step, or nullopt (nothing changed) when the directory holds none.
+  std::optional<std::int64_t> restore_latest(const std::string& directory, const std::vector<variable_spec>& vars,
+                                             const optim::rule& rule, bool lock_free = false,
+                                             std::size_t replicas_to_aggregate = 0, std::span<float> params = {}) {
+    const auto latest = latest_checkpoint(directory);
+    if (!latest) return std::nullopt;
+    return restore_checkpoint(directory, *latest, vars, rule, lock_free, replicas_to_aggregate, params);
   }
 
  private:

@@ -11,7 +11,7 @@ for k in 0 1; do
   eval "w${k}_pid=$!"
   pids+=("$!")
 done
-wait_until 60 grep -q "global_step" "$work/worker0.log" || fail "training never started"
+wait_until 60 grep -q " step=[0-9]" "$work/worker0.log" || fail "training never started"
 kill -KILL "$w1_pid"
 start=$SECONDS
 wait_until 20 bash -c "! kill -0 $w0_pid 2>/dev/null" || fail "worker.0 still waits 20 s after worker.1 died"

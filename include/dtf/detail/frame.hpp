@@ -45,11 +45,14 @@ enum class message_kind : std::uint16_t {
   ps_shutdown = 21,
   ps_done = 22,
   ps_sync_push = 23,
+  // checkpoints (issue 7: 24..39)
+  ps_save = 24,
+  ps_restore = 25,
   reply = 64,
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 5) || (k >= 16 && k <= 23) || k == 64;
+  return (k >= 1 && k <= 5) || (k >= 16 && k <= 25) || k == 64;
 }
 
 struct frame_limits {

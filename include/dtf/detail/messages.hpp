@@ -145,6 +145,40 @@ struct ps_status_msg {
     ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total);
   }
 };
+/// Chief -> ps: write your shards as DIR/NAME.ps-I-of-N.shard (see dtf/checkpoint.hpp).
+struct ps_save_msg {
+  std::string directory, name;
+  std::uint64_t ps_index = 0, num_ps = 1;
+  template <class A>
+  void serialize(A& ar) {
+    ar(directory, name, ps_index, num_ps);
+  }
+};
+/// ps -> chief: the shard file written.
+struct ps_saved_msg {
+  std::string file, sha256, rule;
+  std::uint64_t bytes = 0, num_slots = 0;
+  std::int64_t global_step = 0;
+  std::vector<std::uint32_t> ids;            // shards saved
+  std::vector<std::int64_t> iterations;      // per shard: updates its rule had applied
+  template <class A>
+  void serialize(A& ar) {
+    ar(file, sha256, rule, bytes, num_slots, global_step, ids, iterations);
+  }
+};
+/// Chief -> ps: replace your state with these shards (values, then num_slots slots each, in
+/// the payload), this global step and these per-shard update counts.
+struct ps_restore_msg {
+  ps_init_msg init;
+  std::int64_t global_step = 0;
+  std::uint64_t num_slots = 0;
+  std::vector<std::int64_t> iterations;  // per shard, in init.ids order
+  std::string checkpoint;                // for the log
+  template <class A>
+  void serialize(A& ar) {
+    ar(init, global_step, num_slots, iterations, checkpoint);
+  }
+};
 struct empty_msg {
   template <class A>
   void serialize(A&) {}

@@ -1,0 +1,233 @@
+// The standard session of every parameter-server example: common flags, the standard hooks
+// and SIGTERM/SIGINT turned into a stop request — one place instead of set-up copied into
+// each example.
+//
+// Flags (added to every example by async_main / sync_main):
+//   --model_dir DIR                checkpoints and TensorBoard event files (empty: neither)
+//   --save_checkpoints_steps N     chief: a checkpoint every N global steps (0: not by steps)
+//   --save_checkpoints_secs S      chief: a checkpoint every S seconds (0: not by time)
+//   --keep_checkpoints K           checkpoints kept (max_to_keep; 0: all)
+//   --last_step N / --num_steps N  stop at global step N / after N more global steps
+//   --summary_every N              chief: TensorBoard summaries every N global steps (0: none)
+//   --nan_policy fail|stop         a NaN or infinite loss fails the task, or stops it cleanly
+//   --max_recoveries N             carry on after a lost ps up to N times (0: a lost ps ends the
+//                                  task); for dtfrun --max-restarts (dtf/recovery.hpp)
+// Progress lines come from the logging hook every --log_every global steps (job.hpp's flag)
+// and carry dtfrun's key=value tokens (step=, last_step=, loss=, steps_per_sec=).
+//
+// With --model_dir the chief restores every ps from the latest checkpoint there when one
+// exists (so rerunning the same command resumes), saves at the start, on the schedule above and
+// at the end, and writes summaries: loss, learning rate (when the example knows it), global
+// steps/s, examples/s, the example's own scalars (staleness, dropped gradients) and a
+// histogram per variable. `tensorboard --logdir DIR` shows them.
+//
+// Signals: the first SIGTERM or SIGINT requests a stop: the step in progress completes, the
+// chief saves a checkpoint and ends the job at once (evaluation, RESULT line, ps shutdown,
+// without waiting for the other workers, which then lose their parameter servers); another
+// worker ends its part. A second signal ends the process at once with the default action.
+#pragma once
+
+#include <dtf/hooks.hpp>
+#include <dtf/hooks/checkpoint_saver.hpp>
+#include <dtf/recovery.hpp>
+#include <dtf/session.hpp>
+#include <dtf/summary.hpp>
+
+#include "job.hpp"
+
+#include <atomic>
+#include <csignal>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <unistd.h>
+
+namespace examples {
+
+struct hook_flags {
+  std::string model_dir;
+  std::int64_t save_checkpoints_steps = 0;
+  double save_checkpoints_secs = 600;
+  int keep_checkpoints = 5;
+  std::int64_t last_step = 0, num_steps = 0;
+  int summary_every = 100;
+  std::string nan_policy = "fail";
+  int max_recoveries = 0;
+
+  void add_to(dtf::flag_parser& f) {
+    f.add("model_dir", model_dir, "checkpoints and TensorBoard event files; resumes from its latest checkpoint")
+        .add("save_checkpoints_steps", save_checkpoints_steps, "chief: checkpoint every N global steps (0: off)")
+        .add("save_checkpoints_secs", save_checkpoints_secs, "chief: checkpoint every S seconds (0: off)")
+        .add("keep_checkpoints", keep_checkpoints, "checkpoints to keep (0: all)")
+        .add("last_step", last_step, "stop at this global step (0: the example's own end)")
+        .add("num_steps", num_steps, "stop after this many more global steps (0: the example's own end)")
+        .add("summary_every", summary_every, "chief: TensorBoard summaries every N global steps (0: none)")
+        .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)")
+        .add("max_recoveries", max_recoveries,
+             "recover from a lost parameter server up to N times (with dtfrun --max-restarts; 0: fail)");
+  }
+
+  /// Checks the values; errors name the flag.
+  void validate() const {
+    auto bad = [](const std::string& flag, const std::string& why) {
+      throw dtf::error(dtf::errc::invalid_config, "--" + flag + ": " + why);
+    };
+    if (nan_policy != "fail" && nan_policy != "stop") bad("nan_policy", "'" + nan_policy + "' is neither fail nor stop");
+    if (last_step < 0) bad("last_step", "must not be negative");
+    if (num_steps < 0) bad("num_steps", "must not be negative");
+    if (last_step > 0 && num_steps > 0) bad("num_steps", "give --last_step or --num_steps, not both");
+    if (save_checkpoints_steps < 0) bad("save_checkpoints_steps", "must not be negative");
+    if (save_checkpoints_secs < 0) bad("save_checkpoints_secs", "must not be negative");
+    if (keep_checkpoints < 0) bad("keep_checkpoints", "must not be negative");
+    if (summary_every < 0) bad("summary_every", "must not be negative");
+    if (max_recoveries < 0) bad("max_recoveries", "must not be negative");
+  }
+};
+
+/// What the example adds to the standard session.
+struct session_setup {
+  /// The example's own last global step (sync: from the epochs); --last_step/--num_steps win.
+  std::optional<std::int64_t> last_step;
+  /// Chief without a checkpoint: initialise the ps (e.g. worker.initialize_ps(seed)).
+  std::function<void()> init;
+  dtf::optim::rule ps_rule = dtf::optim::sgd{};
+  bool lock_free = false;
+  std::size_t replicas_to_aggregate = 0;
+  /// Chief after a restore: the restored values (e.g. to copy into the worker's parameters).
+  std::function<void(std::span<const float>)> restored;
+  /// After recovering from a lost ps (e.g. the strategy's begin(), which pulls θ̃ afresh).
+  std::function<void()> after_recovery;
+};
+
+namespace detail {
+inline std::atomic<dtf::monitored_training_session*> signal_session{nullptr};
+inline std::atomic<int> signals_seen{0};
+
+extern "C" inline void on_stop_signal(int sig) {
+  // Async-signal-safe only: atomics, write(2), signal(), raise().
+  if (signals_seen.fetch_add(1) > 0) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  if (auto* s = signal_session.load()) s->request_stop();
+  static const char msg[] = "stop requested by signal: finishing the current step\n";
+  [[maybe_unused]] auto n = ::write(2, msg, sizeof msg - 1);
+}
+}  // namespace detail
+
+/// Routes SIGTERM and SIGINT to session.request_stop() while alive (one at a time per
+/// process); restores the previous handlers when destroyed.
+class stop_on_signals {
+ public:
+  explicit stop_on_signals(dtf::monitored_training_session& s) {
+    detail::signals_seen = 0;
+    detail::signal_session = &s;
+    old_term_ = std::signal(SIGTERM, detail::on_stop_signal);
+    old_int_ = std::signal(SIGINT, detail::on_stop_signal);
+  }
+  ~stop_on_signals() {
+    std::signal(SIGTERM, old_term_);
+    std::signal(SIGINT, old_int_);
+    detail::signal_session = nullptr;
+  }
+  stop_on_signals(const stop_on_signals&) = delete;
+  stop_on_signals& operator=(const stop_on_signals&) = delete;
+
+ private:
+  void (*old_term_)(int) = SIG_DFL;
+  void (*old_int_)(int) = SIG_DFL;
+};
+
+/// A monitored_training_session for a ps example with the standard hooks (see the file
+/// comment). The session restores or initialises the ps when created.
+class standard_session {
+ public:
+  /// Runs f() — a step, a save, the end of the job — recovering from a lost ps when
+  /// --max_recoveries allows (see dtf/recovery.hpp); otherwise just f().
+  template <class F>
+  decltype(auto) recoverable(F&& f) {
+    if (recovery_) return recovery_->run(std::forward<F>(f));
+    return std::forward<F>(f)();
+  }
+  standard_session(job& j, dtf::ps_client& ps, const hook_flags& f, session_setup setup)
+      : session_({.is_chief = j.is_chief(),
+                  .scaffold = dtf::ps_scaffold(ps, {.checkpoint_dir = f.model_dir,
+                                                    .variables = j.net.variables(),
+                                                    .rule = setup.ps_rule,
+                                                    .lock_free = setup.lock_free,
+                                                    .replicas_to_aggregate = setup.replicas_to_aggregate,
+                                                    .init = setup.init,
+                                                    .ready_timeout = std::chrono::milliseconds(j.timeout_ms),
+                                                    .restored = setup.restored})}),
+        signals_(session_) {
+    f.validate();
+    if (f.max_recoveries > 0) {
+      // The chief re-initialises a ps that came back empty: every ps from the latest checkpoint,
+      // or from scratch when there is none.
+      auto reinitialise = [&ps, &j, f, setup] {
+        if (f.model_dir.empty() || !ps.restore_latest(f.model_dir, j.net.variables(), setup.ps_rule, setup.lock_free,
+                                                       setup.replicas_to_aggregate)) {
+          std::fprintf(stderr, "%s: no checkpoint to restore the parameter servers from; initialising afresh\n",
+                       j.me().c_str());
+          if (setup.init) setup.init();
+        }
+      };
+      recovery_.emplace(ps, j.is_chief(), reinitialise,
+                        dtf::recovery_options{.max_recoveries = f.max_recoveries,
+                                              .ready_timeout = std::chrono::milliseconds(j.timeout_ms)},
+                        setup.after_recovery);
+    }
+    std::optional<std::int64_t> last = setup.last_step;
+    if (f.last_step > 0) last = f.last_step;
+    if (last) stop_ = &session_.add_hook(dtf::hooks::stop_at_step({.last_step = *last}));
+    if (f.num_steps > 0) stop_ = &session_.add_hook(dtf::hooks::stop_at_step({.num_steps = f.num_steps}));
+    session_.add_hook(dtf::hooks::nan_tensor(
+        {.policy = f.nan_policy == "stop" ? dtf::hooks::nan_policy::stop : dtf::hooks::nan_policy::fail,
+         .warn = [me = j.me()](const std::string& w) { std::fprintf(stderr, "%s: %s\n", me.c_str(), w.c_str()); }}));
+    session_.add_hook(dtf::hooks::logging({.every_n_iter = j.log_every, .prefix = j.me(), .stop = stop_}));
+    if (f.model_dir.empty()) return;
+    const dtf::checkpoint_options ck{.directory = f.model_dir, .max_to_keep = std::size_t(f.keep_checkpoints)};
+    session_.add_chief_hook(dtf::hooks::checkpoint_saver(
+        [this, &ps, ck, vars = j.net.variables()](std::int64_t step) -> dtf::checkpoint_manifest {
+          return recoverable([&] { return ps.save_checkpoint(ck, vars, step); });
+        },
+        {.every_n_steps = f.save_checkpoints_steps, .every_secs = f.save_checkpoints_secs}));
+    if (!j.is_chief()) return;
+    writer_ = std::make_shared<dtf::summary_writer>(f.model_dir);
+    session_.add_chief_hook(
+        dtf::hooks::step_counter({.every_n_steps = f.summary_every > 0 ? f.summary_every : 100, .writer = writer_}));
+    if (f.summary_every > 0)
+      session_.add_chief_hook(dtf::hooks::summary_saver({.every_n_steps = f.summary_every, .writer = writer_}));
+  }
+
+  dtf::monitored_training_session& session() noexcept { return session_; }
+  int recoveries() const noexcept { return recovery_ ? recovery_->recoveries() : 0; }
+  /// Whether SIGTERM or SIGINT asked this task to stop.
+  static bool stopped_by_signal() noexcept { return detail::signals_seen.load() > 0; }
+  dtf::monitored_training_session* operator->() noexcept { return &session_; }
+  /// The event file's writer (chief with --model_dir only).
+  const std::shared_ptr<dtf::summary_writer>& writer() const noexcept { return writer_; }
+
+  /// Copies every variable of the flat `params` into values.histograms when the session asked
+  /// for summaries.
+  static void add_variables(const dtf::run_context& ctx, const std::vector<dtf::variable_spec>& vars,
+                            std::span<const float> params, dtf::run_values& values) {
+    if (!ctx.summaries_requested()) return;
+    for (const auto& v : vars)
+      values.histograms[v.name].assign(params.begin() + std::ptrdiff_t(v.offset),
+                                       params.begin() + std::ptrdiff_t(v.offset + v.size()));
+  }
+
+ private:
+  dtf::monitored_training_session session_;
+  stop_on_signals signals_;
+  std::optional<dtf::ps_recovery> recovery_;
+  const dtf::hooks::stop_at_step* stop_ = nullptr;
+  std::shared_ptr<dtf::summary_writer> writer_;
+};
+
+}  // namespace examples

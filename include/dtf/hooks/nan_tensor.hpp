@@ -1,0 +1,68 @@
+// dtf/hooks/nan_tensor.hpp — watches the loss for NaN or infinity.
+//
+// After every step whose run_values carry a loss: when it is not finite, either fail (throw
+// nan_loss_error, so the session ends every hook with that error and rethrows it) or warn and
+// stop the session cleanly (its checkpoint_saver then saves the last good state — note that
+// with a ps the variables may already hold the diverged values).
+#pragma once
+
+#include <dtf/error.hpp>
+#include <dtf/session.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+namespace dtf::hooks {
+
+/// The error a diverged loss raises (errc::corrupt_data: the numbers are no longer usable).
+class nan_loss_error : public error {
+ public:
+  nan_loss_error(std::int64_t step, double loss)
+      : error(errc::corrupt_data, "loss is " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at global step " +
+                                      std::to_string(step) + ": training diverged"),
+        step_(step) {}
+  std::int64_t step() const noexcept { return step_; }
+
+ private:
+  std::int64_t step_;
+};
+
+enum class nan_policy {
+  fail,  ///< throw nan_loss_error
+  stop,  ///< print a warning and request a stop
+};
+
+struct nan_tensor_options {
+  nan_policy policy = nan_policy::fail;
+  /// Where the stop policy's warning goes (default: stderr).
+  std::function<void(const std::string&)> warn;
+};
+
+class nan_tensor {
+ public:
+  explicit nan_tensor(nan_tensor_options o = {}) : options_(std::move(o)) {}
+
+  void after_run(run_context& ctx, const run_values& v) {
+    if (!v.loss || std::isfinite(*v.loss)) return;
+    nan_loss_error e(ctx.global_step(), *v.loss);
+    if (options_.policy == nan_policy::fail) throw e;
+    ++stops_;
+    const std::string line = std::string("warning: ") + e.message() + "; stopping";
+    if (options_.warn) options_.warn(line);
+    else std::fprintf(stderr, "%s\n", line.c_str());
+    ctx.request_stop();
+  }
+
+  /// Times the stop policy fired.
+  int stops() const noexcept { return stops_; }
+
+ private:
+  nan_tensor_options options_;
+  int stops_ = 0;
+};
+static_assert(session_hook<nan_tensor>);
+
+}  // namespace dtf::hooks

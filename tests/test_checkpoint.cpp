@@ -1,0 +1,542 @@
+// Checkpoints: ps save/restore with slots, update counts and the global step; resharding
+// between different numbers of ps tasks; crash safety of a save; checksums; max_to_keep; .npy.
+#include <catch2/catch.hpp>
+
+#include <dtf/checkpoint.hpp>
+#include <dtf/hooks/checkpoint_saver.hpp>
+#include <dtf/hooks/stop_at_step.hpp>
+#include <dtf/nn/init.hpp>
+#include <dtf/ps.hpp>
+#include <dtf/recovery.hpp>
+
+#include "ps_helpers.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+
+namespace fs = std::filesystem;
+using namespace dtf;
+
+namespace {
+
+// A fresh directory per test under the build's temporary directory.
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& name) {
+    path = fs::temp_directory_path() / ("dtf_test_ckpt_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::vector<variable_spec> model_vars() {
+  return {{"dense_0/kernel", {7, 3}, 0}, {"dense_0/bias", {3}, 21}, {"dense_1/kernel", {5, 2}, 24}, {"step_scale", {}, 34}};
+}
+
+std::vector<float> seeded(std::size_t n, std::uint64_t seed) {
+  std::mt19937 rng{std::uint32_t(seed)};
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A cluster of k ps tasks and a client over the given placement.
+struct cluster_of {
+  std::vector<std::unique_ptr<parameter_server>> servers;
+  std::vector<std::thread> threads;
+  std::unique_ptr<ps_client> client;
+  cluster_of(const placement& layout, std::vector<checkpoint_fault> faults = {}) {
+    std::vector<std::string> addresses;
+    for (std::size_t i = 0; i < layout.num_ps; ++i) {
+      ps_options o{test::opts("ps." + std::to_string(i))};
+      o.transport.log = [](const std::string&) {};
+      if (i < faults.size()) o.save_fault = faults[i];
+      servers.push_back(std::make_unique<parameter_server>("127.0.0.1:0", o));
+      threads.emplace_back([p = servers.back().get()] { p->run(); });
+      addresses.push_back("127.0.0.1:" + std::to_string(servers.back()->port()));
+    }
+    auto co = test::opts("chief.0");
+    client = std::make_unique<ps_client>(addresses, layout, co);
+    client->connect();
+  }
+  ~cluster_of() {
+    for (auto& s : servers) s->stop();
+    for (auto& t : threads) t.join();
+  }
+};
+
+placement place_on(std::size_t num_ps, std::size_t shards_per_var = 2) {
+  return partitioners::fixed_size{shards_per_var}.place(model_vars(), num_ps);
+}
+
+// Trains a few pushes of seeded gradients.
+void train(ps_client& ps, int steps, std::uint64_t seed) {
+  const auto n = num_parameters(model_vars());
+  for (int i = 0; i < steps; ++i) ps.push_gradients(seeded(n, seed + std::uint64_t(i)));
+}
+
+std::vector<float> pull_all(ps_client& ps) {
+  std::vector<float> v(num_parameters(model_vars()));
+  ps.pull(v);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint restores values, Adam's moments and t, and the global step exactly", "[checkpoint]") {
+  temp_dir dir("roundtrip");
+  const auto vars = model_vars();
+  const optim::rule rule = optim::adam{.learning_rate = 0.05f};
+  cluster_of a(place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 1), rule);
+  train(*a.client, 5, 100);
+  const auto saved = pull_all(*a.client);
+  const auto m = a.client->save_checkpoint({dir.path.string(), "ckpt", 3}, vars);
+  CHECK(m.name == "ckpt-5");
+  CHECK(m.global_step == 5);
+  CHECK(m.rule == "adam");
+  CHECK(m.num_slots == 2);
+  REQUIRE(m.files.size() == 2);
+  CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-5"));
+  for (const auto& v : m.variables) CHECK(v.iterations == 5);
+
+  cluster_of b(place_on(2));
+  CHECK_FALSE(b.client->ready());
+  const auto step = b.client->restore_latest(dir.path.string(), vars, rule);
+  REQUIRE(step == std::optional<std::int64_t>(5));
+  CHECK(b.client->ready());
+  CHECK(b.client->global_step() == 5);
+  CHECK(pull_all(*b.client) == saved);
+  // Same moments and t: the next updates agree bit for bit with the run that saved.
+  train(*a.client, 3, 500);
+  train(*b.client, 3, 500);
+  CHECK(pull_all(*b.client) == pull_all(*a.client));
+  CHECK(b.client->global_step() == a.client->global_step());
+}
+
+TEST_CASE("a checkpoint saved by 2 ps restores into 1 and into 3 ps, and 1 into 3, with exact values",
+          "[checkpoint][reshard]") {
+  temp_dir dir("reshard");
+  const auto vars = model_vars();
+  const optim::rule rule = optim::momentum{.learning_rate = 0.1f, .momentum = 0.9f};
+  cluster_of two(place_on(2));
+  two.client->initialize(seeded(num_parameters(vars), 2), rule);
+  train(*two.client, 4, 200);
+  const auto saved = pull_all(*two.client);
+  two.client->save_checkpoint({dir.path.string(), "two", 0}, vars);
+
+  cluster_of one(partitioners::round_robin{}.place(vars, 1));
+  REQUIRE(one.client->restore_checkpoint(dir.path.string(), "two-4", vars, rule) == 4);
+  CHECK(pull_all(*one.client) == saved);
+  cluster_of three(place_on(3, 3));
+  REQUIRE(three.client->restore_checkpoint(dir.path.string(), "two-4", vars, rule) == 4);
+  CHECK(pull_all(*three.client) == saved);
+  // The momentum slots were resharded too: training continues identically everywhere.
+  train(*two.client, 2, 300);
+  train(*one.client, 2, 300);
+  train(*three.client, 2, 300);
+  const auto reference = pull_all(*two.client);
+  CHECK(pull_all(*one.client) == reference);
+  CHECK(pull_all(*three.client) == reference);
+
+  // 1 -> 3.
+  one.client->save_checkpoint({dir.path.string(), "one", 0}, vars);
+  cluster_of three_again(place_on(3, 2));
+  REQUIRE(three_again.client->restore_checkpoint(dir.path.string(), "one-6", vars, rule) == 6);
+  CHECK(pull_all(*three_again.client) == pull_all(*one.client));
+  train(*one.client, 1, 400);
+  train(*three_again.client, 1, 400);
+  CHECK(pull_all(*three_again.client) == pull_all(*one.client));
+}
+
+TEST_CASE("a ps that holds no shard writes an empty shard file, and Adam's slots still restore", "[checkpoint][reshard]") {
+  temp_dir dir("empty");
+  const auto vars = model_vars();
+  const optim::rule rule = optim::adam{.learning_rate = 0.01f};
+  cluster_of five(partitioners::round_robin{}.place(vars, 5));  // 4 variables: ps.4 holds nothing
+  five.client->initialize(seeded(num_parameters(vars), 8), rule);
+  train(*five.client, 3, 1600);
+  const auto m = five.client->save_checkpoint({dir.path.string(), "ckpt", 0}, vars);
+  CHECK(m.files.size() == 5);
+  CHECK(m.num_slots == 2);
+  CHECK_NOTHROW(verify_checkpoint(dir.path, m.name));
+  cluster_of two(place_on(2));
+  REQUIRE(two.client->restore_latest(dir.path.string(), vars, rule) == std::optional<std::int64_t>(3));
+  CHECK(pull_all(*two.client) == pull_all(*five.client));
+  train(*five.client, 2, 1700);
+  train(*two.client, 2, 1700);
+  CHECK(pull_all(*two.client) == pull_all(*five.client));
+}
+
+TEST_CASE("a save that dies part-way through a shard file leaves the previous checkpoint the latest and intact",
+          "[checkpoint][crash]") {
+  temp_dir dir("crash");
+  const auto vars = model_vars();
+  const optim::rule rule = optim::adagrad{.learning_rate = 0.1f};
+  cluster_of a(place_on(2), {checkpoint_fault{}, checkpoint_fault{.abort_after_bytes = 100}});
+  a.client->initialize(seeded(num_parameters(vars), 3), rule);
+  train(*a.client, 2, 600);
+  // ps.1's file is larger than 100 bytes, so every save of this cluster dies in the middle of
+  // it; the first checkpoint comes from a healthy cluster restored from the same state.
+  cluster_of healthy(place_on(2));
+  healthy.client->initialize(seeded(num_parameters(vars), 3), rule);
+  train(*healthy.client, 2, 600);
+  const auto good = pull_all(*healthy.client);
+  healthy.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
+  REQUIRE(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-2"));
+
+  train(*a.client, 2, 700);
+  try {
+    a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
+    FAIL("the save should have failed");
+  } catch (const error& e) {
+    CHECK(std::string(e.what()).find("fault injection") != std::string::npos);
+  }
+  // On disk: ps.0's complete shard of ckpt-4, ps.1's half-written temporary file, no manifest.
+  CHECK(fs::exists(dir.path / "ckpt-4.ps-0-of-2.shard"));
+  CHECK(fs::exists(dir.path / "ckpt-4.ps-1-of-2.shard.tmp"));
+  CHECK(fs::file_size(dir.path / "ckpt-4.ps-1-of-2.shard.tmp") == 100);
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-4.manifest.json"));
+  CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-2"));
+  CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-2"));
+  cluster_of b(place_on(2));
+  REQUIRE(b.client->restore_latest(dir.path.string(), vars, rule) == std::optional<std::int64_t>(2));
+  CHECK(pull_all(*b.client) == good);
+  // The next successful save sweeps the debris away.
+  healthy.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars, 6);
+  CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-6"));
+  CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-6"));
+  CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-2"));
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-4.ps-0-of-2.shard"));
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-4.ps-1-of-2.shard.tmp"));
+}
+
+TEST_CASE("restore refuses a damaged checkpoint, naming the file", "[checkpoint][errors]") {
+  temp_dir dir("corrupt");
+  const auto vars = model_vars();
+  cluster_of a(place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 4), optim::sgd{});
+  a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars, 1);
+  const auto shard = dir.path / "ckpt-1.ps-1-of-2.shard";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  cluster_of b(place_on(2));
+  try {
+    b.client->restore_latest(dir.path.string(), vars, optim::sgd{});
+    FAIL("restore should have refused the damaged file");
+  } catch (const error& e) {
+    CHECK(e.code() == make_error_code(errc::corrupt_data));
+    CHECK(std::string(e.what()).find("ckpt-1.ps-1-of-2.shard: SHA-256") != std::string::npos);
+  }
+  CHECK_FALSE(b.client->ready());
+  fs::resize_file(shard, fs::file_size(shard) - 4);
+  CHECK_THROWS_WITH(verify_checkpoint(dir.path, "ckpt-1"), Catch::Contains("the manifest says"));
+  fs::remove(shard);
+  CHECK_THROWS_WITH(verify_checkpoint(dir.path, "ckpt-1"), Catch::Contains("cannot open"));
+  CHECK_THROWS_WITH(verify_checkpoint(dir.path, "ckpt-9"), Catch::Contains("has no manifest"));
+}
+
+TEST_CASE("restore names a variable the checkpoint lacks, a changed shape and another rule's slots",
+          "[checkpoint][errors]") {
+  temp_dir dir("mismatch");
+  const auto vars = model_vars();
+  cluster_of a(place_on(1));
+  a.client->initialize(seeded(num_parameters(vars), 5), optim::adam{});
+  train(*a.client, 1, 50);
+  a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
+  cluster_of b(place_on(1));
+  auto renamed = vars;
+  renamed[1].name = "dense_0/b";
+  CHECK_THROWS_WITH(b.client->restore_latest(dir.path.string(), renamed, optim::adam{}),
+                    Catch::Contains("has no variable 'dense_0/b'"));
+  auto reshaped = vars;
+  reshaped[2].shape = {2, 5};
+  CHECK_THROWS_WITH(b.client->restore_latest(dir.path.string(), reshaped, optim::adam{}),
+                    Catch::Contains("'dense_1/kernel' is [5, 2] in checkpoint ckpt-1 but [2, 5] in the model"));
+  CHECK_THROWS_WITH(b.client->restore_latest(dir.path.string(), vars, optim::momentum{}),
+                    Catch::Contains("slots of rule adam"));
+  // Plain SGD has no slots: it may start from any checkpoint's values.
+  CHECK(b.client->restore_latest(dir.path.string(), vars, optim::sgd{}) == std::optional<std::int64_t>(1));
+}
+
+TEST_CASE("max_to_keep prunes the oldest checkpoints and their files", "[checkpoint]") {
+  temp_dir dir("keep");
+  const auto vars = model_vars();
+  cluster_of a(place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 6), optim::sgd{});
+  for (int i = 0; i < 4; ++i) {
+    train(*a.client, 1, 800 + std::uint64_t(i));
+    a.client->save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  }
+  const auto state = read_checkpoint_state(dir.path);
+  REQUIRE(state);
+  CHECK(state->latest == "ckpt-4");
+  CHECK(state->all == std::vector<std::string>{"ckpt-3", "ckpt-4"});
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    ++files;
+    const auto name = e.path().filename().string();
+    CHECK((name == "checkpoint" || name.rfind("ckpt-3.", 0) == 0 || name.rfind("ckpt-4.", 0) == 0));
+  }
+  CHECK(files == 1 + 2 * 3);
+  for (const auto& n : state->all) CHECK_NOTHROW(verify_checkpoint(dir.path, n));
+  // Files of other prefixes, and names that only look alike, are not touched.
+  std::ofstream(dir.path / "ckpt-notes.txt") << "mine";
+  std::ofstream(dir.path / "other-1.manifest.json") << "{}";
+  a.client->save_checkpoint({dir.path.string(), "ckpt", 2}, vars, 9);
+  CHECK(fs::exists(dir.path / "ckpt-notes.txt"));
+  CHECK(fs::exists(dir.path / "other-1.manifest.json"));
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-3.manifest.json"));
+}
+
+TEST_CASE("a restored synchronous ps continues at the saved global step", "[checkpoint][sync]") {
+  temp_dir dir("sync");
+  const auto vars = model_vars();
+  cluster_of a(place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 7), optim::sgd{.learning_rate = 0.5f}, false, 1);
+  const auto n = num_parameters(vars);
+  for (std::int64_t s = 0; s < 3; ++s) a.client->push_sync(seeded(n, 900 + std::uint64_t(s)), s);
+  a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
+  cluster_of b(place_on(1));
+  REQUIRE(b.client->restore_latest(dir.path.string(), vars, optim::sgd{.learning_rate = 0.5f}, false, 1) ==
+          std::optional<std::int64_t>(3));
+  const auto r = b.client->push_sync(seeded(n, 903), 3);
+  CHECK_FALSE(r.dropped);
+  CHECK(r.global_step == 4);
+  a.client->push_sync(seeded(n, 903), 3);
+  CHECK(pull_all(*b.client) == pull_all(*a.client));
+}
+
+TEST_CASE("write_npy writes a NumPy 1.0 header and the raw float32 data", "[checkpoint][npy]") {
+  temp_dir dir("npy");
+  const std::vector<float> data{1.0f, -2.5f, 3.25f, 0.0f, 5.0f, 6.0f};
+  write_npy(dir.path / "a.npy", {2, 3}, data);
+  write_npy(dir.path / "b.npy", {6}, data);
+  write_npy(dir.path / "c.npy", {}, std::span<const float>(data).first(1));
+  auto read = [&](const char* name) {
+    std::ifstream in(dir.path / name, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto a = read("a.npy");
+  REQUIRE(a.size() >= 10);
+  CHECK(a.substr(0, 8) == std::string("\x93NUMPY\x01\x00", 8));
+  const std::size_t hlen = std::uint8_t(a[8]) | (std::size_t(std::uint8_t(a[9])) << 8);
+  CHECK((10 + hlen) % 64 == 0);
+  CHECK(a.substr(10, hlen).find("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }") == 0);
+  CHECK(a[10 + hlen - 1] == '\n');
+  REQUIRE(a.size() == 10 + hlen + data.size() * sizeof(float));
+  CHECK(std::memcmp(a.data() + 10 + hlen, data.data(), data.size() * sizeof(float)) == 0);
+  CHECK(read("b.npy").find("'shape': (6,), }") != std::string::npos);
+  CHECK(read("c.npy").find("'shape': (), }") != std::string::npos);
+  CHECK_THROWS_AS(write_npy(dir.path / "d.npy", {4}, data), error);
+}
+
+TEST_CASE("checkpoint_saver saves at start, every N steps and at the end, and the ps scaffold resumes from it",
+          "[checkpoint][hooks]") {
+  temp_dir dir("hook");
+  const auto vars = model_vars();
+  const optim::rule rule = optim::momentum{.learning_rate = 0.05f};
+  const auto n = num_parameters(vars);
+  const checkpoint_options ck{dir.path.string(), "model", 3};
+  std::vector<std::int64_t> before, after;
+  int begun = 0, ended = 0;
+  std::vector<float> final_values;
+  {
+    cluster_of a(place_on(2));
+    bool initialised = false;
+    monitored_training_session s({.is_chief = true,
+                                  .scaffold = ps_scaffold(*a.client, {.checkpoint_dir = dir.path.string(),
+                                                                      .variables = vars,
+                                                                      .rule = rule,
+                                                                      .init = [&] {
+                                                                        a.client->initialize(seeded(n, 11), rule);
+                                                                        initialised = true;
+                                                                      }})});
+    s.add_hook(hooks::stop_at_step({.last_step = 10}));
+    auto& saver = s.add_chief_hook(hooks::checkpoint_saver::for_ps(
+        *a.client, vars, ck,
+        {.every_n_steps = 4,
+         .every_secs = 0,
+         .listeners = {{.begin = [&] { ++begun; },
+                        .before_save = [&](std::int64_t st) { before.push_back(st); },
+                        .after_save = [&](std::int64_t st, const checkpoint_manifest& m) {
+                          after.push_back(m.global_step);
+                          CHECK(m.name == "model-" + std::to_string(st));
+                          return false;
+                        },
+                        .end = [&](std::int64_t) { ++ended; }}}}));
+    std::uint64_t seed = 1000;
+    CHECK(s.train([&](run_context&) {
+      return run_values{.global_step = a.client->push_gradients(seeded(n, seed++)).global_step};
+    }) == 10);
+    CHECK(initialised);
+    CHECK(saver.saves() == 4);
+    final_values = pull_all(*a.client);
+  }
+  CHECK(begun == 1);
+  CHECK(ended == 1);
+  CHECK(before == std::vector<std::int64_t>{0, 4, 8, 10});
+  CHECK(after == std::vector<std::int64_t>{0, 4, 8, 10});
+  const auto state = read_checkpoint_state(dir.path);
+  REQUIRE(state);
+  CHECK(state->all == std::vector<std::string>{"model-4", "model-8", "model-10"});
+
+  // A new run (one ps now) resumes at step 10 from the checkpoint and stops at once.
+  cluster_of b(place_on(1));
+  std::vector<float> restored;
+  monitored_training_session s({.is_chief = true,
+                                .scaffold = ps_scaffold(*b.client, {.checkpoint_dir = dir.path.string(),
+                                                                    .variables = vars,
+                                                                    .rule = rule,
+                                                                    .init = [] { FAIL("init despite a checkpoint"); },
+                                                                    .restored = [&](std::span<const float> v) {
+                                                                      restored.assign(v.begin(), v.end());
+                                                                    }})});
+  s.add_hook(hooks::stop_at_step({.last_step = 12}));
+  auto& saver = s.add_chief_hook(hooks::checkpoint_saver::for_ps(
+      *b.client, vars, ck,
+      {.every_n_steps = 0,
+       .every_secs = 0,
+       .listeners = {{.after_save = [](std::int64_t st, const checkpoint_manifest&) { return st >= 11; }}}}));
+  std::uint64_t seed = 2000;
+  s.create();
+  CHECK(s.global_step() == 10);
+  CHECK(restored == final_values);
+  CHECK(pull_all(*b.client) == final_values);
+  s.train([&](run_context&) { return run_values{.global_step = b.client->push_gradients(seeded(n, seed++)).global_step}; });
+  CHECK(s.global_step() == 12);
+  // Saved at start (10) and at the end (12); no interval.
+  CHECK(saver.saves() == 2);
+  CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("model-12"));
+}
+
+TEST_CASE("after a ps restart the chief restores it from the latest checkpoint while a worker is held",
+          "[checkpoint][recovery]") {
+  temp_dir dir("recovery");
+  const auto vars = model_vars();
+  const auto n = num_parameters(vars);
+  const optim::rule rule = optim::adagrad{.learning_rate = 0.1f};
+  const auto layout = place_on(1);
+  auto start_ps = [](std::uint16_t port) {
+    ps_options o{test::opts("ps.0")};
+    o.transport.log = [](const std::string&) {};
+    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
+  };
+  auto ps = start_ps(0);
+  const auto port = ps->port();
+  std::thread serve([p = ps.get()] { p->run(); });
+  const std::vector<std::string> addr{"127.0.0.1:" + std::to_string(port)};
+  ps_client chief(addr, layout, test::opts("chief.0"));
+  ps_client worker(addr, layout, test::opts("worker.0"));
+  chief.connect();
+  worker.connect();
+  chief.initialize(seeded(n, 21), rule);
+  train(chief, 3, 1100);
+  const auto at_save = pull_all(chief);
+  chief.save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  train(chief, 2, 1200);  // progress after the checkpoint, lost with the ps
+
+  // The ps dies (its connections close) and comes back empty on the same port.
+  ps->stop();
+  serve.join();
+  ps = start_ps(port);
+  serve = std::thread([p = ps.get()] { p->run(); });
+
+  std::vector<std::string> log;
+  std::mutex log_mu;
+  auto logger = [&](const std::string& l) {
+    std::lock_guard g(log_mu);
+    log.push_back(l);
+  };
+  int worker_after = 0;
+  std::vector<float> worker_values(n);
+  std::thread w([&] {
+    ps_recovery rec(worker, false, {}, {.ready_timeout = std::chrono::milliseconds(5000), .log = logger},
+                    [&] { ++worker_after; });
+    rec.run([&] { return worker.pull(worker_values); });
+  });
+  ps_recovery rec(
+      chief, true, [&] { REQUIRE(chief.restore_latest(dir.path.string(), vars, rule)); },
+      {.log = logger});
+  std::vector<float> chief_values(n);
+  const auto step = rec.run([&] { return chief.pull(chief_values); });
+  w.join();
+  CHECK(step == 3);
+  CHECK(rec.recoveries() == 1);
+  CHECK(rec.reinitialisations() == 1);
+  CHECK(worker_after == 1);
+  CHECK(chief_values == at_save);
+  CHECK(worker_values == at_save);
+  // Adagrad's accumulators came back too: the next update matches one from the checkpoint.
+  cluster_of reference(layout);
+  reference.client->restore_latest(dir.path.string(), vars, rule);
+  train(chief, 1, 1300);
+  train(*reference.client, 1, 1300);
+  CHECK(pull_all(chief) == pull_all(*reference.client));
+  // Errors that are not a lost peer are not retried.
+  int calls = 0;
+  CHECK_THROWS_WITH(rec.run([&] {
+    ++calls;
+    std::vector<float> small(3);
+    return chief.pull(small);
+  }),
+                    Catch::Contains("buffer of 3 floats"));
+  CHECK(calls == 1);
+  ps->stop();
+  serve.join();
+}
+
+TEST_CASE("when one of two ps restarts, the chief restores both from the latest checkpoint",
+          "[checkpoint][recovery]") {
+  temp_dir dir("recovery2");
+  const auto vars = model_vars();
+  const auto n = num_parameters(vars);
+  const optim::rule rule = optim::momentum{.learning_rate = 0.1f};
+  const auto layout = place_on(2);
+  auto start_ps = [](std::size_t index, std::uint16_t port) {
+    ps_options o{test::opts("ps." + std::to_string(index))};
+    o.transport.log = [](const std::string&) {};
+    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
+  };
+  std::vector<std::unique_ptr<parameter_server>> servers;
+  std::vector<std::thread> threads;
+  std::vector<std::string> addr;
+  for (std::size_t i = 0; i < 2; ++i) {
+    servers.push_back(start_ps(i, 0));
+    threads.emplace_back([p = servers[i].get()] { p->run(); });
+    addr.push_back("127.0.0.1:" + std::to_string(servers[i]->port()));
+  }
+  ps_client chief(addr, layout, test::opts("chief.0"));
+  chief.connect();
+  chief.initialize(seeded(n, 31), rule);
+  train(chief, 4, 1400);
+  const auto at_save = pull_all(chief);
+  chief.save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  train(chief, 3, 1500);  // ps.0 keeps these updates, ps.1 loses them
+
+  const auto port1 = servers[1]->port();
+  servers[1]->stop();
+  threads[1].join();
+  servers[1] = start_ps(1, port1);
+  threads[1] = std::thread([p = servers[1].get()] { p->run(); });
+
+  ps_recovery rec(chief, true, [&] { REQUIRE(chief.restore_latest(dir.path.string(), vars, rule)); },
+                  {.log = [](const std::string&) {}});
+  std::vector<float> values(n);
+  CHECK(rec.run([&] { return chief.pull(values); }) == 4);
+  CHECK(rec.reinitialisations() == 1);
+  // Both shards at the checkpoint's step: no mix of ps.0's newer values with ps.1's older ones.
+  CHECK(values == at_save);
+  for (auto& s : servers) s->stop();
+  for (auto& t : threads) t.join();
+}
