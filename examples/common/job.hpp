@@ -59,7 +59,7 @@ class job {
         .add("secret", j.secret_, "cluster secret (default: $DTF_CLUSTER_SECRET; empty: no authentication)")
         .add("timeout_ms", j.timeout_ms, "deadline of every request to a ps")
         .add("finish_timeout_s", j.finish_timeout_s_, "chief: how long to wait for the other workers to finish")
-        .add("log_every", j.log_every, "steps between progress lines")
+        .add("log_every", j.log_every, "iterations (local steps) between progress lines")
         .add("train_examples", j.train_examples_, "use only the first N training examples (0: all)")
         .add("blas_threads", j.blas_threads_, "BLAS threads per process")
         .add("target_accuracy", j.target_accuracy_, "chief: exit with status 1 if the final test accuracy is lower")
@@ -223,38 +223,6 @@ class job {
   dtf::data::dataset test_ = train_all_;
   dtf::tensor centre_;
   std::vector<float> centre_host_;
-};
-
-/// Progress line every log_every steps, as key=value tokens dtfrun's live view reads:
-///   worker.0: step=1200 last_step=4690 loss=0.4123 steps_per_sec=85.3 samples_per_sec=5459 <extra>
-/// step counts this task's local steps; last_step is where they end when the task trains
-/// `epochs` passes over its shard (0 leaves the token out).
-class progress {
- public:
-  explicit progress(const job& j)
-      : j_(j), last_step_(std::size_t(std::max(0, j.epochs)) * j.shard_batches(j.trainer)) {}
-  void step(float loss, std::size_t samples, const std::function<std::string()>& extra) {
-    loss_ += loss;
-    samples_ += samples;
-    if (++steps_ % std::size_t(j_.log_every) != 0) return;
-    const double secs = std::chrono::duration<double>(job::clock::now() - window_).count();
-    const std::string last = last_step_ > 0 ? " last_step=" + std::to_string(last_step_) : "";
-    std::printf("%s: step=%zu%s loss=%.4f steps_per_sec=%.1f samples_per_sec=%.0f  %s\n", j_.me().c_str(), steps_,
-                last.c_str(), loss_ / double(j_.log_every), double(j_.log_every) / secs, double(samples_) / secs,
-                extra().c_str());
-    std::fflush(stdout);
-    window_ = job::clock::now();
-    samples_ = 0;
-    loss_ = 0.0;
-  }
-  std::size_t steps() const noexcept { return steps_; }
-
- private:
-  const job& j_;
-  std::size_t last_step_;
-  job::clock::time_point window_ = job::clock::now();
-  std::size_t samples_ = 0, steps_ = 0;
-  double loss_ = 0.0;
 };
 
 /// "0.05,0.02" -> {0.05, 0.02}. Errors name the flag.

@@ -52,9 +52,10 @@ class logging {
       loss_sum_ += *v.loss;
       ++loss_count_;
     }
-    scalars_ = v.scalars;
     const std::int64_t iteration = ctx.local_step() + 1;  // runs completed, this one included
-    if (timer_.should_trigger(iteration)) emit(iteration, ctx.global_step());
+    const bool now = timer_.should_trigger(iteration);
+    if (now || options_.at_end) scalars_ = v.scalars;  // a copy only when a line may need it
+    if (now) emit(iteration, ctx.global_step());
   }
 
   void end(run_context& ctx, const run_status& status) {
