@@ -45,12 +45,12 @@ int main(int argc, char** argv) try {
     // registers its buffers with the pairs) and run many times; the first, untimed warm-up
     // iteration of each size builds it.
     std::unique_ptr<gloo::AllreduceRingChunked<float>> op;
-    float* built_for = nullptr;
+    std::pair<float*, std::size_t> built_for{nullptr, 0};
     bench::sweep(impl.c_str(), rank, size, [&] { barrier.run(); }, [&](std::vector<float>& v) {
-      if (built_for != v.data()) {
+      if (built_for != std::pair{v.data(), v.size()}) {
         op.reset();
         op = std::make_unique<gloo::AllreduceRingChunked<float>>(context, std::vector<float*>{v.data()}, int(v.size()));
-        built_for = v.data();
+        built_for = {v.data(), v.size()};
       }
       op->run();
     });

@@ -18,6 +18,7 @@ pkgs=(
   clang-14 libclang-rt-14-dev                   # libFuzzer for the frame-decoder fuzz target
   libbenchmark-dev                              # benchmarks
   libgloo-dev openmpi-bin libopenmpi-dev iperf3 # peers measured beside dtf
+  gnuplot-nox                                   # allreduce benchmark plot
 )
 
 # Thrust comes from the CUDA toolkit's CCCL when there is one; Debian's copy otherwise.
