@@ -11,7 +11,9 @@
 # program uses MPI for its data, restricted to TCP (--mca btl tcp,self). dtf's ranks meet at a
 # --rendezvous address, Gloo's through a FileStore. Gloo runs every algorithm in GLOO_ALGOS
 # and the table shows its best per size.
-# Environment: RANKS (default "2 4"), GLOO_ALGOS (default "ring_chunked ring"),
+# The machine is shared and noisy: the whole sweep runs ROUNDS times, implementations taking
+# turns, and each (implementation, ranks, size) keeps its best round's median.
+# Environment: ROUNDS (default 3), RANKS (default "2 4"), GLOO_ALGOS (default "ring_chunked ring"),
 # MPIRUN_FLAGS (default "--oversubscribe --bind-to none"), ALLREDUCE_ITER_SCALE (default 1),
 # ALLREDUCE_MIN_BYTES / ALLREDUCE_MAX_BYTES, DTF_FLAGS (extra flags for dtf's program).
 set -euo pipefail
@@ -19,6 +21,7 @@ build=${1:-build}
 out=${2:-benchmarks/results}
 ranks=${RANKS:-2 4}
 gloo_algos=${GLOO_ALGOS:-ring_chunked ring}
+rounds=${ROUNDS:-3}
 read -r -a mpirun_flags <<<"${MPIRUN_FLAGS:---oversubscribe --bind-to none}"
 read -r -a dtf_flags <<<"${DTF_FLAGS:-}"
 mkdir -p "$out"
@@ -44,24 +47,28 @@ run() {  # run NAME CMD...: appends the program's CSV rows; a failed or unverifi
   grep -v '^impl,' "$work/out.txt" | grep ',' >>"$csv"
 }
 
+for round in $(seq "$rounds"); do
 for n in $ranks; do
-  run "openmpi n=$n" mpirun -np "$n" "${mpirun_flags[@]}" --mca btl tcp,self "$build/benchmarks/bench_allreduce_mpi"
-  run "dtf n=$n" mpirun -np "$n" "${mpirun_flags[@]}" "$build/benchmarks/bench_allreduce_dtf" \
+  run "openmpi n=$n round $round" mpirun -np "$n" "${mpirun_flags[@]}" --mca btl tcp,self "$build/benchmarks/bench_allreduce_mpi"
+  run "dtf n=$n round $round" mpirun -np "$n" "${mpirun_flags[@]}" "$build/benchmarks/bench_allreduce_dtf" \
     --rendezvous "127.0.0.1:$(free_port)" "${dtf_flags[@]}"
   for algo in $gloo_algos; do
     rm -rf "$work/store" && mkdir -p "$work/store"
-    run "gloo $algo n=$n" mpirun -np "$n" "${mpirun_flags[@]}" "$build/benchmarks/bench_allreduce_gloo" \
-      --store "$work/store" --algorithm "$algo" --prefix "n$n-$algo"
+    run "gloo $algo n=$n round $round" mpirun -np "$n" "${mpirun_flags[@]}" "$build/benchmarks/bench_allreduce_gloo" \
+      --store "$work/store" --algorithm "$algo" --prefix "n$n-$algo-$round"
   done
+done
 done
 
 python3 - "$csv" "$out" <<'PY'
 import csv, sys, collections
 rows = list(csv.DictReader(open(sys.argv[1])))
 out = sys.argv[2]
-data = collections.defaultdict(dict)   # (ranks, bytes) -> impl -> row
+data = collections.defaultdict(dict)   # (ranks, bytes) -> impl -> row of its best round
 for r in rows:
-    data[(int(r["ranks"]), int(r["bytes"]))][r["impl"]] = r
+    d = data[(int(r["ranks"]), int(r["bytes"]))]
+    if r["impl"] not in d or float(r["median_us"]) < float(d[r["impl"]]["median_us"]):
+        d[r["impl"]] = r
 def human(b):
     for unit, f in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= f: return f"{b // f} {unit}"

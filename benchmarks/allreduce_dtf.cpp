@@ -10,7 +10,7 @@
 int main(int argc, char** argv) try {
   dtf::cluster_flags cf;
   cf.num_ps = 0;
-  int segment_kib = 256, small_kib = 16, spin_us = 50, sockbuf_kib = 0;
+  int segment_kib = 256, small_kib = 16, spin_us = 20, sockbuf_kib = 0;
   dtf::flag_parser flags("Benchmarks dtf's allreduce (float32 sum) from 4 KiB to 64 MiB.");
   dtf::add_cluster_flags(flags, cf);
   flags.add("segment_kib", segment_kib, "allreduce segment size in KiB")

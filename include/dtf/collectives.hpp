@@ -73,7 +73,7 @@ struct collective_options {
   std::size_t segment_bytes = 256 * 1024;    ///< reduction and forwarding granularity
   std::size_t small_bytes = 16 * 1024;       ///< allreduce up to this size uses the low-latency path
   std::size_t fusion_threshold_bytes = 64 * 1024 * 1024;  ///< fuse tensors into buffers up to this size
-  std::uint32_t spin_us = 50;                ///< retry the sockets (yielding) this long before blocking
+  std::uint32_t spin_us = 20;                ///< retry the sockets (yielding) this long before blocking
   int socket_buffer_bytes = 0;               ///< SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's autotuning
 };
 

@@ -24,7 +24,7 @@ struct ring_link {
   int right = -1, left = -1;           ///< send to right, receive from left
   std::string right_name, left_name;   ///< "rank 1 (worker.1 at 127.0.0.1:2223)"
   std::uint32_t timeout_ms = 30000;    ///< longest time without progress
-  std::uint32_t spin_us = 50;          ///< retry without blocking this long before poll()
+  std::uint32_t spin_us = 20;          ///< retry without blocking this long before poll()
   std::size_t segment_bytes = 1 << 18;  ///< reduction granularity (a multiple of 8)
 };
 
