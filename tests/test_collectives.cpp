@@ -1,6 +1,8 @@
 // Collectives: N ranks as threads in one process over loopback (port 0), each rank's first
 // exception rethrown after join.
 #include <dtf/collectives.hpp>
+#include <dtf/strategies/mirrored.hpp>
+#include <dtf/strategies/ring_allreduce.hpp>
 #include <dtf/host.hpp>
 #include <dtf/optim.hpp>
 
@@ -11,6 +13,8 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cmath>
 #include <exception>
 #include <string>
@@ -217,21 +221,31 @@ TEST_CASE("a dead rank makes every other rank fail within the timeout", "[collec
   const std::size_t n = GENERATE(2u, 3u, 4u);
   const bool hang = GENERATE(false, true);  // the rank exits, or stays alive without calling
   auto o = test_options();
-  o.timeout_ms = 1500;
+  o.timeout_ms = 1000;
   const std::size_t dead = 1;
+  std::mutex m;
+  std::condition_variable cv;
+  std::size_t finished = 0;  // live ranks whose collective has ended (it must fail)
   const auto t0 = std::chrono::steady_clock::now();
   const auto failures = run_ranks_collect(n, o, [&](communicator& c) {
     std::vector<float> v(200000, 1.0f);
     c.allreduce<float>("warmup", v);
     if (c.rank() == dead) {
       if (hang) {
-        // Stays connected but never calls the collective: the others must time out.
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(o.timeout_ms * 3);
-        while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        // Stays connected but never calls the collective until the others have given up.
+        std::unique_lock lock(m);
+        cv.wait_for(lock, std::chrono::milliseconds(o.timeout_ms * 4), [&] { return finished == n - 1; });
       }
       return;  // the communicator closes its connections
     }
-    c.allreduce<float>("grads", v);
+    try {
+      c.allreduce<float>("grads", v);
+    } catch (...) {
+      std::lock_guard lock(m);
+      ++finished;
+      cv.notify_all();
+      throw;
+    }
   });
   const auto elapsed = std::chrono::steady_clock::now() - t0;
   for (std::size_t r = 0; r < n; ++r) {
@@ -245,7 +259,7 @@ TEST_CASE("a dead rank makes every other rank fail within the timeout", "[collec
     CHECK(m.find("grads") != std::string::npos);
     CHECK(m.find("rank ") != std::string::npos);
   }
-  if (!hang) CHECK(elapsed < std::chrono::milliseconds(o.timeout_ms));
+  CHECK(elapsed < std::chrono::milliseconds(o.timeout_ms * (hang ? 3 : 1)));
 }
 
 TEST_CASE("a failed communicator refuses later collectives", "[collectives]") {
@@ -349,4 +363,95 @@ TEST_CASE("two ranks at batch B equal one process at batch 2B after k SGD steps"
   REQUIRE(result[0] == result[1]);  // bitwise identical replicas
   const auto single = p1.to_vector<float>();
   for (std::size_t i = 0; i < np; ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+}
+
+namespace {
+
+/// Rows [begin, begin + rows) of a host batch.
+dtf::data::host_batch rows_of(const dtf::data::host_batch& b, std::size_t begin, std::size_t rows) {
+  dtf::data::host_batch out;
+  out.features = xt::view(b.features, xt::range(begin, begin + rows), xt::all());
+  out.labels = xt::view(b.labels, xt::range(begin, begin + rows));
+  return out;
+}
+
+/// Parameters after training the small net with SGD on `steps` batches of `batch` examples in one process.
+std::vector<float> train_single(std::size_t batch, std::size_t steps) {
+  using namespace dtf;
+  const auto data = test::synthetic(batch * steps, 7, test::labels::argmax).batch(batch);
+  auto net = test::small_net();
+  const std::size_t np = net.num_parameters();
+  tensor p({np}), g({np}), x, y;
+  net.initialize(p.span<float>(), 3);
+  optim::optimizer<> opt(optim::sgd{.learning_rate = 0.1f}, np);
+  auto stream = data.stream();
+  while (auto b = stream.next()) {
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    net.loss_and_gradients(p.span<float>(), x, y, g.span<float>());
+    opt.apply(p.span<float>(), g.span<float>());
+  }
+  return p.to_vector<float>();
+}
+
+}  // namespace
+
+TEST_CASE("ring_allreduce strategy: 2 ranks at batch B equal one process at 2B", "[collectives][strategies]") {
+  const std::size_t batch = 8, steps = 15;
+  const auto single = train_single(2 * batch, steps);
+  const auto data = dtf::test::synthetic(2 * batch * steps, 7, dtf::test::labels::argmax).batch(2 * batch);
+  std::vector<std::vector<float>> result(2);
+  run_ranks(2, test_options(), [&](communicator& c) {
+    auto net = dtf::test::small_net();
+    dtf::strategies::ring_allreduce<dtf::nn::sequential> s(c, net, {.rule = dtf::optim::sgd{.learning_rate = 0.1f}});
+    s.initialize(3);
+    auto stream = data.stream();
+    float loss = 0;
+    while (auto b = stream.next()) loss = s.step(rows_of(*b, c.rank() * batch, batch));
+    CHECK(std::isfinite(loss));
+    CHECK(s.global_step() == std::int64_t(steps));
+    result[c.rank()].assign(s.parameters().begin(), s.parameters().end());
+  });
+  REQUIRE(result[0] == result[1]);
+  for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+}
+
+TEST_CASE("mirrored: 2 replicas x 2 processes at batch B equal one process at 4B", "[collectives][strategies]") {
+  const std::size_t batch = 8, steps = 15, replicas = 2;
+  const auto single = train_single(4 * batch, steps);
+  const auto data = dtf::test::synthetic(4 * batch * steps, 7, dtf::test::labels::argmax).batch(4 * batch);
+  std::vector<std::vector<float>> result(4);
+  run_ranks(2, test_options(), [&](communicator& c) {
+    dtf::strategies::mirrored<dtf::nn::sequential> s(c, dtf::test::small_net(), replicas,
+                                                     {.rule = dtf::optim::sgd{.learning_rate = 0.1f}});
+    REQUIRE(s.global_replicas() == 4);
+    s.initialize(3);
+    auto stream = data.stream();
+    while (auto b = stream.next()) {
+      std::vector<dtf::data::host_batch> mine;
+      for (std::size_t k = 0; k < replicas; ++k) mine.push_back(rows_of(*b, (c.rank() * replicas + k) * batch, batch));
+      CHECK(std::isfinite(s.step(mine)));
+    }
+    for (std::size_t k = 0; k < replicas; ++k)
+      result[c.rank() * replicas + k].assign(s.parameters(k).begin(), s.parameters(k).end());
+  });
+  for (std::size_t k = 1; k < 4; ++k) REQUIRE(result[k] == result[0]);  // every replica identical
+  for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+}
+
+TEST_CASE("mirrored in one process: a failing replica fails the step instead of hanging", "[collectives][strategies]") {
+  auto comm = communicator::single();
+  dtf::strategies::mirrored<dtf::nn::sequential> s(comm, dtf::test::small_net(), 3,
+                                                   {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .timeout_ms = 5000});
+  s.initialize(1);
+  auto stream = dtf::test::synthetic(30, 1, dtf::test::labels::argmax).batch(10).stream();
+  std::vector<dtf::data::host_batch> batches{*stream.next(), *stream.next(), *stream.next()};
+  CHECK(std::isfinite(s.step(batches)));
+  batches[1].features = xt::xtensor<float, 2>::from_shape({10, 5});  // wrong width: the dense layer throws
+  try {
+    s.step(batches);
+    FAIL("the step succeeded");
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == dtf::make_error_code(dtf::errc::shape_mismatch));
+  }
 }

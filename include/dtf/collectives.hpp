@@ -87,6 +87,8 @@ class ring_listener {
   int native_handle() const noexcept { return fd_.get(); }
 
  private:
+  friend class communicator;
+  ring_listener() = default;  // listens nowhere: the communicator of a single process
   detail::unique_fd fd_;
 };
 
@@ -118,6 +120,11 @@ class communicator {
       throw error(errc::invalid_argument, "communicator: " + std::to_string(names_.size()) + " names for " +
                                               std::to_string(size_) + " ranks");
     connect();
+  }
+
+  /// The communicator of one process alone (size 1): every collective returns at once.
+  static communicator single(collective_options options = {}) {
+    return communicator(ring_listener{}, 0, {"local"}, {"rank 0"}, std::move(options));
   }
 
   communicator(const communicator&) = delete;
