@@ -51,6 +51,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -75,6 +77,10 @@ struct collective_options {
   std::size_t fusion_threshold_bytes = 64 * 1024 * 1024;  ///< fuse tensors into buffers up to this size
   std::uint32_t spin_us = 20;                ///< retry the sockets (yielding) this long before blocking
   int socket_buffer_bytes = 0;               ///< SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's autotuning
+  /// Power-of-two worlds of 4+ ranks: allreduce by recursive doubling (small) and recursive
+  /// halving + doubling (large) over extra connections to the hypercube partners: log2(n)
+  /// and 2·log2(n) sequential steps instead of n-1 and 2(n-1). Every rank must agree.
+  bool hypercube = true;
 };
 
 /// A bound, listening socket for one rank; port 0 picks a free port (tests, rendezvous).
@@ -242,50 +248,85 @@ class communicator {
       f();
     } catch (const error& e) {
       failed_ = e.message();
-      right_.reset();
-      left_.reset();
+      close_all();
       throw;
     } catch (const std::exception& e) {
       failed_ = e.what();
-      right_.reset();
-      left_.reset();
+      close_all();
       throw;
     }
+  }
+
+  void close_all() {
+    right_.reset();
+    left_.reset();
+    for (auto& p : partners_) p.reset();
   }
 
   std::size_t right_rank() const { return (rank_ + 1) % size_; }
   std::size_t left_rank() const { return (rank_ + size_ - 1) % size_; }
 
+  /// Power-of-two worlds of 4 or more ranks also keep a connection to each hypercube partner
+  /// (rank XOR 2^k) for recursive doubling and halving.
+  bool uses_hypercube() const noexcept {
+    return options_.hypercube && size_ >= 4 && (size_ & (size_ - 1)) == 0;
+  }
+  static std::string partner_identity(const std::string& name, std::size_t d) { return name + "/xor" + std::to_string(d); }
+
   void connect() {
     if (size_ == 1) return;
     using namespace std::chrono;
     const auto deadline = detail::ring_clock::now() + milliseconds(options_.connect_timeout_ms);
-    const detail::handshake_identity me{options_.cluster_id, names_[rank_], options_.secret};
+    struct incoming {
+      std::string identity;
+      detail::unique_fd* slot;
+    };
+    struct outgoing {
+      std::size_t to;
+      std::string identity;
+      detail::unique_fd* slot;
+    };
+    std::vector<incoming> in{{names_[left_rank()], &left_}};
+    std::vector<outgoing> out{{right_rank(), names_[rank_], &right_}};
+    if (uses_hypercube()) {
+      partners_.resize(std::size_t(std::countr_zero(size_)));
+      for (std::size_t k = 0; k < partners_.size(); ++k) {
+        const std::size_t d = std::size_t(1) << k, p = rank_ ^ d;
+        if (rank_ & d)
+          in.push_back({partner_identity(names_[p], d), &partners_[k]});
+        else
+          out.push_back({p, partner_identity(names_[rank_], d), &partners_[k]});
+      }
+    }
+    const detail::handshake_identity server_me{options_.cluster_id, names_[rank_], options_.secret};
     std::exception_ptr accept_failure;
     std::thread acceptor([&] {
       // Setup only: the data path never leaves the calling thread.
       try {
         std::string last;
         for (;;) {
+          const auto missing = std::find_if(in.begin(), in.end(), [](const incoming& i) { return !*i.slot; });
+          if (missing == in.end()) return;
           detail::unique_fd fd;
           try {
-            fd = detail::accept_one(listener_.native_handle(), deadline, describe(left_rank()));
+            fd = detail::accept_one(listener_.native_handle(), deadline, "'" + missing->identity + "'");
           } catch (const error& e) {
             if (e.code() == make_error_code(errc::timeout) && !last.empty())
               throw error(errc::timeout, e.message() + " (refused meanwhile: " + last + ")");
             throw;
           }
           try {
-            const std::string who = describe(left_rank());
-            const std::string identity = detail::server_handshake(fd.get(), me, deadline, "connection for " + who);
-            if (identity != names_[left_rank()]) {
-              last = "'" + identity + "' connected where " + names_[left_rank()] + " was expected";
+            const std::string identity =
+                detail::server_handshake(fd.get(), server_me, deadline, "connection for rank " + std::to_string(rank_));
+            const auto it = std::find_if(in.begin(), in.end(),
+                                         [&](const incoming& i) { return !*i.slot && i.identity == identity; });
+            if (it == in.end()) {
+              last = "'" + identity + "' connected, not an expected neighbour of rank " + std::to_string(rank_);
               continue;
             }
-            left_ = std::move(fd);
-            return;
+            *it->slot = std::move(fd);
           } catch (const error& e) {
-            last = e.message();  // a stranger or a misconfigured peer: keep waiting for the neighbour
+            last = e.message();  // a stranger or a misconfigured peer: keep waiting for the neighbours
           }
         }
       } catch (...) {
@@ -293,11 +334,14 @@ class communicator {
       }
     });
     try {
-      const std::string who = describe(right_rank());
-      right_ = detail::connect_with_retry(addresses_[right_rank()], who, deadline);
-      detail::client_handshake(right_.get(), me, deadline, who);
+      for (auto& o : out) {
+        const std::string who = describe(o.to);
+        *o.slot = detail::connect_with_retry(addresses_[o.to], who, deadline);
+        detail::client_handshake(o.slot->get(), {options_.cluster_id, o.identity, options_.secret}, deadline, who);
+      }
     } catch (...) {
       right_.reset();
+      for (auto& p : partners_) p.reset();
       acceptor.join();
       throw;
     }
@@ -305,6 +349,7 @@ class communicator {
     if (accept_failure) std::rethrow_exception(accept_failure);
     detail::tune_stream_socket(right_.get(), options_.socket_buffer_bytes);
     detail::tune_stream_socket(left_.get(), options_.socket_buffer_bytes);
+    for (auto& p : partners_) detail::tune_stream_socket(p.get(), options_.socket_buffer_bytes);
     link_.right = right_.get();
     link_.left = left_.get();
     link_.right_name = describe(right_rank());
@@ -312,6 +357,14 @@ class communicator {
     link_.timeout_ms = options_.timeout_ms;
     link_.spin_us = options_.spin_us;
     link_.segment_bytes = options_.segment_bytes;
+  }
+
+  // The link to hypercube partner rank ^ 2^k (one bidirectional connection).
+  detail::ring_link partner_link(std::size_t k) const {
+    detail::ring_link l = link_;
+    l.right = l.left = partners_[k].get();
+    l.right_name = l.left_name = describe(rank_ ^ (std::size_t(1) << k));
+    return l;
   }
 
   detail::collective_descriptor descriptor(detail::collective_kind kind, const std::string& name,
@@ -330,15 +383,19 @@ class communicator {
 
   // A step that sends our descriptor and receives the left neighbour's, then checks it.
   detail::ring_step header_step(const detail::collective_descriptor& mine, std::uint64_t payload) {
+    return header_step(mine, payload, left_rank(), link_.left_name);
+  }
+  detail::ring_step header_step(const detail::collective_descriptor& mine, std::uint64_t payload, std::size_t from,
+                                const std::string& from_name) {
     out_header_ = detail::encode_descriptor(mine, payload);
     detail::ring_step s;
     s.send = out_header_.data();
     s.send_bytes = out_header_.size();
     s.recv = in_header_.data();
     s.recv_bytes = in_header_.size();
-    s.on_received = [this, &mine] {
-      const auto theirs = detail::decode_descriptor(in_header_, link_.left_name);
-      detail::check_descriptor(mine, theirs, describe(left_rank()));
+    s.on_received = [this, &mine, from, from_name] {
+      const auto theirs = detail::decode_descriptor(in_header_, from_name);
+      detail::check_descriptor(mine, theirs, describe(from));
     };
     return s;
   }
@@ -362,6 +419,7 @@ class communicator {
     const std::string context = "rank " + std::to_string(rank_) + ": " + d.describe();
     const std::size_t n = size_;
     std::vector<detail::ring_step> steps;
+    if (uses_hypercube()) return hypercube_allreduce(d, data, reduce, scale, context);
     if (data.size() <= options_.small_bytes) {
       // Every rank's [header|data] goes around the ring; each received slot is checked.
       d.algorithm = detail::ring_algorithm::small;
@@ -433,6 +491,74 @@ class communicator {
       steps.push_back(std::move(st));
     }
     detail::run_ring(link_, steps, reduce, scale, context);
+  }
+
+  // Power-of-two worlds. Small: recursive doubling, log2(n) exchanges of the whole buffer
+  // with partner rank ^ 2^k. Large: recursive halving (reduce-scatter: keep half the range,
+  // send the other half, d = n/2 .. 1) then recursive doubling (allgather, d = 1 .. n/2).
+  // Every pairwise sum is commutative, so all ranks end with the same bits.
+  void hypercube_allreduce(detail::collective_descriptor& d, std::span<std::byte> data, detail::reduce_fn reduce,
+                           detail::scale_fn scale, const std::string& context) {
+    const std::size_t esize = size_of(d.type), count = data.size() / esize, stages = partners_.size();
+    std::vector<detail::ring_step> steps;
+    if (data.size() <= options_.small_bytes) {
+      d.algorithm = detail::ring_algorithm::recursive_doubling;
+      staging_.resize(data.size());
+      for (std::size_t k = 0; k < stages; ++k) {
+        const auto link = partner_link(k);
+        steps.clear();
+        steps.push_back(header_step(d, data.size(), rank_ ^ (std::size_t(1) << k), link.left_name));
+        detail::ring_step st;
+        st.send = data.data();
+        st.send_bytes = data.size();
+        st.recv = staging_.data();
+        st.recv_bytes = data.size();
+        steps.push_back(std::move(st));
+        detail::run_ring(link, steps, reduce, scale, context);
+        if (!data.empty()) reduce(data.data(), staging_.data(), data.size());
+      }
+      if (d.op == reduce_op::average && !data.empty()) scale(data.data(), data.size(), size_);
+      return;
+    }
+    d.algorithm = detail::ring_algorithm::halving_doubling;
+    staging_.resize((count / 2 + 1) * esize);
+    std::vector<std::pair<std::size_t, std::size_t>> before(stages);
+    std::size_t b = 0, e = count;
+    for (std::size_t k = stages; k-- > 0;) {  // reduce-scatter by recursive halving
+      const std::size_t dist = std::size_t(1) << k, mid = b + (e - b) / 2;
+      const bool lower = (rank_ & dist) == 0;
+      const std::size_t sb = lower ? mid : b, se = lower ? e : mid, kb = lower ? b : mid, ke = lower ? mid : e;
+      const auto link = partner_link(k);
+      steps.clear();
+      steps.push_back(header_step(d, data.size(), rank_ ^ dist, link.left_name));
+      detail::ring_step st;
+      st.send = data.data() + sb * esize;
+      st.send_bytes = (se - sb) * esize;
+      st.recv = staging_.data();
+      st.recv_bytes = (ke - kb) * esize;
+      st.reduce_into = data.data() + kb * esize;
+      if (k == 0 && d.op == reduce_op::average) st.divide_by = size_;  // this rank's final block
+      steps.push_back(std::move(st));
+      detail::run_ring(link, steps, reduce, scale, context);
+      before[k] = {b, e};
+      b = kb;
+      e = ke;
+    }
+    for (std::size_t k = 0; k < stages; ++k) {  // allgather by recursive doubling
+      const auto [ob, oe] = before[k];
+      const bool lower = (rank_ & (std::size_t(1) << k)) == 0;  // we kept the lower half at this stage
+      const std::size_t pb = lower ? e : ob, pe = lower ? oe : b;
+      steps.clear();
+      detail::ring_step st;
+      st.send = data.data() + b * esize;
+      st.send_bytes = (e - b) * esize;
+      st.recv = data.data() + pb * esize;
+      st.recv_bytes = (pe - pb) * esize;
+      steps.push_back(std::move(st));
+      detail::run_ring(partner_link(k), steps, reduce, scale, context);
+      b = ob;
+      e = oe;
+    }
   }
 
   void do_broadcast(const std::string& name, dtype type, std::span<std::byte> data, std::size_t root) {
@@ -535,6 +661,7 @@ class communicator {
   std::vector<std::string> addresses_, names_;
   ring_listener listener_;
   detail::unique_fd right_, left_;
+  std::vector<detail::unique_fd> partners_;  // hypercube partners rank ^ 2^k (power-of-two worlds)
   detail::ring_link link_;
   std::uint64_t sequence_ = 0;
   std::optional<std::string> failed_;

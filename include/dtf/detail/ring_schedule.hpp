@@ -53,7 +53,7 @@ namespace dtf::detail {
 enum class collective_kind : std::uint8_t { allreduce = 1, broadcast = 2, allgather = 3 };
 /// small: every rank's whole buffer travels around the ring (n-1 steps, one latency each);
 /// ring: reduce-scatter + allgather (2(n-1) steps, 2(n-1)/n of the data per rank).
-enum class ring_algorithm : std::uint8_t { ring = 1, small = 2 };
+enum class ring_algorithm : std::uint8_t { ring = 1, small = 2, recursive_doubling = 3, halving_doubling = 4 };
 
 inline std::string_view name_of(collective_kind k) noexcept {
   switch (k) {
@@ -177,7 +177,7 @@ inline void check_descriptor(const collective_descriptor& mine, const collective
   else if (theirs.root != mine.root)
     what = "root " + std::to_string(theirs.root) + ", this rank " + std::to_string(mine.root);
   else if (theirs.algorithm != mine.algorithm)
-    what = "another algorithm (its collective_options differ: small_bytes)";
+    what = "another algorithm (its collective_options differ: small_bytes or hypercube)";
   if (!what.empty())
     throw error(errc::invalid_argument, "mismatched collective on tensor '" + mine.name + "': " + rank_name + " calls " +
                                             theirs.describe() + ", this rank " + mine.describe() + ": it has " + what);
