@@ -19,6 +19,10 @@
 //     segment_bytes, so a segment is forwarded as soon as it has been received and reduced.
 //   allreduce, B <= small_bytes: every rank's buffer travels around the ring (n-1 steps,
 //     (n-1)·B per rank), and every rank reduces in rank order: half the latency of the ring.
+//   power-of-two worlds of 4+ ranks (hypercube option): recursive doubling up to
+//     hypercube_small_bytes (log2(n) steps, log2(n)·B per rank), recursive halving then
+//     doubling above (2·log2(n) steps, 2(n-1)/n·B per rank), over extra connections to the
+//     partners rank XOR 2^k.
 //   broadcast: a pipeline from the root around the ring, B per rank.
 //   allgather: n-1 ring steps, (n-1)·B per rank.
 // Results are bitwise identical on every rank (each element is reduced in one fixed order).
@@ -65,15 +69,18 @@
 
 namespace dtf {
 
-/// Knobs of a communicator. Every rank must use the same small_bytes (a difference is
-/// detected and reported); the others may differ.
+/// Knobs of a communicator. Every rank must use the same small_bytes, hypercube_small_bytes
+/// and hypercube (a difference is detected and reported); the others may differ.
 struct collective_options {
   std::string cluster_id;  ///< peers must present the same id in the handshake (empty: not checked)
   std::string secret;      ///< shared secret; empty disables authentication
   std::uint32_t timeout_ms = 30000;          ///< longest wait without progress inside a collective
   std::uint32_t connect_timeout_ms = 60000;  ///< setup: how long to wait for the neighbours to appear
   std::size_t segment_bytes = 256 * 1024;    ///< reduction and forwarding granularity
-  std::size_t small_bytes = 16 * 1024;       ///< allreduce up to this size uses the low-latency path
+  std::size_t small_bytes = 64 * 1024;       ///< allreduce up to this size uses the low-latency path
+  /// The same in power-of-two worlds with `hypercube` (recursive doubling moves log2(n) times
+  /// the data instead of n-1 times, so it pays off up to larger sizes).
+  std::size_t hypercube_small_bytes = 256 * 1024;
   std::size_t fusion_threshold_bytes = 64 * 1024 * 1024;  ///< fuse tensors into buffers up to this size
   std::uint32_t spin_us = 20;                ///< retry the sockets (yielding) this long before blocking
   int socket_buffer_bytes = 0;               ///< SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's autotuning
@@ -501,7 +508,7 @@ class communicator {
                            detail::scale_fn scale, const std::string& context) {
     const std::size_t esize = size_of(d.type), count = data.size() / esize, stages = partners_.size();
     std::vector<detail::ring_step> steps;
-    if (data.size() <= options_.small_bytes) {
+    if (data.size() <= options_.hypercube_small_bytes) {
       d.algorithm = detail::ring_algorithm::recursive_doubling;
       staging_.resize(data.size());
       for (std::size_t k = 0; k < stages; ++k) {
