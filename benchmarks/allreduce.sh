@@ -14,7 +14,7 @@
 # The machine is shared and noisy: the whole sweep runs ROUNDS times, implementations taking
 # turns, and each (implementation, ranks, size) keeps its best round's median.
 # Environment: ROUNDS (default 3), RANKS (default "2 4"), GLOO_ALGOS (default "ring_chunked"; "ring" adds the newer gloo::allreduce API, far slower here and minutes long at 4 ranks),
-# MPIRUN_FLAGS (default "--oversubscribe --bind-to core": one process per core at 2 ranks), ALLREDUCE_ITER_SCALE (default 1),
+# MPIRUN_FLAGS (default "--oversubscribe --bind-to core:overload-allowed": one process per core at 2 ranks), ALLREDUCE_ITER_SCALE (default 1),
 # ALLREDUCE_MIN_BYTES / ALLREDUCE_MAX_BYTES, DTF_FLAGS (extra flags for dtf's program).
 set -euo pipefail
 build=${1:-build}
@@ -22,7 +22,7 @@ out=${2:-benchmarks/results}
 ranks=${RANKS:-2 4}
 gloo_algos=${GLOO_ALGOS:-ring_chunked}
 rounds=${ROUNDS:-3}
-read -r -a mpirun_flags <<<"${MPIRUN_FLAGS:---oversubscribe --bind-to core}"
+read -r -a mpirun_flags <<<"${MPIRUN_FLAGS:---oversubscribe --bind-to core:overload-allowed}"
 read -r -a dtf_flags <<<"${DTF_FLAGS:-}"
 mkdir -p "$out"
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi

@@ -427,6 +427,25 @@ class communicator {
     const std::size_t n = size_;
     std::vector<detail::ring_step> steps;
     if (uses_hypercube()) return hypercube_allreduce(d, data, reduce, scale, context);
+    if (n == 2 && data.size() <= options_.small_bytes) {
+      // Two ranks: one exchange straight from and into the caller's buffer (a + b == b + a,
+      // so both ranks end with the same bits).
+      d.algorithm = detail::ring_algorithm::small;
+      staging_.resize(data.size());
+      steps.push_back(header_step(d, data.size()));
+      detail::ring_step st;
+      st.send = data.data();
+      st.send_bytes = data.size();
+      st.recv = staging_.data();
+      st.recv_bytes = data.size();
+      steps.push_back(std::move(st));
+      detail::run_ring(link_, steps, reduce, scale, context);
+      if (!data.empty()) {
+        reduce(data.data(), staging_.data(), data.size());
+        if (op == reduce_op::average) scale(data.data(), data.size(), n);
+      }
+      return;
+    }
     if (data.size() <= options_.small_bytes) {
       // Every rank's [header|data] goes around the ring; each received slot is checked.
       d.algorithm = detail::ring_algorithm::small;

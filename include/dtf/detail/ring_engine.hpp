@@ -69,7 +69,12 @@ inline void run_ring(const ring_link& link, std::vector<ring_step>& steps, reduc
       const std::size_t allowed = (s.gated && ss > 0) ? std::min(s.send_bytes, final_bytes(ss - 1)) : s.send_bytes;
       if (allowed > so) {
         want_send = true;
-        const ssize_t n = ::send(link.right, s.send + so, allowed - so, MSG_NOSIGNAL | MSG_DONTWAIT);
+        // A header followed at once by its data goes out as one segment: cork it (MSG_MORE
+        // overrides TCP_NODELAY for this call) instead of waking the receiver twice.
+        const bool more = allowed == s.send_bytes && ss + 1 < total && steps[ss + 1].send_bytes > 0 &&
+                          !steps[ss + 1].gated;
+        const ssize_t n =
+            ::send(link.right, s.send + so, allowed - so, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
         if (n > 0) {
           so += std::size_t(n);
           progress = true;
