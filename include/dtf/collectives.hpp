@@ -489,7 +489,8 @@ class communicator {
     d.algorithm = detail::ring_algorithm::ring;
     std::size_t max_chunk = 0;
     for (std::size_t i = 0; i < n; ++i) max_chunk = std::max(max_chunk, detail::chunk_of(count, n, i).size());
-    staging_.resize(max_chunk * esize);
+    const std::size_t window = 2 * detail::ring_segment(options_.segment_bytes);
+    staging_.resize(std::min(max_chunk * esize, window));
     std::byte* base = data.data();
     const auto chunk_ptr = [&](std::size_t i) { return base + detail::chunk_of(count, n, i).begin * esize; };
     const auto chunk_bytes = [&](std::size_t i) { return detail::chunk_of(count, n, i).size() * esize; };
@@ -502,6 +503,7 @@ class communicator {
       st.recv = staging_.data();
       st.recv_bytes = chunk_bytes(recv_chunk);
       st.reduce_into = chunk_ptr(recv_chunk);
+      st.windowed = true;
       st.gated = s > 0;
       if (s + 2 == n && op == reduce_op::average) st.divide_by = n;  // this rank's final chunk
       steps.push_back(std::move(st));
@@ -547,7 +549,7 @@ class communicator {
       return;
     }
     d.algorithm = detail::ring_algorithm::halving_doubling;
-    staging_.resize((count / 2 + 1) * esize);
+    staging_.resize(std::min((count / 2 + 1) * esize, 2 * detail::ring_segment(options_.segment_bytes)));
     std::vector<std::pair<std::size_t, std::size_t>> before(stages);
     std::size_t b = 0, e = count;
     for (std::size_t k = stages; k-- > 0;) {  // reduce-scatter by recursive halving
@@ -563,6 +565,7 @@ class communicator {
       st.recv = staging_.data();
       st.recv_bytes = (ke - kb) * esize;
       st.reduce_into = data.data() + kb * esize;
+      st.windowed = true;
       if (k == 0 && d.op == reduce_op::average) st.divide_by = size_;  // this rank's final block
       steps.push_back(std::move(st));
       detail::run_ring(link, steps, reduce, scale, context);

@@ -14,11 +14,16 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
 
 namespace dtf::detail {
+
+/// The segment size the engine uses for `segment_bytes`: a multiple of 64 bytes (whole
+/// elements of every dtype), at least 64.
+inline std::size_t ring_segment(std::size_t segment_bytes) { return std::max<std::size_t>(64, segment_bytes / 64 * 64); }
 
 struct ring_link {
   int right = -1, left = -1;           ///< send to right, receive from left
@@ -38,7 +43,7 @@ inline void run_ring(const ring_link& link, std::vector<ring_step>& steps, reduc
   const std::size_t total = steps.size();
   std::size_t ss = 0, so = 0;         // send step, bytes of it sent
   std::size_t rs = 0, ro = 0, ru = 0;  // recv step, bytes of it received, bytes of it final (reduced)
-  const std::size_t seg = std::max<std::size_t>(64, link.segment_bytes / 64 * 64);
+  const std::size_t seg = ring_segment(link.segment_bytes);
   auto last_progress = clock::now();
   auto spin_start = last_progress;
   bool spinning = false;
@@ -86,14 +91,25 @@ inline void run_ring(const ring_link& link, std::vector<ring_step>& steps, reduc
     }
     if (rs < total) {
       ring_step& r = steps[rs];
-      const ssize_t n = ::recv(link.left, r.recv + ro, r.recv_bytes - ro, MSG_DONTWAIT);
+      // A windowed reduce step receives into a ring of two segments, reused while it is
+      // still in cache: bytes land at (offset mod window), never past the window's end nor
+      // over bytes not reduced yet. Segment-aligned reductions then never wrap.
+      std::byte* at = r.recv + ro;
+      std::size_t want = r.recv_bytes - ro;
+      if (r.windowed) {
+        const std::size_t window = 2 * seg, slot = ro % window;
+        at = r.recv + slot;
+        want = std::min({want, window - slot, ru + window - ro});
+      }
+      const ssize_t n = ::recv(link.left, at, want, MSG_DONTWAIT);
       if (n > 0) {
         ro += std::size_t(n);
         progress = true;
         const std::size_t ready = ro == r.recv_bytes ? ro : ro / seg * seg;
         if (ready > ru) {
           if (r.reduce_into) {
-            reduce(r.reduce_into + ru, r.recv + ru, ready - ru);
+            const std::byte* src = r.windowed ? r.recv + ru % (2 * seg) : r.recv + ru;
+            reduce(r.reduce_into + ru, src, ready - ru);
             if (r.divide_by > 1) scale(r.reduce_into + ru, ready - ru, r.divide_by);
           }
           ru = ready;

@@ -207,6 +207,7 @@ struct ring_step {
   bool gated = false;
   std::byte* reduce_into = nullptr;  ///< received bytes are combined into this (recv is staging)
   std::size_t divide_by = 0;         ///< with reduce_into: divide each reduced range by this (average)
+  bool windowed = false;  ///< with reduce_into: recv is a window of 2 segments reused in turn
   std::function<void()> on_received;  ///< runs once all recv_bytes are in (and reduced)
 };
 
