@@ -19,6 +19,7 @@ pkgs=(
   libbenchmark-dev                              # benchmarks
   libgloo-dev openmpi-bin libopenmpi-dev iperf3 # peers measured beside dtf
   python3-venv                                  # the TensorBoard reader test (tensorboard from PyPI)
+  gnuplot-nox                                   # allreduce benchmark plot
 )
 
 # Thrust comes from the CUDA toolkit's CCCL when there is one; Debian's copy otherwise.

@@ -9,7 +9,9 @@
 //   3. Slurm            SLURM_PROCID set: srun started the tasks; addresses come from the
 //                        step's node list and task layout, ports from --base_port
 //   4. MPI              OMPI_COMM_WORLD_RANK or PMI_RANK set: mpirun started the tasks; the
-//                        ranks meet at --rendezvous to exchange their addresses
+//                        ranks meet at --rendezvous to exchange their addresses (the exchange
+//                        itself is dtf::make_communicator in <dtf/collectives.hpp>: rank 0
+//                        listens there, collects every rank's address and tells everyone)
 //
 //   dtf::cluster_flags cf;
 //   dtf::flag_parser flags("Trains with downpour SGD.");

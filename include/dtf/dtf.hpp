@@ -2,6 +2,7 @@
 // dtf's own headers include exactly what they use.
 #pragma once
 
+#include <dtf/collectives.hpp>
 #include <dtf/concepts.hpp>
 #include <dtf/config.hpp>
 #include <dtf/data.hpp>

@@ -48,11 +48,15 @@ enum class message_kind : std::uint16_t {
   // checkpoints (issue 7: 24..39)
   ps_save = 24,
   ps_restore = 25,
+  // collectives (dtf/collectives.hpp); 40..59 are reserved for them
+  collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
+  rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
+  rendezvous_table = 42,     ///< MPI rendezvous: every rank's address, from rank 0
   reply = 64,
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 5) || (k >= 16 && k <= 25) || k == 64;
+  return (k >= 1 && k <= 5) || (k >= 16 && k <= 25) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

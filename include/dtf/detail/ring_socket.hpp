@@ -1,0 +1,370 @@
+// dtf/detail/ring_socket.hpp — plain POSIX TCP sockets for the collectives: listening,
+// connecting with retry, bounded blocking reads and writes, and the dtf handshake (protocol
+// version, cluster id, identity, HMAC-SHA256 mutual authentication when a secret is set) on
+// both sides.
+//
+// Why not Asio here: the collectives drive their data path from the calling thread with
+// non-blocking send()/recv() and poll(), which needs nothing of Asio's machinery and keeps the
+// header usable from nvcc translation units. The handshake speaks exactly the frames of
+// dtf/transport.hpp (hello, challenge, auth, welcome, refused), so a ring port refuses a
+// stranger, a peer of another cluster or one without the secret the same way a ps does.
+#pragma once
+
+#include <dtf/detail/archive.hpp>
+#include <dtf/detail/frame.hpp>
+#include <dtf/detail/hmac.hpp>
+#include <dtf/detail/messages.hpp>
+#include <dtf/error.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace dtf::detail {
+
+using ring_clock = std::chrono::steady_clock;
+
+/// An owned file descriptor.
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  unique_fd(const unique_fd&) = delete;
+  unique_fd& operator=(const unique_fd&) = delete;
+  ~unique_fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+inline std::string errno_text(int e) { return std::strerror(e); }
+
+inline void set_nonblocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+    throw error(errc::io_error, "fcntl(O_NONBLOCK): " + errno_text(errno));
+}
+
+/// Low latency and large socket buffers: the ring writes whole chunks at once.
+inline void tune_stream_socket(int fd, int buffer_bytes) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (buffer_bytes > 0) {
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+  }
+}
+
+/// "host:port" or "[v6]:port" -> (host, port). Errors name the address.
+inline std::pair<std::string, std::string> split_address(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
+    throw error(errc::invalid_config, "address '" + address + "' is not host:port");
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, address.substr(colon + 1)};
+}
+
+struct resolved_address {
+  sockaddr_storage storage{};
+  socklen_t length = 0;
+  int family = AF_INET;
+};
+
+inline resolved_address resolve_address(const std::string& address, bool passive) {
+  auto [host, port] = split_address(address);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  addrinfo* result = nullptr;
+  const int rc = ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), port.c_str(), &hints, &result);
+  if (rc != 0 || !result)
+    throw error(errc::invalid_config, "cannot resolve '" + address + "': " + ::gai_strerror(rc));
+  resolved_address out;
+  std::memcpy(&out.storage, result->ai_addr, result->ai_addrlen);
+  out.length = socklen_t(result->ai_addrlen);
+  out.family = result->ai_family;
+  ::freeaddrinfo(result);
+  return out;
+}
+
+inline std::string address_text(const sockaddr_storage& s) {
+  char host[INET6_ADDRSTRLEN] = {};
+  std::uint16_t port = 0;
+  if (s.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&s);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+    port = ntohs(a->sin6_port);
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in*>(&s);
+  ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+  port = ntohs(a->sin_port);
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+/// The local address of a connected socket ("10.0.0.5:41234").
+inline std::string local_address(int fd) {
+  sockaddr_storage s{};
+  socklen_t len = sizeof s;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0)
+    throw error(errc::io_error, "getsockname: " + errno_text(errno));
+  return address_text(s);
+}
+
+/// A listening socket ("host:port"; port 0 picks a free one). Non-blocking.
+inline unique_fd listen_on(const std::string& address) {
+  const auto a = resolve_address(address, true);
+  unique_fd fd(::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw error(errc::io_error, "socket: " + errno_text(errno));
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.length) != 0)
+    throw error(errc::io_error, "cannot listen on " + address + ": " + errno_text(errno));
+  if (::listen(fd.get(), 64) != 0) throw error(errc::io_error, "listen on " + address + ": " + errno_text(errno));
+  set_nonblocking(fd.get());
+  return fd;
+}
+
+inline std::uint16_t bound_port(int fd) {
+  sockaddr_storage s{};
+  socklen_t len = sizeof s;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0)
+    throw error(errc::io_error, "getsockname: " + errno_text(errno));
+  if (s.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&s)->sin6_port);
+  return ntohs(reinterpret_cast<sockaddr_in*>(&s)->sin_port);
+}
+
+inline int remaining_ms(ring_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - ring_clock::now()).count();
+  return left <= 0 ? 0 : int(std::min<long long>(left, 1 << 30));
+}
+
+/// Waits for `events` on fd until the deadline; false on deadline. POLLERR/POLLHUP count as ready
+/// (the following read or write reports the error).
+inline bool wait_fd(int fd, short events, ring_clock::time_point deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, remaining_ms(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) throw error(errc::io_error, "poll: " + errno_text(errno));
+  }
+}
+
+/// Connects to `address`, retrying refused connections (the peer may still be starting) with
+/// a bounded backoff until the deadline. `who` names the peer in errors.
+inline unique_fd connect_with_retry(const std::string& address, const std::string& who,
+                                    ring_clock::time_point deadline) {
+  const auto a = resolve_address(address, false);
+  auto backoff = std::chrono::milliseconds(5);
+  std::string last = "no attempt";
+  for (;;) {
+    unique_fd fd(::socket(a.family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd) throw error(errc::io_error, "socket: " + errno_text(errno));
+    set_nonblocking(fd.get());
+    int rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.length);
+    if (rc != 0 && errno == EINPROGRESS) {
+      if (!wait_fd(fd.get(), POLLOUT, deadline)) break;
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc == 0) return fd;
+    last = errno_text(errno);
+    if (ring_clock::now() + backoff >= deadline) break;
+    // Bounded retry pause between connection attempts to a peer that is not listening yet.
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+  }
+  throw error(errc::timeout, who + " (" + address + "): not reachable in time (last error: " + last + ")");
+}
+
+/// Writes all of `data` before the deadline (non-blocking socket).
+inline void write_all(int fd, std::span<const std::byte> data, ring_clock::time_point deadline, const std::string& who) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      data = data.subspan(std::size_t(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait_fd(fd, POLLOUT, deadline)) throw error(errc::timeout, who + ": timed out sending");
+      continue;
+    }
+    throw error(errc::peer_failure, who + ": connection lost while sending: " + errno_text(errno));
+  }
+}
+
+/// Reads exactly data.size() bytes before the deadline (non-blocking socket).
+inline void read_all(int fd, std::span<std::byte> data, ring_clock::time_point deadline, const std::string& who) {
+  while (!data.empty()) {
+    const ssize_t n = ::recv(fd, data.data(), data.size(), 0);
+    if (n > 0) {
+      data = data.subspan(std::size_t(n));
+      continue;
+    }
+    if (n == 0) throw error(errc::peer_failure, who + ": connection closed by the peer");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!wait_fd(fd, POLLIN, deadline)) throw error(errc::timeout, who + ": timed out waiting for data");
+      continue;
+    }
+    throw error(errc::peer_failure, who + ": connection lost while receiving: " + errno_text(errno));
+  }
+}
+
+/// One small frame (header + control message, no payload).
+inline void write_control(int fd, message_kind kind, const std::vector<std::byte>& meta,
+                          ring_clock::time_point deadline, const std::string& who) {
+  frame_header h;
+  h.kind = kind;
+  h.meta_size = std::uint32_t(meta.size());
+  const auto header = encode_header(h);
+  std::vector<std::byte> out(header.begin(), header.end());
+  out.insert(out.end(), meta.begin(), meta.end());
+  write_all(fd, out, deadline, who);
+}
+
+inline std::pair<frame_header, std::vector<std::byte>> read_control(int fd, ring_clock::time_point deadline,
+                                                                    const std::string& who) {
+  std::array<std::byte, frame_header_size> hb{};
+  read_all(fd, hb, deadline, who);
+  frame_header h;
+  try {
+    h = decode_header(hb, frame_limits{});
+  } catch (const error& e) {
+    throw error(errc::peer_failure, who + ": malformed frame: " + e.message());
+  }
+  if (h.payload_size != 0) throw error(errc::peer_failure, who + ": control frame with a payload");
+  std::vector<std::byte> meta(h.meta_size);
+  read_all(fd, meta, deadline, who);
+  return {h, std::move(meta)};
+}
+
+struct handshake_identity {
+  std::string cluster_id, identity, secret;
+};
+
+/// Client side of the dtf handshake (see dtf/transport.hpp). Throws errc::peer_failure when
+/// the server refuses or fails to authenticate itself.
+inline void client_handshake(int fd, const handshake_identity& me, ring_clock::time_point deadline,
+                             const std::string& who) {
+  hello_msg hello;
+  hello.cluster_id = me.cluster_id;
+  hello.identity = me.identity;
+  hello.nonce = random_nonce();
+  hello.authenticate = !me.secret.empty();
+  write_control(fd, message_kind::hello, encode_message(hello), deadline, who);
+  auto [h, meta] = read_control(fd, deadline, who);
+  const auto refused = [&](const std::vector<std::byte>& m) {
+    return error(errc::peer_failure, who + " refused the connection: " + decode_message<refused_msg>(m, "refusal").reason);
+  };
+  if (h.kind == message_kind::refused) throw refused(meta);
+  if (h.kind == message_kind::challenge) {
+    if (me.secret.empty()) throw error(errc::peer_failure, who + ": challenged but no secret is set");
+    const auto challenge = decode_message<challenge_msg>(meta, "challenge");
+    auth_msg auth{hmac_sha256(me.secret, {"dtf-client", as_view(challenge.nonce), as_view(hello.nonce), me.cluster_id,
+                                          "|", me.identity})};
+    write_control(fd, message_kind::auth, encode_message(auth), deadline, who);
+    auto [h2, meta2] = read_control(fd, deadline, who);
+    if (h2.kind == message_kind::refused) throw refused(meta2);
+    if (h2.kind != message_kind::welcome) throw error(errc::peer_failure, who + ": unexpected handshake message");
+    const auto welcome = decode_message<welcome_msg>(meta2, "welcome");
+    const auto expected =
+        hmac_sha256(me.secret, {"dtf-server", as_view(hello.nonce), as_view(challenge.nonce), me.cluster_id});
+    if (!digests_equal(welcome.mac, expected))
+      throw error(errc::peer_failure, who + ": failed to prove it knows the cluster secret");
+    return;
+  }
+  if (h.kind != message_kind::welcome) throw error(errc::peer_failure, who + ": unexpected handshake message");
+  if (!me.secret.empty()) throw error(errc::peer_failure, who + ": did not authenticate (it has no secret)");
+}
+
+/// Server side of the dtf handshake on an accepted connection. Returns the identity the
+/// client presented; throws errc::peer_failure (after telling the client why, best effort)
+/// when it speaks another protocol, belongs to another cluster or fails authentication.
+inline std::string server_handshake(int fd, const handshake_identity& me, ring_clock::time_point deadline,
+                                    const std::string& who) {
+  auto [h, meta] = read_control(fd, deadline, who);
+  if (h.kind != message_kind::hello) throw error(errc::peer_failure, who + ": first frame is not a hello");
+  const auto hello = decode_message<hello_msg>(meta, "hello");
+  const auto refuse = [&](const std::string& reason) {
+    try {
+      write_control(fd, message_kind::refused, encode_message(refused_msg{reason}), deadline, who);
+    } catch (const error&) {
+    }
+    return error(errc::peer_failure, who + " (" + hello.identity + ") refused: " + reason);
+  };
+  if (hello.protocol != protocol_version)
+    throw refuse("protocol version " + std::to_string(hello.protocol) + " (this task speaks " +
+                 std::to_string(protocol_version) + ")");
+  if (!me.cluster_id.empty() && hello.cluster_id != me.cluster_id)
+    throw refuse("cluster id '" + hello.cluster_id + "' is not this cluster's '" + me.cluster_id + "'");
+  if (me.secret.empty()) {
+    if (hello.authenticate) throw refuse("this task has no cluster secret configured");
+    write_control(fd, message_kind::welcome, encode_message(welcome_msg{me.identity, {}}), deadline, who);
+    return hello.identity;
+  }
+  if (!hello.authenticate) throw refuse("authentication required");
+  challenge_msg challenge{random_nonce()};
+  write_control(fd, message_kind::challenge, encode_message(challenge), deadline, who);
+  auto [h2, meta2] = read_control(fd, deadline, who);
+  if (h2.kind != message_kind::auth) throw error(errc::peer_failure, who + ": expected an auth frame");
+  const auto auth = decode_message<auth_msg>(meta2, "auth");
+  const auto expected = hmac_sha256(me.secret, {"dtf-client", as_view(challenge.nonce), as_view(hello.nonce),
+                                                hello.cluster_id, "|", hello.identity});
+  if (!digests_equal(auth.mac, expected)) throw refuse("wrong cluster secret");
+  const auto proof =
+      hmac_sha256(me.secret, {"dtf-server", as_view(hello.nonce), as_view(challenge.nonce), me.cluster_id});
+  write_control(fd, message_kind::welcome, encode_message(welcome_msg{me.identity, proof}), deadline, who);
+  return hello.identity;
+}
+
+/// Accepts one connection before the deadline (listening socket is non-blocking).
+inline unique_fd accept_one(int listener, ring_clock::time_point deadline, const std::string& what) {
+  for (;;) {
+    sockaddr_storage s{};
+    socklen_t len = sizeof s;
+    unique_fd fd(::accept4(listener, reinterpret_cast<sockaddr*>(&s), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (fd) return fd;
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) throw error(errc::io_error, "accept: " + errno_text(errno));
+    if (!wait_fd(listener, POLLIN, deadline)) throw error(errc::timeout, "timed out waiting for " + what + " to connect");
+  }
+}
+
+}  // namespace dtf::detail

@@ -1,0 +1,273 @@
+// dtf/strategies/mirrored.hpp — R model replicas in one process (TensorFlow's
+// MirroredStrategy), composed with the ring across processes: replicas × processes
+// data-parallel replicas in all.
+//
+//   dtf::communicator comm = dtf::make_communicator(cluster, options);   // 1 process: size 1
+//   dtf::strategies::mirrored<dtf::nn::sequential> s(comm, net, 4, {.rule = dtf::optim::adam{1e-3f}});
+//   s.initialize(seed);
+//   std::vector<dtf::data::host_batch> batches(4);   // one per replica
+//   loss = s.step(batches);
+//
+// Each replica runs on its own thread (CPU builds; on CUDA builds replica k uses GPU
+// k % device count) with its own copy of the model and of the variables. A step:
+//   1. every replica computes gradients on its batch;
+//   2. in shared memory, replica k averages slice k of every replica's gradients (R threads
+//      reduce R slices in parallel), then waits for the others;
+//   3. replica 0 averages the result across processes with the ring allreduce (skipped
+//      with one process);
+//   4. every replica applies the same optimiser step to its own variables, so the copies
+//      stay bitwise identical.
+// Every process must run the same number of replicas (the global mean is then the mean of
+// the processes' means). Communication per step: one allreduce of the model's gradients per
+// process, none between the replicas of a process (shared memory).
+//
+// Errors: a replica that throws breaks the step: the other replicas stop at their next
+// synchronisation point and step() rethrows the first error; a replica stuck longer than
+// timeout_ms is errc::timeout. Errors of the communicator as in dtf/collectives.hpp.
+// Thread safety: one caller thread per instance; step() starts and joins the replica threads.
+#pragma once
+
+#include <dtf/collectives.hpp>
+#include <dtf/concepts.hpp>
+#include <dtf/config.hpp>
+#include <dtf/data/dataset.hpp>
+#include <dtf/host.hpp>
+#include <dtf/optim/optimizer.hpp>
+#include <dtf/optim/rules.hpp>
+#include <dtf/runtime.hpp>
+#include <dtf/tensor.hpp>
+
+#include <thrust/copy.h>
+
+#if DTF_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtf::strategies {
+
+struct mirrored_config {
+  optim::rule rule = optim::adam{.learning_rate = 1e-3f};  ///< applied by every replica to the mean
+  /// Multiply the rule's rate by the number of replicas in all (replicas × processes),
+  /// reached linearly over warmup_steps.
+  bool linear_scaling = false;
+  std::int64_t warmup_steps = 0;
+  std::uint32_t timeout_ms = 60000;  ///< longest a replica may wait for the others inside a step
+};
+
+namespace detail {
+
+/// A reusable barrier for the replicas of one step that can be broken: once a replica fails,
+/// every wait (current and later) throws instead of blocking forever.
+class replica_barrier {
+ public:
+  explicit replica_barrier(std::size_t parties) : parties_(parties) {}
+
+  void arrive_and_wait(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    if (broken_) throw error(errc::peer_failure, "mirrored: another replica failed");
+    const std::uint64_t generation = generation_;
+    if (++arrived_ == parties_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, timeout, [&] { return broken_ || generation_ != generation; })) {
+      broken_ = true;
+      cv_.notify_all();
+      throw error(errc::timeout, "mirrored: a replica did not reach the synchronisation point within " +
+                                     std::to_string(timeout.count()) + " ms");
+    }
+    if (generation_ == generation) throw error(errc::peer_failure, "mirrored: another replica failed");
+  }
+
+  void break_barrier() {
+    std::lock_guard lock(m_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::size_t parties_, arrived_ = 0;
+  std::uint64_t generation_ = 0;
+  bool broken_ = false;
+};
+
+}  // namespace detail
+
+template <model M>
+class mirrored {
+ public:
+  /// `replicas` copies of `prototype`, one per thread. Errors: errc::invalid_argument for 0 replicas.
+  mirrored(communicator& comm, const M& prototype, std::size_t replicas, mirrored_config config = {})
+      : comm_(comm), config_(config), n_(num_parameters(prototype.variables())), reduced_(n_ + 1) {
+    if (replicas == 0) throw error(errc::invalid_argument, "mirrored: 0 replicas");
+    for (std::size_t k = 0; k < replicas; ++k) {
+      on_device(k);
+      replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule));
+    }
+    on_device(0);
+  }
+
+  std::size_t replicas() const noexcept { return replicas_.size(); }
+  /// Replicas in all: replicas() × processes.
+  std::size_t global_replicas() const noexcept { return replicas_.size() * comm_.size(); }
+
+  /// Rank 0's replica 0 initialises the variables from `seed`; every replica of every process
+  /// receives them.
+  void initialize(std::uint64_t seed) {
+    replica& first = *replicas_[0];
+    if (comm_.rank() == 0) first.net.initialize(first.params.template span<float>(), seed);
+    comm_.broadcast("mirrored/params", first.params, 0);
+    std::vector<float> host = first.params.template to_vector<float>();
+    for (std::size_t k = 1; k < replicas_.size(); ++k) {
+      on_device(k);
+      replicas_[k]->params.template copy_from_host<float>(host);
+    }
+    on_device(0);
+  }
+
+  /// One synchronous step: batches[k] is replica k's batch. Returns the loss averaged over
+  /// every replica of every process.
+  float step(std::span<const data::host_batch> batches) {
+    const std::size_t r = replicas_.size();
+    if (batches.size() != r)
+      throw error(errc::invalid_argument,
+                  "mirrored::step: " + std::to_string(batches.size()) + " batches for " + std::to_string(r) + " replicas");
+    detail::replica_barrier barrier(r);
+    std::vector<std::exception_ptr> failures(r);
+    const float lr = learning_rate();
+    const auto body = [&](std::size_t k) {
+      try {
+        replica_step(k, batches[k], barrier, lr);
+      } catch (...) {
+        failures[k] = std::current_exception();
+        barrier.break_barrier();
+      }
+    };
+    std::vector<std::thread> threads;
+    for (std::size_t k = 1; k < r; ++k)
+      threads.emplace_back([&, k] {
+        set_cpu_threads({.device = 1, .blas = 0});  // OpenMP's thread count is per thread
+        on_device(k);
+        body(k);
+      });
+    body(0);
+    for (auto& t : threads) t.join();
+    // The root cause first: a replica's own failure, not another's "a replica failed".
+    for (auto& f : failures)
+      if (f) {
+        try {
+          std::rethrow_exception(f);
+        } catch (const error& e) {
+          if (e.code() == make_error_code(errc::peer_failure) && e.message() == "mirrored: another replica failed")
+            continue;
+          throw;
+        }
+      }
+    for (auto& f : failures)
+      if (f) std::rethrow_exception(f);
+    ++step_;
+    return reduced_[n_];
+  }
+
+  /// The rate of the next step.
+  float learning_rate() const {
+    const float base = optim::detail::base_learning_rate(config_.rule);
+    if (!config_.linear_scaling) return base;
+    const float target = base * float(global_replicas());
+    if (config_.warmup_steps <= 0 || step_ >= config_.warmup_steps) return target;
+    return base + (target - base) * float(step_) / float(config_.warmup_steps);
+  }
+
+  /// Replica k's variables (every replica holds the same values).
+  std::span<const float> parameters(std::size_t k = 0) const { return replicas_.at(k)->params.template span<const float>(); }
+  M& model(std::size_t k = 0) { return replicas_.at(k)->net; }
+  std::int64_t global_step() const noexcept { return step_; }
+
+ private:
+  struct replica {
+    replica(const M& prototype, std::size_t n, const optim::rule& rule)
+        : net(prototype), params({n}), grads({n + 1}), host_grads(device_memory_is_host_accessible ? 0 : n + 1),
+          opt(rule, n) {}
+    M net;
+    tensor params, grads, x, y;
+    std::vector<float> host_grads;  // CUDA builds: the gradients staged in host memory
+    optim::optimizer<> opt;
+  };
+
+  static void on_device([[maybe_unused]] std::size_t k) {
+#if DTF_CUDA
+    int count = 0;
+    if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) cudaSetDevice(int(k % std::size_t(count)));
+#endif
+  }
+
+  // Replica k's gradients as host memory.
+  const float* host_gradients(std::size_t k) {
+    replica& rep = *replicas_[k];
+    if constexpr (device_memory_is_host_accessible) return rep.grads.template data<float>();
+    return rep.host_grads.data();
+  }
+
+  void replica_step(std::size_t k, const data::host_batch& b, detail::replica_barrier& barrier, float lr) {
+    const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
+    replica& rep = *replicas_[k];
+    assign_from_host(rep.x, b.features);
+    assign_from_host(rep.y, b.labels);
+    const float loss = rep.net.loss_and_gradients(rep.params.template span<const float>(), rep.x, rep.y,
+                                                  rep.grads.template span<float>().first(n_));
+    if constexpr (device_memory_is_host_accessible) {
+      rep.grads.template data<float>()[n_] = loss;
+    } else {
+      auto g = rep.grads.template device_ptr<float>();
+      thrust::copy(g, g + std::ptrdiff_t(n_), rep.host_grads.begin());
+      rep.host_grads[n_] = loss;
+    }
+    barrier.arrive_and_wait(timeout);
+    // Replica k averages slice k of everyone's gradients (and the loss) into reduced_.
+    const std::size_t r = replicas_.size(), total = n_ + 1;
+    const std::size_t begin = total * k / r, end = total * (k + 1) / r;
+    const float inv = 1.0f / float(r);
+    float* out = reduced_.data();
+    const float* first = host_gradients(0);
+    for (std::size_t i = begin; i < end; ++i) out[i] = first[i];
+    for (std::size_t j = 1; j < r; ++j) {
+      const float* g = host_gradients(j);
+      for (std::size_t i = begin; i < end; ++i) out[i] += g[i];
+    }
+    for (std::size_t i = begin; i < end; ++i) out[i] *= inv;
+    barrier.arrive_and_wait(timeout);
+    if (k == 0 && comm_.size() > 1) comm_.allreduce<float>("mirrored/gradients", std::span<float>(reduced_), reduce_op::average);
+    barrier.arrive_and_wait(timeout);
+    if constexpr (device_memory_is_host_accessible) {
+      rep.opt.apply(rep.params.template span<float>(), std::span<const float>(reduced_).first(n_), lr);
+    } else {
+      auto g = rep.grads.template device_ptr<float>();
+      thrust::copy(reduced_.begin(), reduced_.begin() + std::ptrdiff_t(n_), g);
+      rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().first(n_), lr);
+    }
+  }
+
+  communicator& comm_;
+  mirrored_config config_;
+  std::size_t n_;
+  std::vector<float> reduced_;
+  std::vector<std::unique_ptr<replica>> replicas_;
+  std::int64_t step_ = 0;
+};
+
+}  // namespace dtf::strategies

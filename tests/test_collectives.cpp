@@ -1,0 +1,459 @@
+// Collectives: N ranks as threads in one process over loopback (port 0), each rank's first
+// exception rethrown after join.
+#include <dtf/collectives.hpp>
+#include <dtf/strategies/mirrored.hpp>
+#include <dtf/strategies/ring_allreduce.hpp>
+#include <dtf/host.hpp>
+#include <dtf/optim.hpp>
+
+#include <xtensor/xview.hpp>
+
+#include "train_helpers.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <cmath>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using dtf::collective_options;
+using dtf::communicator;
+using dtf::reduce_op;
+using dtf::ring_listener;
+
+collective_options test_options() {
+  collective_options o;
+  o.timeout_ms = 5000;
+  o.connect_timeout_ms = 10000;
+  return o;
+}
+
+/// Listeners on free loopback ports and their addresses.
+struct ring_setup {
+  explicit ring_setup(std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      listeners.emplace_back("127.0.0.1:0");
+      addresses.push_back("127.0.0.1:" + std::to_string(listeners.back().port()));
+    }
+  }
+  std::vector<ring_listener> listeners;
+  std::vector<std::string> addresses;
+};
+
+/// Runs body(comm) on n ranks (threads); returns each rank's exception (null when it succeeded).
+std::vector<std::exception_ptr> run_ranks_collect(std::size_t n, const collective_options& o,
+                                                  const std::function<void(communicator&)>& body) {
+  ring_setup setup(n);
+  std::vector<std::exception_ptr> failures(n);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        communicator c(std::move(setup.listeners[r]), r, setup.addresses, {}, o);
+        body(c);
+      } catch (...) {
+        failures[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+void run_ranks(std::size_t n, const collective_options& o, const std::function<void(communicator&)>& body) {
+  for (auto& f : run_ranks_collect(n, o, body))
+    if (f) std::rethrow_exception(f);
+}
+
+std::string message_of(const std::exception_ptr& p) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// Integer-valued floats well inside float's exact range, so sums are exact in any order.
+float value(std::size_t rank, std::size_t i) { return float(int((i * 7 + rank * 13) % 1001) - 500); }
+
+}  // namespace
+
+TEST_CASE("allreduce sums integer-valued floats exactly for 2, 3 and 4 ranks at many sizes", "[collectives]") {
+  const std::size_t n = GENERATE(2u, 3u, 4u, 8u);
+  auto o = test_options();
+  o.segment_bytes = GENERATE(4096u, 256u * 1024u);  // many segments per chunk, and few
+  o.hypercube = GENERATE(true, false);               // power-of-two worlds: both algorithms
+  std::vector<std::size_t> sizes{0, 1, n - 1, n + 1, 2, 7, 13, 1021, 4096, 4099, 65537, (1u << 20) + 3};
+  run_ranks(n, o, [&](communicator& c) {
+    for (const std::size_t size : sizes) {
+      std::vector<float> v(size);
+      for (std::size_t i = 0; i < size; ++i) v[i] = value(c.rank(), i);
+      c.allreduce<float>("grad" + std::to_string(size), v);
+      for (std::size_t i = 0; i < size; ++i) {
+        float expected = 0;
+        for (std::size_t r = 0; r < n; ++r) expected += value(r, i);
+        if (v[i] != expected)
+          FAIL("rank " << c.rank() << " size " << size << " element " << i << ": " << v[i] << " != " << expected);
+      }
+    }
+  });
+}
+
+TEST_CASE("allreduce average, min and max, and int32 and float64 tensors", "[collectives]") {
+  const std::size_t n = GENERATE(2u, 3u, 4u);
+  run_ranks(n, test_options(), [&](communicator& c) {
+    for (const std::size_t size : {5u, 3000u, 100001u}) {  // the small path and the ring
+      std::vector<double> avg(size);
+      std::vector<std::int32_t> mn(size), mx(size);
+      for (std::size_t i = 0; i < size; ++i) {
+        avg[i] = double(n) * value(c.rank(), i);
+        mn[i] = mx[i] = std::int32_t(value(c.rank(), i));
+      }
+      c.allreduce<double>("avg", avg, reduce_op::average);
+      c.allreduce<std::int32_t>("min", mn, reduce_op::min);
+      c.allreduce<std::int32_t>("max", mx, reduce_op::max);
+      for (std::size_t i = 0; i < size; ++i) {
+        double sum = 0;
+        std::int32_t lo = 1 << 30, hi = -(1 << 30);
+        for (std::size_t r = 0; r < n; ++r) {
+          sum += value(r, i);
+          lo = std::min(lo, std::int32_t(value(r, i)));
+          hi = std::max(hi, std::int32_t(value(r, i)));
+        }
+        if (avg[i] != sum || mn[i] != lo || mx[i] != hi) FAIL("rank " << c.rank() << " size " << size << " element " << i);
+      }
+    }
+  });
+}
+
+TEST_CASE("broadcast and allgather deliver exact copies", "[collectives]") {
+  const std::size_t n = GENERATE(2u, 3u, 4u);
+  run_ranks(n, test_options(), [&](communicator& c) {
+    for (const std::size_t size : {0u, 1u, 17u, 300000u}) {
+      for (std::size_t root = 0; root < n; ++root) {
+        std::vector<float> v(size, -1.0f);
+        if (c.rank() == root)
+          for (std::size_t i = 0; i < size; ++i) v[i] = value(root, i);
+        c.broadcast<float>("init", v, root);
+        for (std::size_t i = 0; i < size; ++i)
+          if (v[i] != value(root, i)) FAIL("broadcast: rank " << c.rank() << " root " << root << " element " << i);
+      }
+      std::vector<float> mine(size), all(size * n);
+      for (std::size_t i = 0; i < size; ++i) mine[i] = value(c.rank(), i);
+      c.allgather<float>("gather", mine, all);
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t i = 0; i < size; ++i)
+          if (all[r * size + i] != value(r, i)) FAIL("allgather: rank " << c.rank() << " block " << r << " element " << i);
+    }
+    c.barrier();
+  });
+}
+
+TEST_CASE("fused allreduce of several tensors equals one allreduce per tensor", "[collectives]") {
+  auto o = test_options();
+  o.fusion_threshold_bytes = 4000;  // some groups fuse, the large tensor goes alone
+  run_ranks(3, o, [&](communicator& c) {
+    const std::vector<std::size_t> sizes{10, 300, 1, 5000, 7, 0, 100};
+    std::vector<dtf::tensor> ts;
+    for (std::size_t s : sizes) ts.emplace_back(dtf::dims{s});
+    dtf::tensor ints({9}, dtf::dtype::int32);
+    std::vector<dtf::named_tensor> list;
+    for (std::size_t k = 0; k < ts.size(); ++k) {
+      std::vector<float> v(sizes[k]);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(c.rank() + k, i);
+      ts[k].copy_from_host<float>(v);
+      list.push_back({"t" + std::to_string(k), &ts[k]});
+      if (k == 2) list.push_back({"ints", &ints});
+    }
+    std::vector<std::int32_t> iv(9, std::int32_t(c.rank() + 1));
+    ints.copy_from_host<std::int32_t>(iv);
+    c.allreduce(std::span<const dtf::named_tensor>(list), reduce_op::sum);
+    for (std::size_t k = 0; k < ts.size(); ++k) {
+      const auto v = ts[k].to_vector<float>();
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const float expected = value(k, i) + value(1 + k, i) + value(2 + k, i);
+        if (v[i] != expected) FAIL("tensor " << k << " element " << i);
+      }
+    }
+    for (auto x : ints.to_vector<std::int32_t>()) REQUIRE(x == 6);
+  });
+}
+
+TEST_CASE("ranks that disagree on a tensor's name, size or dtype fail naming the rank and tensor", "[collectives]") {
+  const std::size_t n = GENERATE(2u, 3u, 4u);
+  const int fault = GENERATE(0, 1, 2);  // name, element count, dtype
+  const std::size_t size = GENERATE(10u, 100000u);  // the small path and the ring
+  const std::size_t odd = n - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto failures = run_ranks_collect(n, test_options(), [&](communicator& c) {
+    std::vector<float> f(size + (fault == 1 && c.rank() == odd ? 1 : 0), 1.0f);
+    std::vector<double> d(size, 1.0);
+    const std::string name = fault == 0 && c.rank() == odd ? "layer2/bias" : "layer1/weights";
+    if (fault == 2 && c.rank() == odd)
+      c.allreduce<double>(name, d);
+    else
+      c.allreduce<float>(name, f);
+  });
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));  // no rank waited for its timeout
+  bool named = false;
+  for (std::size_t r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(failures[r]);
+    const std::string m = message_of(failures[r]);
+    if (m.find("mismatched collective") != std::string::npos) {
+      named = true;
+      // The odd rank names whichever neighbour or partner it compared with; the others name it.
+      if (r != odd) CHECK(m.find("rank " + std::to_string(odd)) != std::string::npos);
+      CHECK(m.find("layer1/weights") != std::string::npos);
+      if (fault == 0) CHECK(m.find("layer2/bias") != std::string::npos);
+      if (fault == 2) CHECK(m.find("float64") != std::string::npos);
+    }
+  }
+  CHECK(named);
+}
+
+TEST_CASE("a dead rank makes every other rank fail within the timeout", "[collectives]") {
+  const std::size_t n = GENERATE(2u, 3u, 4u);
+  const bool hang = GENERATE(false, true);  // the rank exits, or stays alive without calling
+  auto o = test_options();
+  o.timeout_ms = 1000;
+  const std::size_t dead = 1;
+  std::mutex m;
+  std::condition_variable cv;
+  std::size_t finished = 0;  // live ranks whose collective has ended (it must fail)
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto failures = run_ranks_collect(n, o, [&](communicator& c) {
+    std::vector<float> v(200000, 1.0f);
+    c.allreduce<float>("warmup", v);
+    if (c.rank() == dead) {
+      if (hang) {
+        // Stays connected but never calls the collective until the others have given up.
+        std::unique_lock lock(m);
+        cv.wait_for(lock, std::chrono::milliseconds(o.timeout_ms * 4), [&] { return finished == n - 1; });
+      }
+      return;  // the communicator closes its connections
+    }
+    try {
+      c.allreduce<float>("grads", v);
+    } catch (...) {
+      std::lock_guard lock(m);
+      ++finished;
+      cv.notify_all();
+      throw;
+    }
+  });
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  for (std::size_t r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    if (r == dead) {
+      CHECK_FALSE(failures[r]);
+      continue;
+    }
+    REQUIRE(failures[r]);
+    const std::string m = message_of(failures[r]);
+    CHECK(m.find("grads") != std::string::npos);
+    CHECK(m.find("rank ") != std::string::npos);
+  }
+  CHECK(elapsed < std::chrono::milliseconds(o.timeout_ms * (hang ? 3 : 1)));
+}
+
+TEST_CASE("a failed communicator refuses later collectives", "[collectives]") {
+  const auto failures = run_ranks_collect(2, test_options(), [&](communicator& c) {
+    std::vector<float> v(10, 1.0f);
+    if (c.rank() == 0) {
+      c.allreduce<float>("a", v);
+    } else {
+      CHECK_THROWS(c.allreduce<float>("b", v));
+      try {
+        c.allreduce<float>("a", v);
+        FAIL("a broken communicator served a collective");
+      } catch (const dtf::error& e) {
+        CHECK(std::string(e.what()).find("failed earlier") != std::string::npos);
+      }
+    }
+  });
+  REQUIRE(failures[0]);
+}
+
+TEST_CASE("ring connections authenticate with the cluster secret", "[collectives]") {
+  ring_setup setup(2);
+  std::vector<std::exception_ptr> failures(2);
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto o = test_options();
+        o.connect_timeout_ms = 1500;
+        o.cluster_id = "c1";
+        o.secret = r == 0 ? "right" : "wrong";
+        communicator c(std::move(setup.listeners[r]), r, setup.addresses, {"worker.0", "worker.1"}, o);
+      } catch (...) {
+        failures[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (std::size_t r = 0; r < 2; ++r) {
+    REQUIRE(failures[r]);
+    const std::string m = message_of(failures[r]);
+    INFO(m);
+    CHECK((m.find("secret") != std::string::npos || m.find("worker.") != std::string::npos));
+  }
+  // With the same secret both connect and agree.
+  run_ranks(2, [] {
+    auto o = test_options();
+    o.secret = "s3cret";
+    o.cluster_id = "c1";
+    return o;
+  }(), [](communicator& c) {
+    std::vector<float> v{float(c.rank())};
+    c.allreduce<float>("x", v);
+    REQUIRE(v[0] == 1.0f);
+  });
+}
+
+TEST_CASE("two ranks at batch B equal one process at batch 2B after k SGD steps", "[collectives]") {
+  using namespace dtf;
+  const std::size_t batch = 16, steps = 20;
+  const auto data = test::synthetic(batch * 2 * steps, 7, test::labels::argmax);
+  const auto full = data.batch(2 * batch);
+  auto net0 = test::small_net();
+  const std::size_t np = net0.num_parameters();
+
+  // One process, batches of 2B.
+  tensor p1({np}), g1({np});
+  net0.initialize(p1.span<float>(), 3);
+  optim::optimizer<> opt1(optim::sgd{.learning_rate = 0.1f}, np);
+  {
+    auto stream = full.stream();
+    tensor x, y;
+    while (auto b = stream.next()) {
+      assign_from_host(x, b->features);
+      assign_from_host(y, b->labels);
+      net0.loss_and_gradients(p1.span<float>(), x, y, g1.span<float>());
+      opt1.apply(p1.span<float>(), g1.span<float>());
+    }
+  }
+  // Two ranks, each on its half of every batch of 2B; gradients averaged.
+  std::vector<std::vector<float>> result(2);
+  run_ranks(2, test_options(), [&](communicator& c) {
+    auto net = test::small_net();
+    tensor p({np}), g({np});
+    if (c.rank() == 0) net.initialize(p.span<float>(), 3);
+    c.broadcast("params", p, 0);
+    optim::optimizer<> opt(optim::sgd{.learning_rate = 0.1f}, np);
+    auto stream = full.stream();
+    tensor x, y;
+    while (auto b = stream.next()) {
+      const std::size_t half = b->labels.size() / 2, begin = c.rank() * half;
+      xt::xtensor<float, 2> xs = xt::view(b->features, xt::range(begin, begin + half), xt::all());
+      xt::xtensor<std::int32_t, 1> ys = xt::view(b->labels, xt::range(begin, begin + half));
+      assign_from_host(x, xs);
+      assign_from_host(y, ys);
+      net.loss_and_gradients(p.span<float>(), x, y, g.span<float>());
+      c.allreduce("grads", g, reduce_op::average);
+      opt.apply(p.span<float>(), g.span<float>());
+    }
+    result[c.rank()] = p.to_vector<float>();
+  });
+  REQUIRE(result[0] == result[1]);  // bitwise identical replicas
+  const auto single = p1.to_vector<float>();
+  for (std::size_t i = 0; i < np; ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+}
+
+namespace {
+
+/// Rows [begin, begin + rows) of a host batch.
+dtf::data::host_batch rows_of(const dtf::data::host_batch& b, std::size_t begin, std::size_t rows) {
+  dtf::data::host_batch out;
+  out.features = xt::view(b.features, xt::range(begin, begin + rows), xt::all());
+  out.labels = xt::view(b.labels, xt::range(begin, begin + rows));
+  return out;
+}
+
+/// Parameters after training the small net with SGD on `steps` batches of `batch` examples in one process.
+std::vector<float> train_single(std::size_t batch, std::size_t steps) {
+  using namespace dtf;
+  const auto data = test::synthetic(batch * steps, 7, test::labels::argmax).batch(batch);
+  auto net = test::small_net();
+  const std::size_t np = net.num_parameters();
+  tensor p({np}), g({np}), x, y;
+  net.initialize(p.span<float>(), 3);
+  optim::optimizer<> opt(optim::sgd{.learning_rate = 0.1f}, np);
+  auto stream = data.stream();
+  while (auto b = stream.next()) {
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    net.loss_and_gradients(p.span<float>(), x, y, g.span<float>());
+    opt.apply(p.span<float>(), g.span<float>());
+  }
+  return p.to_vector<float>();
+}
+
+}  // namespace
+
+TEST_CASE("ring_allreduce strategy: 2 ranks at batch B equal one process at 2B", "[collectives][strategies]") {
+  const std::size_t batch = 8, steps = 15;
+  const auto single = train_single(2 * batch, steps);
+  const auto data = dtf::test::synthetic(2 * batch * steps, 7, dtf::test::labels::argmax).batch(2 * batch);
+  std::vector<std::vector<float>> result(2);
+  run_ranks(2, test_options(), [&](communicator& c) {
+    auto net = dtf::test::small_net();
+    dtf::strategies::ring_allreduce<dtf::nn::sequential> s(c, net, {.rule = dtf::optim::sgd{.learning_rate = 0.1f}});
+    s.initialize(3);
+    auto stream = data.stream();
+    float loss = 0;
+    while (auto b = stream.next()) loss = s.step(rows_of(*b, c.rank() * batch, batch));
+    CHECK(std::isfinite(loss));
+    CHECK(s.global_step() == std::int64_t(steps));
+    result[c.rank()].assign(s.parameters().begin(), s.parameters().end());
+  });
+  REQUIRE(result[0] == result[1]);
+  for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+}
+
+TEST_CASE("mirrored: 2 replicas x 2 processes at batch B equal one process at 4B", "[collectives][strategies]") {
+  const std::size_t batch = 8, steps = 15, replicas = 2;
+  const auto single = train_single(4 * batch, steps);
+  const auto data = dtf::test::synthetic(4 * batch * steps, 7, dtf::test::labels::argmax).batch(4 * batch);
+  std::vector<std::vector<float>> result(4);
+  run_ranks(2, test_options(), [&](communicator& c) {
+    dtf::strategies::mirrored<dtf::nn::sequential> s(c, dtf::test::small_net(), replicas,
+                                                     {.rule = dtf::optim::sgd{.learning_rate = 0.1f}});
+    REQUIRE(s.global_replicas() == 4);
+    s.initialize(3);
+    auto stream = data.stream();
+    while (auto b = stream.next()) {
+      std::vector<dtf::data::host_batch> mine;
+      for (std::size_t k = 0; k < replicas; ++k) mine.push_back(rows_of(*b, (c.rank() * replicas + k) * batch, batch));
+      CHECK(std::isfinite(s.step(mine)));
+    }
+    for (std::size_t k = 0; k < replicas; ++k)
+      result[c.rank() * replicas + k].assign(s.parameters(k).begin(), s.parameters(k).end());
+  });
+  for (std::size_t k = 1; k < 4; ++k) REQUIRE(result[k] == result[0]);  // every replica identical
+  for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+}
+
+TEST_CASE("mirrored in one process: a failing replica fails the step instead of hanging", "[collectives][strategies]") {
+  auto comm = communicator::single();
+  dtf::strategies::mirrored<dtf::nn::sequential> s(comm, dtf::test::small_net(), 3,
+                                                   {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .timeout_ms = 5000});
+  s.initialize(1);
+  auto stream = dtf::test::synthetic(30, 1, dtf::test::labels::argmax).batch(10).stream();
+  std::vector<dtf::data::host_batch> batches{*stream.next(), *stream.next(), *stream.next()};
+  CHECK(std::isfinite(s.step(batches)));
+  batches[1].features = xt::xtensor<float, 2>::from_shape({10, 5});  // wrong width: the dense layer throws
+  try {
+    s.step(batches);
+    FAIL("the step succeeded");
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == dtf::make_error_code(dtf::errc::shape_mismatch));
+  }
+}
