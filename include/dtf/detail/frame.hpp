@@ -48,11 +48,12 @@ enum class message_kind : std::uint16_t {
   // checkpoints (issue 7: 24..39)
   ps_save = 24,
   ps_restore = 25,
+  ps_done_tasks = 26,  // announce / learn the tasks that reported done (ps_done_tasks_msg both ways)
   reply = 64,
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 5) || (k >= 16 && k <= 25) || k == 64;
+  return (k >= 1 && k <= 5) || (k >= 16 && k <= 26) || k == 64;
 }
 
 struct frame_limits {
