@@ -540,3 +540,92 @@ TEST_CASE("when one of two ps restarts, the chief restores both from the latest 
   for (auto& s : servers) s->stop();
   for (auto& t : threads) t.join();
 }
+
+TEST_CASE("a worker that finished before its ps restarted still counts: the chief's wait for the workers ends",
+          "[checkpoint][recovery]") {
+  temp_dir dir("recovery_done");
+  const auto vars = model_vars();
+  const auto n = num_parameters(vars);
+  const optim::rule rule = optim::sgd{.learning_rate = 0.1f};
+  const auto layout = place_on(1);
+  auto start_ps = [](std::uint16_t port) {
+    ps_options o{test::opts("ps.0")};
+    o.transport.log = [](const std::string&) {};
+    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
+  };
+  auto ps = start_ps(0);
+  const auto port = ps->port();
+  std::thread serve([p = ps.get()] { p->run(); });
+  const std::vector<std::string> addr{"127.0.0.1:" + std::to_string(port)};
+  ps_client chief(addr, layout, test::opts("chief.0"));
+  ps_client worker(addr, layout, test::opts("worker.0"));
+  chief.connect();
+  worker.connect();
+  chief.initialize(seeded(n, 41), rule);
+  train(chief, 2, 1600);
+  chief.save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  // The worker trains, reports done and exits; the chief's next step learns its name.
+  train(worker, 2, 1700);
+  worker.mark_done();
+  CHECK(chief.done_tasks().empty());
+  train(chief, 1, 1800);
+  CHECK(chief.done_tasks() == std::set<std::string>{"worker.0"});
+
+  // The ps dies and comes back empty: it no longer knows that worker.0 finished.
+  ps->stop();
+  serve.join();
+  ps = start_ps(port);
+  serve = std::thread([p = ps.get()] { p->run(); });
+  ps_recovery rec(chief, true, [&] { REQUIRE(chief.restore_latest(dir.path.string(), vars, rule)); },
+                  {.log = [](const std::string&) {}});
+  // The chief's finish: mark done, then wait (bounded) for both training tasks.
+  rec.run([&] { chief.mark_done(); });
+  CHECK(rec.reinitialisations() == 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::size_t done = 0;
+  while ((done = rec.run([&] { return chief.workers_done(); })) < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling interval, as job.hpp's finish()
+  CHECK(done == 2);
+  // The restarted ps itself knows both again (another client with no memory of its own sees them).
+  ps_client observer(addr, layout, test::opts("worker.1"));
+  observer.connect();
+  CHECK(observer.workers_done() == 2);
+  CHECK(observer.done_tasks() == std::set<std::string>{"chief.0", "worker.0"});
+  ps->stop();
+  serve.join();
+}
+
+TEST_CASE("a task marked done on one ps is learnt from the other when that one restarts", "[checkpoint][recovery]") {
+  const auto layout = place_on(2);
+  auto start_ps = [](std::size_t index, std::uint16_t port) {
+    ps_options o{test::opts("ps." + std::to_string(index))};
+    o.transport.log = [](const std::string&) {};
+    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
+  };
+  std::vector<std::unique_ptr<parameter_server>> servers;
+  std::vector<std::thread> threads;
+  std::vector<std::string> addr;
+  for (std::size_t i = 0; i < 2; ++i) {
+    servers.push_back(start_ps(i, 0));
+    threads.emplace_back([p = servers[i].get()] { p->run(); });
+    addr.push_back("127.0.0.1:" + std::to_string(servers[i]->port()));
+  }
+  ps_client worker(addr, layout, test::opts("worker.0"));
+  worker.connect();
+  worker.mark_done();
+  // ps.0 (which holds the global step) restarts; ps.1 still knows.
+  const auto port0 = servers[0]->port();
+  servers[0]->stop();
+  threads[0].join();
+  servers[0] = start_ps(0, port0);
+  threads[0] = std::thread([p = servers[0].get()] { p->run(); });
+  ps_client chief(addr, layout, test::opts("chief.0"));
+  chief.connect();
+  CHECK(chief.workers_done() == 1);
+  CHECK(chief.done_tasks() == std::set<std::string>{"worker.0"});
+  ps_client observer({addr[0]}, place_on(1), test::opts("worker.1"));
+  observer.connect();
+  CHECK(observer.workers_done() == 1);  // ps.0 learnt it from the chief's query
+  for (auto& s : servers) s->stop();
+  for (auto& t : threads) t.join();
+}

@@ -681,7 +681,7 @@ TEST_CASE("step_timer triggers by steps or seconds", "[session][hooks]") {
 
 // --- the event-file writer --------------------------------------------------------------
 
-TEST_CASE("crc32c matches the Castagnoli check value; the mask is TFRecord's", "[summary]") {
+TEST_CASE("crc32c matches the Castagnoli check value, and the mask is TFRecord's", "[summary]") {
   const char* text = "123456789";
   const auto bytes = std::as_bytes(std::span<const char>(text, 9));
   CHECK(detail::crc32c(bytes) == 0xE3069283u);

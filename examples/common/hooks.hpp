@@ -2,7 +2,8 @@
 // and SIGTERM/SIGINT turned into a stop request — one place instead of set-up copied into
 // each example.
 //
-// Flags (added to every example by async_main / sync_main):
+// Flags (added to every example by async_main / sync_main, distributed_setup; the single-process
+// non_distributed gets the subset without checkpoints and recovery through local_session):
 //   --model_dir DIR                checkpoints and TensorBoard event files (empty: neither)
 //   --save_checkpoints_steps N     chief: a checkpoint every N global steps (0: not by steps)
 //   --save_checkpoints_secs S      chief: a checkpoint every S seconds (0: not by time)
@@ -57,17 +58,25 @@ struct hook_flags {
   std::string nan_policy = "fail";
   int max_recoveries = 0;
 
-  void add_to(dtf::flag_parser& f) {
-    f.add("model_dir", model_dir, "checkpoints and TensorBoard event files; resumes from its latest checkpoint")
-        .add("save_checkpoints_steps", save_checkpoints_steps, "chief: checkpoint every N global steps (0: off)")
-        .add("save_checkpoints_secs", save_checkpoints_secs, "chief: checkpoint every S seconds (0: off)")
-        .add("keep_checkpoints", keep_checkpoints, "checkpoints to keep (0: all)")
-        .add("last_step", last_step, "stop at this global step (0: the example's own end)")
+  /// Registers the flags. A single-process example (local = true, see local_session) has no
+  /// checkpoints and no parameter servers to recover: --model_dir holds event files only, and
+  /// the checkpoint and recovery flags are not offered.
+  void add_to(dtf::flag_parser& f, bool local = false) {
+    if (local) {
+      f.add("model_dir", model_dir, "TensorBoard event files (empty: none)");
+    } else {
+      f.add("model_dir", model_dir, "checkpoints and TensorBoard event files; resumes from its latest checkpoint")
+          .add("save_checkpoints_steps", save_checkpoints_steps, "chief: checkpoint every N global steps (0: off)")
+          .add("save_checkpoints_secs", save_checkpoints_secs, "chief: checkpoint every S seconds (0: off)")
+          .add("keep_checkpoints", keep_checkpoints, "checkpoints to keep (0: all)");
+    }
+    f.add("last_step", last_step, "stop at this global step (0: the example's own end)")
         .add("num_steps", num_steps, "stop after this many more global steps (0: the example's own end)")
         .add("summary_every", summary_every, "chief: TensorBoard summaries every N global steps (0: none)")
-        .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)")
-        .add("max_recoveries", max_recoveries,
-             "recover from a lost parameter server up to N times (with dtfrun --max-restarts; 0: fail)");
+        .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)");
+    if (!local)
+      f.add("max_recoveries", max_recoveries,
+            "recover from a lost parameter server up to N times (with dtfrun --max-restarts; 0: fail)");
   }
 
   /// Checks the values; errors name the flag.
@@ -142,6 +151,66 @@ class stop_on_signals {
   void (*old_int_)(int) = SIG_DFL;
 };
 
+namespace detail {
+
+/// The hooks every session gets, in this order: stop at --last_step (or the example's own
+/// last step) / after --num_steps, the NaN check, progress lines. Returns the stop hook (the
+/// logging hook shows its last step), or nullptr.
+inline const dtf::hooks::stop_at_step* add_common_hooks(dtf::monitored_training_session& s, const hook_flags& f,
+                                                        std::optional<std::int64_t> last, const std::string& me,
+                                                        int log_every) {
+  const dtf::hooks::stop_at_step* stop = nullptr;
+  if (f.last_step > 0) last = f.last_step;
+  if (last) stop = &s.add_hook(dtf::hooks::stop_at_step({.last_step = *last}));
+  if (f.num_steps > 0) stop = &s.add_hook(dtf::hooks::stop_at_step({.num_steps = f.num_steps}));
+  s.add_hook(dtf::hooks::nan_tensor(
+      {.policy = f.nan_policy == "stop" ? dtf::hooks::nan_policy::stop : dtf::hooks::nan_policy::fail,
+       .warn = [me](const std::string& w) { std::fprintf(stderr, "%s: %s\n", me.c_str(), w.c_str()); }}));
+  s.add_hook(dtf::hooks::logging({.every_n_iter = log_every, .prefix = me, .stop = stop}));
+  return stop;
+}
+
+/// The chief's summaries with --model_dir: global steps/s always, scalars and histograms
+/// every --summary_every steps. Returns the event file's writer (nullptr without summaries).
+inline std::shared_ptr<dtf::summary_writer> add_summary_hooks(dtf::monitored_training_session& s, const hook_flags& f,
+                                                              bool is_chief) {
+  if (f.model_dir.empty() || !is_chief) return nullptr;
+  auto writer = std::make_shared<dtf::summary_writer>(f.model_dir);
+  s.add_chief_hook(
+      dtf::hooks::step_counter({.every_n_steps = f.summary_every > 0 ? f.summary_every : 100, .writer = writer}));
+  if (f.summary_every > 0) s.add_chief_hook(dtf::hooks::summary_saver({.every_n_steps = f.summary_every, .writer = writer}));
+  return writer;
+}
+
+}  // namespace detail
+
+/// A monitored_training_session for a single-process example: the standard hooks without a
+/// parameter server (no checkpoints, no recovery): stop, NaN check, progress lines, summaries
+/// with --model_dir, and SIGTERM/SIGINT as a stop request. The step function's run_values
+/// leave global_step empty: the session counts one global step per run.
+class local_session {
+ public:
+  /// last_step: the example's own last step (--last_step/--num_steps win).
+  local_session(const hook_flags& f, const std::string& me, int log_every,
+                std::optional<std::int64_t> last_step = std::nullopt)
+      : session_({.is_chief = true}), signals_(session_) {
+    f.validate();
+    detail::add_common_hooks(session_, f, last_step, me, log_every);
+    writer_ = detail::add_summary_hooks(session_, f, true);
+  }
+
+  dtf::monitored_training_session& session() noexcept { return session_; }
+  dtf::monitored_training_session* operator->() noexcept { return &session_; }
+  /// Whether SIGTERM or SIGINT asked this process to stop.
+  static bool stopped_by_signal() noexcept { return detail::signals_seen.load() > 0; }
+  const std::shared_ptr<dtf::summary_writer>& writer() const noexcept { return writer_; }
+
+ private:
+  dtf::monitored_training_session session_;
+  stop_on_signals signals_;
+  std::shared_ptr<dtf::summary_writer> writer_;
+};
+
 /// A monitored_training_session for a ps example with the standard hooks (see the file
 /// comment). The session restores or initialises the ps when created.
 class standard_session {
@@ -181,14 +250,7 @@ class standard_session {
                                               .ready_timeout = std::chrono::milliseconds(j.timeout_ms)},
                         setup.after_recovery);
     }
-    std::optional<std::int64_t> last = setup.last_step;
-    if (f.last_step > 0) last = f.last_step;
-    if (last) stop_ = &session_.add_hook(dtf::hooks::stop_at_step({.last_step = *last}));
-    if (f.num_steps > 0) stop_ = &session_.add_hook(dtf::hooks::stop_at_step({.num_steps = f.num_steps}));
-    session_.add_hook(dtf::hooks::nan_tensor(
-        {.policy = f.nan_policy == "stop" ? dtf::hooks::nan_policy::stop : dtf::hooks::nan_policy::fail,
-         .warn = [me = j.me()](const std::string& w) { std::fprintf(stderr, "%s: %s\n", me.c_str(), w.c_str()); }}));
-    session_.add_hook(dtf::hooks::logging({.every_n_iter = j.log_every, .prefix = j.me(), .stop = stop_}));
+    stop_ = detail::add_common_hooks(session_, f, setup.last_step, j.me(), j.log_every);
     if (f.model_dir.empty()) return;
     const dtf::checkpoint_options ck{.directory = f.model_dir, .max_to_keep = std::size_t(f.keep_checkpoints)};
     session_.add_chief_hook(dtf::hooks::checkpoint_saver(
@@ -196,12 +258,7 @@ class standard_session {
           return recoverable([&] { return ps.save_checkpoint(ck, vars, step); });
         },
         {.every_n_steps = f.save_checkpoints_steps, .every_secs = f.save_checkpoints_secs}));
-    if (!j.is_chief()) return;
-    writer_ = std::make_shared<dtf::summary_writer>(f.model_dir);
-    session_.add_chief_hook(
-        dtf::hooks::step_counter({.every_n_steps = f.summary_every > 0 ? f.summary_every : 100, .writer = writer_}));
-    if (f.summary_every > 0)
-      session_.add_chief_hook(dtf::hooks::summary_saver({.every_n_steps = f.summary_every, .writer = writer_}));
+    writer_ = detail::add_summary_hooks(session_, f, j.is_chief());
   }
 
   dtf::monitored_training_session& session() noexcept { return session_; }

@@ -76,7 +76,7 @@ class job {
 
   /// The ps role: serve until the chief's shutdown.
   int run_ps() {
-    dtf::parameter_server ps(cluster.spec.address(cluster.self), dtf::ps_options{transport});
+    dtf::parameter_server ps(cluster.spec.address(cluster.self), dtf::ps_options{transport, ps_threads});
     std::printf("%s: serving %zu shards (%zu bytes) for %s\n", me_.c_str(), layout.shards_on(cluster.self.index).size(),
                 layout.bytes_on(cluster.self.index), scheme_);
     std::fflush(stdout);
@@ -159,6 +159,7 @@ class job {
   /// the job ends now, and tasks still training lose their parameter servers).
   bool wait_for_workers = true;
   std::uint64_t seed = 42;
+  int ps_threads = 1;  ///< I/O threads of this task when it is a ps (run_ps)
 
  private:
   job(const char* scheme, job_defaults d) : epochs(d.epochs), batch(d.batch), scheme_(scheme) {}

@@ -1,8 +1,16 @@
 // non_distributed — trains a 784-256-128-10 MLP on Fashion-MNIST in one process: the
 // baseline every distributed scheme is compared with.
 //
+// Training runs inside the standard monitored session without parameter servers
+// (../common/hooks.hpp, local_session): --last_step / --num_steps, --nan_policy, progress
+// lines with dtfrun's key=value tokens, TensorBoard summaries with --model_dir, and
+// SIGTERM/SIGINT as a stop request (the step in progress completes, the model is evaluated).
+//
 //   build/examples/non_distributed --epochs 5
+//   build/examples/non_distributed --epochs 5 --model_dir run0    # then: tensorboard --logdir run0
 #include <dtf/dtf.hpp>
+
+#include "../common/hooks.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -15,7 +23,9 @@ int main(int argc, char** argv) try {
   int train_examples = 0;
   float lr = 1e-3f, target_accuracy = 0.0f;
   std::uint64_t seed = 42;
+  examples::hook_flags hf;
   dtf::flag_parser flags("Trains a 784-256-128-10 MLP on Fashion-MNIST in one process.");
+  hf.add_to(flags, /*local=*/true);
   flags.add("data", data_dir, "directory holding the Fashion-MNIST IDX files")
       .add("epochs", epochs, "passes over the training set")
       .add("batch", batch, "examples per step")
@@ -46,41 +56,51 @@ int main(int argc, char** argv) try {
 
   tensor x, y;
   using clock = std::chrono::steady_clock;
-  auto window_start = clock::now();
-  const auto run_start = window_start;
-  std::size_t window_samples = 0;
-  double window_loss = 0.0;
-  int window_steps = 0;
-  std::int64_t step = 0;
+  const auto run_start = clock::now();
   double accuracy = 0.0;
+  bool evaluated = false;
+  auto evaluate = [&](const char* label) {
+    const auto eval = nn::evaluate(net, params.span<float>(), test);
+    accuracy = eval.accuracy;
+    evaluated = true;
+    std::printf("%s  test_loss %.4f  test_accuracy %.4f  elapsed %.1fs\n", label, eval.loss, eval.accuracy,
+                std::chrono::duration<double>(clock::now() - run_start).count());
+    std::fflush(stdout);
+  };
+  examples::local_session session(hf, "non_distributed", log_every);
+  const auto vars = net.variables();
+  session->create();
   auto stream = train.stream();
-  while (auto b = stream.next()) {
-    assign_from_host(x, b->features);
-    assign_from_host(y, b->labels);
-    const float loss = net.loss_and_gradients(params.span<float>(), x, y, grads.span<float>());
-    opt.apply(params.span<float>(), grads.span<float>());
-    ++step;
-    window_loss += loss;
-    ++window_steps;
-    window_samples += b->labels.size();
-    if (step % log_every == 0) {
-      const double secs = std::chrono::duration<double>(clock::now() - window_start).count();
-      std::printf("step %6lld  epoch %zu  loss %.4f  samples/s %.0f\n", static_cast<long long>(step), b->epoch + 1,
-                  window_loss / window_steps, double(window_samples) / secs);
-      std::fflush(stdout);
-      window_start = clock::now();
-      window_samples = 0;
-      window_loss = 0.0;
-      window_steps = 0;
-    }
+  while (!session->should_stop()) {
+    auto b = stream.next();
+    if (!b) break;
+    session->run([&](run_context& ctx) {
+      assign_from_host(x, b->features);
+      assign_from_host(y, b->labels);
+      run_values v;
+      v.loss = net.loss_and_gradients(params.span<float>(), x, y, grads.span<float>());
+      opt.apply(params.span<float>(), grads.span<float>());
+      v.examples = b->labels.size();
+      v.scalars["learning_rate"] = double(lr);
+      if (ctx.summaries_requested()) {
+        std::vector<float> host(n);
+        params.copy_to_host<float>(std::span<float>(host));
+        for (const auto& var : vars)
+          v.histograms[var.name].assign(host.begin() + std::ptrdiff_t(var.offset),
+                                        host.begin() + std::ptrdiff_t(var.offset + var.size()));
+      }
+      return v;
+    });
     if (b->index + 1 == train.batches_per_epoch()) {
-      const auto eval = nn::evaluate(net, params.span<float>(), test);
-      accuracy = eval.accuracy;
-      std::printf("epoch %zu  test_loss %.4f  test_accuracy %.4f  elapsed %.1fs\n", b->epoch + 1, eval.loss,
-                  eval.accuracy, std::chrono::duration<double>(clock::now() - run_start).count());
-      std::fflush(stdout);
+      evaluated = false;
+      const std::string label = "epoch " + std::to_string(b->epoch + 1);
+      evaluate(label.c_str());
     }
   }
+  session->close();
+  // Stopped part-way through an epoch (--last_step, --num_steps, a signal, --nan_policy stop):
+  // evaluate what was trained.
+  if (!evaluated) evaluate(("stopped at step " + std::to_string(session->global_step())).c_str());
   std::printf("final test accuracy %.4f\n", accuracy);
   if (accuracy < target_accuracy) {
     std::fprintf(stderr, "test accuracy %.4f is below the target %.4f\n", accuracy, double(target_accuracy));

@@ -11,6 +11,8 @@
 //             its staleness: how many updates the ps applied since the pusher's last pull.
 //   step      the global step
 //   done      a worker reports the end of its training (the chief waits for all of them)
+//   done tasks  which tasks reported done; the request adds the ones the client knows of, so
+//             a restarted ps, which lost its set, learns it again from the chief (or any client)
 //   shutdown  the chief ends the job: the ps replies, stops and run() returns (exit 0)
 //   save      write this ps's shards (values, update-rule slots, update counts) as one shard
 //             file of a checkpoint (dtf/checkpoint.hpp); the chief then writes the manifest
@@ -99,6 +101,19 @@ class parameter_server {
           done_.insert(peer.identity);
         }
         return status(reply);
+      }
+      case message_kind::ps_done_tasks: {
+        // The tasks a client knows to be done join this ps's set (a restarted ps lost it);
+        // the reply is the whole set, so the client learns the names others reported.
+        auto m = detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks");
+        detail::ps_done_tasks_msg out;
+        {
+          std::lock_guard g(done_mu_);
+          done_.insert(m.tasks.begin(), m.tasks.end());
+          out.tasks.assign(done_.begin(), done_.end());
+        }
+        reply.meta = detail::encode_message(out);
+        return;
       }
       case message_kind::ps_pull: return pull(detail::decode_message<detail::ps_pull_msg>(meta, "pull"), peer, reply);
       case message_kind::ps_push: return push(detail::decode_message<detail::ps_push_msg>(meta, "push"), payload, reply);
@@ -598,6 +613,7 @@ class ps_client {
     run(calls);
     for (const auto& c : calls)
       seen_[c.peer] = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").updates;
+    track_done(calls);
     return step_of(calls);
   }
 
@@ -637,6 +653,7 @@ class ps_client {
       r.dropped_total = std::max(r.dropped_total, st.dropped_total);
       if (c.peer == 0) r.global_step = st.global_step;
     }
+    track_done(calls);
     return r;
   }
 
@@ -654,12 +671,40 @@ class ps_client {
     run(calls);
   }
 
-  /// How many tasks have called mark_done().
+  /// How many tasks have called mark_done(): the union of the sets every ps holds and the
+  /// ones this client learnt before. Re-announces the tasks this client knows of to every ps,
+  /// so a ps restarted (empty) after a worker finished learns it again and the chief's wait
+  /// for the workers ends. The client also learns the names whenever a pull or push reply
+  /// shows a ps whose count differs from what it knows (one extra request then), so the chief
+  /// knows of a finished worker within a step even when the ps dies afterwards.
   std::size_t workers_done() {
-    rpc_call c = make_call(0, detail::message_kind::ps_step, detail::encode_message(detail::empty_msg{}));
-    rpc_.call(c);
-    return std::size_t(detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").workers_done);
+    std::vector<std::size_t> targets(layout_.num_ps);
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) targets[ps] = ps;
+    // Two rounds at most: a ps that lacked names another ps told of in the first round gets
+    // the union in the second.
+    for (int round = 0; round < 2 && !targets.empty(); ++round) {
+      detail::ps_done_tasks_msg m;
+      m.tasks.assign(done_seen_.begin(), done_seen_.end());
+      const auto meta = detail::encode_message(m);
+      std::vector<rpc_call> calls;
+      for (auto ps : targets) calls.push_back(make_call(ps, detail::message_kind::ps_done_tasks, meta));
+      run(calls);
+      std::vector<std::size_t> known(calls.size());
+      for (std::size_t i = 0; i < calls.size(); ++i) {
+        auto r = detail::decode_message<detail::ps_done_tasks_msg>(calls[i].reply_meta, "done tasks");
+        known[i] = r.tasks.size();
+        for (auto& t : r.tasks) done_seen_.insert(std::move(t));
+      }
+      std::vector<std::size_t> lacking;
+      for (std::size_t i = 0; i < calls.size(); ++i)
+        if (known[i] < done_seen_.size()) lacking.push_back(targets[i]);
+      targets = std::move(lacking);
+    }
+    return done_seen_.size();
   }
+
+  /// The tasks this client knows to have called mark_done() (see workers_done()).
+  const std::set<std::string>& done_tasks() const noexcept { return done_seen_; }
 
   /// Ends the job: every ps replies and exits. The chief calls this when training is done.
   void shutdown() {
@@ -838,6 +883,7 @@ class ps_client {
       gather(calls.back(), ps, buf);
     }
     run(calls);
+    track_done(calls);
     push_result r;
     r.global_step = step_of(calls);
     for (const auto& c : calls)
@@ -854,10 +900,21 @@ class ps_client {
 
   void run(std::vector<rpc_call>& calls) { rpc_.call_all(std::span<rpc_call>(calls)); }
 
+  // After a pull or push: a ps whose done count differs from the tasks this client knows of
+  // has news (a task finished) or lost its set (it restarted): exchange the names.
+  void track_done(const std::vector<rpc_call>& calls) {
+    for (const auto& c : calls)
+      if (detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").workers_done != done_seen_.size()) {
+        workers_done();
+        return;
+      }
+  }
+
   placement layout_;
   rpc_client rpc_;
   std::vector<std::vector<std::uint32_t>> ids_;  // shard ids held by each ps
   std::vector<std::uint64_t> seen_;              // each ps's update count at the last pull
+  std::set<std::string> done_seen_;              // tasks known to have called mark_done()
 };
 
 }  // namespace dtf

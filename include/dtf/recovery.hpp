@@ -14,6 +14,8 @@
 //              from the latest checkpoint (the shards must agree on one step, as when
 //              TensorFlow's chief restores after a ps failure) — then after_recovery and a
 //              retry.
+//   every task re-announces the tasks it knows to have reported done (ps_client::workers_done):
+//              a restarted ps lost that set, and the chief's wait for the workers needs it.
 //   a restarted worker    connects and waits for the ps like any worker at start, then trains
 //                         (the session's scaffold: ps_scaffold in hooks/checkpoint_saver.hpp).
 //   a restarted chief     restores every ps from the latest checkpoint (the scaffold's restore)
@@ -91,6 +93,9 @@ class ps_recovery {
     } else {
       ps_.wait_ready(options_.ready_timeout);
     }
+    // A restarted ps forgot which tasks reported done: tell it the ones this task knows of
+    // (otherwise the chief would wait for a worker that finished before the ps died).
+    ps_.workers_done();
     if (after_recovery_) after_recovery_();
     log("recovered (recovery " + std::to_string(recoveries_) + ")");
   }

@@ -13,7 +13,7 @@ run() {  # run <name> <dtfrun args...> -- <example args...>
 run one --ps 1 --workers 1 --grace_ms 20000 -- "$example" "${small[@]}" --target_accuracy 0.70 ||
   fail "1 ps / 1 worker run failed (status $?)"
 grep -q "ps.0 .*shut down by the chief" "$work/one.log" || fail "ps.0 did not exit by itself"
-grep -q "final global_step" "$work/one.log" || fail "no final evaluation"
+grep -q "final test accuracy .* global_step [0-9]" "$work/one.log" || fail "no final evaluation"
 grep -q "SIGTERM\|SIGKILL\|killed" "$work/one.log" && fail "dtfrun had to terminate a task"
 
 # 2 ps, 2 workers, sharded variables, an authenticated cluster.
@@ -24,6 +24,6 @@ for t in ps.0 ps.1; do
 done
 grep -q "worker.1 .*done after" "$work/two.log" || fail "worker.1 did not finish"
 # Both workers' steps reached the ps: the final global step counts them all.
-steps=$(grep -o "final global_step [0-9]*" "$work/two.log" | awk '{print $3}')
+steps=$(grep -o "final test accuracy .* global_step [0-9]*" "$work/two.log" | grep -o "global_step [0-9]*" | awk '{print $2}')
 [[ "$steps" == 94 ]] || fail "final global step $steps, expected 94 (2 workers x 47 batches of 32)"
 echo "PASS"

@@ -7,7 +7,7 @@ start_ps "$work/ps.log"
   --timeout_ms 3000 >"$work/worker.log" 2>&1 &
 worker_pid=$!
 pids+=("$worker_pid")
-wait_until 60 grep -q "global_step" "$work/worker.log" || fail "the worker never trained"
+wait_until 60 grep -q " step=[0-9]" "$work/worker.log" || fail "the worker never trained"
 kill -KILL "$ps_pid"
 start=$SECONDS
 wait_until 15 bash -c "! kill -0 $worker_pid 2>/dev/null" || fail "the worker still runs 15 s after the ps died"

@@ -48,6 +48,7 @@ enum class message_kind : std::uint16_t {
   // checkpoints (issue 7: 24..39)
   ps_save = 24,
   ps_restore = 25,
+  ps_done_tasks = 26,  // announce / learn the tasks that reported done (ps_done_tasks_msg both ways)
   // collectives (dtf/collectives.hpp); 40..59 are reserved for them
   collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
   rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
@@ -56,7 +57,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 5) || (k >= 16 && k <= 25) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 5) || (k >= 16 && k <= 26) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

@@ -179,6 +179,15 @@ struct ps_restore_msg {
     ar(init, global_step, num_slots, iterations, checkpoint);
   }
 };
+/// ps_done_tasks, both ways: the request names the done tasks the sender knows of (the ps
+/// adds them to its own); the reply names every task this ps knows to be done.
+struct ps_done_tasks_msg {
+  std::vector<std::string> tasks;
+  template <class A>
+  void serialize(A& ar) {
+    ar(tasks);
+  }
+};
 struct empty_msg {
   template <class A>
   void serialize(A&) {}
