@@ -629,3 +629,45 @@ TEST_CASE("a task marked done on one ps is learnt from the other when that one r
   for (auto& s : servers) s->stop();
   for (auto& t : threads) t.join();
 }
+
+TEST_CASE("write_checkpoint saves one process's host buffers in the ps format: exact round trip, pruning",
+          "[checkpoint]") {
+  temp_dir dir("host");
+  const auto vars = model_vars();
+  const std::size_t n = num_parameters(vars);
+  std::vector<float> values(n), m(n), v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    values[i] = 0.25f * float(i) - 3.0f;
+    m[i] = 1e-3f * float(i);
+    v[i] = 7.0f + float(i);
+  }
+  const checkpoint_options ck{.directory = dir.path.string(), .max_to_keep = 2};
+  for (std::int64_t step : {10, 20, 30}) {
+    values[0] = float(step);
+    const auto man = write_checkpoint(ck, {.variables = vars, .values = values, .rule = "adam",
+                                           .slots = {m, v}, .iterations = step + 1, .global_step = step});
+    CHECK(man.name == "ckpt-" + std::to_string(step));
+    CHECK(man.num_ps == 1);
+    CHECK(man.files.size() == 1);
+  }
+  CHECK(latest_checkpoint(dir.path) == "ckpt-30");
+  CHECK(read_checkpoint_state(dir.path)->all == std::vector<std::string>{"ckpt-20", "ckpt-30"});
+  CHECK_FALSE(fs::exists(dir.path / "ckpt-10.manifest.json"));
+  const auto t = read_checkpoint(dir.path, "ckpt-30");
+  CHECK(t.manifest.global_step == 30);
+  CHECK(t.manifest.rule == "adam");
+  CHECK(t.manifest.variables.front().iterations == 31);
+  std::vector<float> out(n), out_m(n), out_v(n);
+  copy_into_layout(t, vars, out);
+  copy_into_layout(t, vars, out_m, 0);
+  copy_into_layout(t, vars, out_v, 1);
+  CHECK(out == values);
+  CHECK(out_m == m);
+  CHECK(out_v == v);
+  // A slot of the wrong size is refused before anything is written.
+  std::vector<float> short_slot(n - 1);
+  CHECK_THROWS_AS(write_checkpoint(ck, {.variables = vars, .values = values, .rule = "momentum",
+                                        .slots = {short_slot}, .global_step = 40}),
+                  dtf::error);
+  CHECK(latest_checkpoint(dir.path) == "ckpt-30");
+}

@@ -3,7 +3,9 @@
 // each example.
 //
 // Flags (added to every example by async_main / sync_main, distributed_setup; the single-process
-// non_distributed gets the subset without checkpoints and recovery through local_session):
+// non_distributed gets the subset without checkpoints and recovery through local_session; the
+// collective examples ring_allreduce and mirrored all but --max_recoveries through
+// collective_session, whose checkpoints rank 0 writes itself, see there):
 //   --model_dir DIR                checkpoints and TensorBoard event files (empty: neither)
 //   --save_checkpoints_steps N     chief: a checkpoint every N global steps (0: not by steps)
 //   --save_checkpoints_secs S      chief: a checkpoint every S seconds (0: not by time)
@@ -28,11 +30,16 @@
 // worker ends its part. A second signal ends the process at once with the default action.
 #pragma once
 
+#include <dtf/checkpoint.hpp>
+#include <dtf/collectives.hpp>
 #include <dtf/hooks.hpp>
 #include <dtf/hooks/checkpoint_saver.hpp>
 #include <dtf/recovery.hpp>
 #include <dtf/session.hpp>
 #include <dtf/summary.hpp>
+
+#include <thrust/copy.h>
+#include <thrust/device_ptr.h>
 
 #include "job.hpp"
 
@@ -43,6 +50,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -61,7 +69,8 @@ struct hook_flags {
   /// Registers the flags. A single-process example (local = true, see local_session) has no
   /// checkpoints and no parameter servers to recover: --model_dir holds event files only, and
   /// the checkpoint and recovery flags are not offered.
-  void add_to(dtf::flag_parser& f, bool local = false) {
+  /// recovery = false (collective examples): no --max_recoveries.
+  void add_to(dtf::flag_parser& f, bool local = false, bool recovery = true) {
     if (local) {
       f.add("model_dir", model_dir, "TensorBoard event files (empty: none)");
     } else {
@@ -74,7 +83,7 @@ struct hook_flags {
         .add("num_steps", num_steps, "stop after this many more global steps (0: the example's own end)")
         .add("summary_every", summary_every, "chief: TensorBoard summaries every N global steps (0: none)")
         .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)");
-    if (!local)
+    if (!local && recovery)
       f.add("max_recoveries", max_recoveries,
             "recover from a lost parameter server up to N times (with dtfrun --max-restarts; 0: fail)");
   }
@@ -132,9 +141,11 @@ extern "C" inline void on_stop_signal(int sig) {
 /// process); restores the previous handlers when destroyed.
 class stop_on_signals {
  public:
-  explicit stop_on_signals(dtf::monitored_training_session& s) {
+  /// direct = false: the handler only counts the signal (stopped_by_signal()) and leaves the
+  /// stop to the caller — collective_session agrees on it with every rank first.
+  explicit stop_on_signals(dtf::monitored_training_session& s, bool direct = true) {
     detail::signals_seen = 0;
-    detail::signal_session = &s;
+    detail::signal_session = direct ? &s : nullptr;
     old_term_ = std::signal(SIGTERM, detail::on_stop_signal);
     old_int_ = std::signal(SIGINT, detail::on_stop_signal);
   }
@@ -284,6 +295,167 @@ class standard_session {
   stop_on_signals signals_;
   std::optional<dtf::ps_recovery> recovery_;
   const dtf::hooks::stop_at_step* stop_ = nullptr;
+  std::shared_ptr<dtf::summary_writer> writer_;
+};
+
+/// A monitored_training_session for a collective example (ring_allreduce, mirrored: no ps,
+/// every rank holds the whole model, gradients allreduced through a dtf::communicator) with
+/// the standard hooks: --last_step/--num_steps, --nan_policy, progress lines on every rank,
+/// and with --model_dir summaries and checkpoints by rank 0 (the chief).
+///
+/// Checkpoints: rank 0 saves the replicated variables and the update rule's slots and update
+/// count with dtf::write_checkpoint (the ps format, one shard file; dtf-ckpt reads it) at the
+/// start, every --save_checkpoints_steps/--save_checkpoints_secs and at the end. On start,
+/// rank 0 reads the latest checkpoint in --model_dir (verified) and broadcasts it, so every rank
+/// resumes from the same state; the example's own last step (and --last_step) is a global step,
+/// so a resumed run ends where the first would have; --num_steps N trains N more steps from
+/// wherever the run starts (the example's own end does not apply then). A resumed rank reads its
+/// data shard from the start again.
+///
+/// Stops: every rank stops at the same step. The step limits and the NaN check see the same
+/// (allreduced) loss on every rank; a signal reaches one task (dtfrun signals the chief), so
+/// after each step the ranks allreduce (max) whether any of them was asked to stop.
+///
+/// Strategy: dtf::strategies::ring_allreduce or mirrored (parameters(), optimizer(),
+/// global_step(), learning_rate(), restore()). Errors: those of the communicator and of
+/// dtf/checkpoint.hpp (a corrupt checkpoint on rank 0 fails every rank, naming the cause).
+template <class Strategy>
+class collective_session {
+ public:
+  /// last_step: the example's own last step (--last_step/--num_steps win).
+  collective_session(Strategy& strategy, dtf::communicator& comm, std::vector<dtf::variable_spec> variables,
+                     const hook_flags& f, const std::string& me, int log_every,
+                     std::optional<std::int64_t> last_step = std::nullopt)
+      : strategy_(strategy), comm_(comm), variables_(std::move(variables)), flags_(f), me_(me),
+        session_({.is_chief = comm.rank() == 0,
+                  .scaffold = {.restore = [this]() { return share_checkpoint(); },
+                               .wait_ready = [this] { share_checkpoint(); },
+                               .global_step = [this] { return strategy_.global_step(); }}}),
+        signals_(session_, false) {
+    f.validate();
+    if (f.max_recoveries > 0)
+      throw dtf::error(dtf::errc::invalid_config, "--max_recoveries: a collective example has no parameter server");
+    // --num_steps N: N more steps from wherever this run starts (a resumed run included).
+    detail::add_common_hooks(session_, f, f.num_steps > 0 ? std::nullopt : last_step, me, log_every);
+    if (!f.model_dir.empty()) {
+      const dtf::checkpoint_options ck{.directory = f.model_dir, .max_to_keep = std::size_t(f.keep_checkpoints)};
+      session_.add_chief_hook(dtf::hooks::checkpoint_saver(
+          [this, ck](std::int64_t step) { return save(ck, step); },
+          {.every_n_steps = f.save_checkpoints_steps, .every_secs = f.save_checkpoints_secs}));
+      writer_ = detail::add_summary_hooks(session_, f, comm.rank() == 0);
+    }
+    session_.add_hook(agree_on_stop{&comm_});  // last: sees every other hook's stop request
+  }
+
+  /// One step: runs step() (which trains one step and returns the loss averaged over the
+  /// ranks) inside the session; `examples` trained by this rank. Adds the learning rate and,
+  /// when summaries are due, every variable as a histogram.
+  template <class Step>
+  void run(std::size_t examples, Step&& step) {
+    session_.run([&](dtf::run_context& ctx) {
+      dtf::run_values v;
+      const double lr = double(strategy_.learning_rate());
+      v.loss = double(step());
+      v.global_step = strategy_.global_step();
+      v.examples = examples;
+      v.scalars["learning_rate"] = lr;
+      if (ctx.summaries_requested()) standard_session::add_variables(ctx, variables_, host_parameters(), v);
+      return v;
+    });
+  }
+
+  dtf::monitored_training_session& session() noexcept { return session_; }
+  dtf::monitored_training_session* operator->() noexcept { return &session_; }
+  /// Whether SIGTERM or SIGINT asked this task to stop.
+  static bool stopped_by_signal() noexcept { return detail::signals_seen.load() > 0; }
+  const std::shared_ptr<dtf::summary_writer>& writer() const noexcept { return writer_; }
+  /// The checkpoint this run resumed from ("" when none).
+  const std::string& restored_from() const noexcept { return restored_; }
+
+ private:
+  /// Makes every rank stop after the same step: an allreduce (max) of "stop requested here".
+  struct agree_on_stop {
+    dtf::communicator* comm;
+    void after_run(dtf::run_context& ctx, const dtf::run_values&) {
+      if (comm->size() <= 1) {
+        if (detail::signals_seen.load() > 0) ctx.request_stop();
+        return;
+      }
+      float stop[1] = {(ctx.stop_requested() || detail::signals_seen.load() > 0) ? 1.0f : 0.0f};
+      comm->allreduce("session/stop", std::span<float>(stop), dtf::reduce_op::max);
+      if (stop[0] > 0) ctx.request_stop();
+    }
+  };
+
+  std::vector<float> host_parameters() const {
+    const auto p = strategy_.parameters();
+    std::vector<float> host(p.size());
+    thrust::copy(thrust::device_pointer_cast(p.data()), thrust::device_pointer_cast(p.data() + p.size()), host.begin());
+    return host;
+  }
+
+  dtf::checkpoint_manifest save(const dtf::checkpoint_options& ck, std::int64_t step) {
+    const auto values = host_parameters();
+    const auto& opt = strategy_.optimizer();
+    const auto slots = opt.host_slots();
+    dtf::host_checkpoint_state state{.variables = variables_, .values = values, .rule = opt.rule_name(),
+                                     .slots = {}, .iterations = opt.iterations(), .global_step = step};
+    for (const auto& s : slots) state.slots.emplace_back(s);
+    return dtf::write_checkpoint(ck, state);
+  }
+
+  /// Every rank: rank 0 reads the latest checkpoint under --model_dir (when there is one) and
+  /// broadcasts it; every rank restores it. Returns the restored global step (rank 0's view).
+  std::optional<std::int64_t> share_checkpoint() {
+    if (flags_.model_dir.empty()) return std::nullopt;
+    // header: found (1), none (0) or failed (-1); global step; update count; slots
+    std::int64_t header[4] = {0, 0, 0, 0};
+    std::optional<dtf::checkpoint_tensors> t;
+    std::string name;
+    if (comm_.rank() == 0) {
+      try {
+        if (auto latest = dtf::latest_checkpoint(flags_.model_dir)) {
+          name = *latest;
+          t = dtf::read_checkpoint(flags_.model_dir, name);
+          header[0] = 1;
+          header[1] = t->manifest.global_step;
+          header[2] = t->manifest.variables.empty() ? 0 : t->manifest.variables.front().iterations;
+          header[3] = std::int64_t(t->slots.size());
+        }
+      } catch (...) {
+        header[0] = -1;
+        comm_.broadcast("session/restore_header", std::span<std::int64_t>(header), 0);
+        throw;
+      }
+    }
+    comm_.broadcast("session/restore_header", std::span<std::int64_t>(header), 0);
+    if (header[0] < 0)
+      throw dtf::error(dtf::errc::io_error, "rank 0 could not read the latest checkpoint in " + flags_.model_dir);
+    if (header[0] == 0) return std::nullopt;
+    const std::size_t n = dtf::num_parameters(variables_);
+    std::vector<float> values(n);
+    std::vector<std::vector<float>> slots(static_cast<std::size_t>(header[3]), std::vector<float>(n));
+    if (comm_.rank() == 0) {
+      dtf::copy_into_layout(*t, variables_, values);
+      for (std::size_t k = 0; k < slots.size(); ++k) dtf::copy_into_layout(*t, variables_, slots[k], int(k));
+    }
+    comm_.broadcast("session/restore_values", std::span<float>(values), 0);
+    for (auto& s : slots) comm_.broadcast("session/restore_slot", std::span<float>(s), 0);
+    strategy_.restore(values, slots, header[2], header[1]);
+    restored_ = name.empty() ? "ckpt-" + std::to_string(header[1]) : name;
+    std::printf("%s: restored %s from %s (global step %lld)\n", me_.c_str(), restored_.c_str(),
+                flags_.model_dir.c_str(), static_cast<long long>(header[1]));
+    std::fflush(stdout);
+    return header[1];
+  }
+
+  Strategy& strategy_;
+  dtf::communicator& comm_;
+  std::vector<dtf::variable_spec> variables_;
+  hook_flags flags_;
+  std::string me_, restored_;
+  dtf::monitored_training_session session_;
+  stop_on_signals signals_;
   std::shared_ptr<dtf::summary_writer> writer_;
 };
 

@@ -6,12 +6,16 @@
 //   mpirun -np 2 --oversubscribe build/examples/mirrored --replicas 2 --rendezvous 127.0.0.1:29500
 //
 // Rank 0 evaluates after every epoch, prints the RESULT line and writes --metrics_file.
-// Progress lines carry step= last_step= loss= steps_per_sec= lr=.
+// Training runs in the standard session (../common/hooks.hpp, collective_session): progress
+// lines (step= last_step= loss= steps_per_sec= learning_rate=), --last_step/--num_steps,
+// --nan_policy, SIGTERM/SIGINT as a stop on every rank, and with --model_dir TensorBoard
+// summaries and checkpoints by rank 0; rerunning with the same --model_dir resumes.
 #include <dtf/cluster.hpp>
 #include <dtf/collectives.hpp>
 #include <dtf/dtf.hpp>
 #include <dtf/strategies/mirrored.hpp>
 
+#include "../common/hooks.hpp"
 #include "../common/mlp.hpp"
 
 #include <chrono>
@@ -60,7 +64,9 @@ int main(int argc, char** argv) try {
   dtf::flag_parser flags(
       "Trains the Fashion-MNIST MLP with R mirrored replicas per process (threads), allreduced across processes "
       "(alone, under dtfrun --workers N, or under mpirun -np N with --rendezvous host:port).");
+  examples::hook_flags hf;
   dtf::add_cluster_flags(flags, cf);
+  hf.add_to(flags, false, false);
   flags.add("replicas", replicas, "model replicas (threads) in this process")
       .add("data", data_dir, "directory holding the Fashion-MNIST IDX files")
       .add("epochs", epochs, "passes over each replica's shard of the training set")
@@ -123,50 +129,50 @@ int main(int argc, char** argv) try {
       {.rule = dtf::optim::make_rule(optimizer, lr), .linear_scaling = linear_scaling, .warmup_steps = warmup_steps,
        .timeout_ms = std::uint32_t(timeout_ms)});
   strategy.initialize(seed);
+  examples::collective_session session(strategy, comm, strategy.model(0).variables(), hf, me, log_every, last_step);
+  session->create();  // resumes from --model_dir's latest checkpoint
   if (rank == 0)
     std::printf("%s: mirrored with %zu replicas x %zu processes (source %s), batch %d per replica; %lld steps\n",
                 me.c_str(), r, comm.size(), source.c_str(), batch, static_cast<long long>(last_step));
   std::fflush(stdout);
 
-  auto window = clock::now();
-  const auto t0 = window;
-  double window_loss = 0;
-  int window_steps = 0;
+  const auto t0 = clock::now();
+  const std::int64_t first_step = strategy.global_step();
   dtf::nn::evaluation eval{};
+  std::int64_t evaluated_at = -1;
+  auto evaluate = [&](const std::string& label) {
+    eval = dtf::nn::evaluate(strategy.model(0), strategy.parameters(0), test);
+    evaluated_at = strategy.global_step();
+    std::printf("%s: %s  test_loss %.4f  test_accuracy %.4f\n", me.c_str(), label.c_str(), eval.loss, eval.accuracy);
+    std::fflush(stdout);
+  };
   std::vector<dtf::data::host_batch> batches(r);
-  while (strategy.global_step() < last_step) {
-    for (std::size_t k = 0; k < r; ++k) batches[k] = *streams[k].s.next();
-    window_loss += strategy.step(batches);
-    ++window_steps;
+  while (!session->should_stop()) {
+    std::size_t examples = 0;
+    for (std::size_t k = 0; k < r; ++k) {
+      batches[k] = *streams[k].s.next();
+      examples += batches[k].labels.size();
+    }
+    session.run(examples, [&] { return strategy.step(batches); });
     const std::int64_t step = strategy.global_step();
-    if (step % log_every == 0 || step == last_step) {
-      const double secs = std::chrono::duration<double>(clock::now() - window).count();
-      std::printf("%s: step=%lld last_step=%lld loss=%.4f steps_per_sec=%.1f lr=%g\n", me.c_str(),
-                  static_cast<long long>(step), static_cast<long long>(last_step), window_loss / window_steps,
-                  window_steps / secs, double(strategy.learning_rate()));
-      std::fflush(stdout);
-      window = clock::now();
-      window_loss = 0;
-      window_steps = 0;
-    }
-    if (rank == 0 && step % std::int64_t(per_epoch) == 0) {
-      eval = dtf::nn::evaluate(strategy.model(0), strategy.parameters(0), test);
-      std::printf("%s: epoch %lld  test_loss %.4f  test_accuracy %.4f\n", me.c_str(),
-                  static_cast<long long>(step / std::int64_t(per_epoch)), eval.loss, eval.accuracy);
-      std::fflush(stdout);
-    }
+    if (rank == 0 && step % std::int64_t(per_epoch) == 0 && step != evaluated_at)
+      evaluate("epoch " + std::to_string(step / std::int64_t(per_epoch)));
   }
+  session->close();
   const double train_s = std::chrono::duration<double>(clock::now() - t0).count();
+  const std::int64_t final_step = strategy.global_step(), trained = std::max<std::int64_t>(1, final_step - first_step);
   comm.barrier();
   if (rank != 0) return 0;
+  // Stopped part-way through an epoch (--last_step, --num_steps, a signal): evaluate what was trained.
+  if (evaluated_at != final_step) evaluate("stopped at step " + std::to_string(final_step));
   const double wall = std::chrono::duration<double>(clock::now() - started).count();
   std::printf("%s: final test accuracy %.4f  test_loss %.4f  global_step %lld  wall %.1fs\n", me.c_str(), eval.accuracy,
-              eval.loss, static_cast<long long>(last_step), wall);
+              eval.loss, static_cast<long long>(final_step), wall);
   std::printf("RESULT scheme=mirrored workers=%zu replicas=%zu accuracy=%.4f wall_s=%.1f step_ms=%.2f samples_per_s=%.0f\n",
-              comm.size(), r, eval.accuracy, wall, 1e3 * train_s / double(last_step),
-              double(last_step) * double(batch) * double(global) / train_s);
+              comm.size(), r, eval.accuracy, wall, 1e3 * train_s / double(trained),
+              double(trained) * double(batch) * double(global) / train_s);
   std::fflush(stdout);
-  write_metrics(metrics_file, eval.accuracy, eval.loss, last_step, wall);
+  write_metrics(metrics_file, eval.accuracy, eval.loss, final_step, wall);
   if (eval.accuracy < target_accuracy) {
     std::fprintf(stderr, "%s: test accuracy %.4f is below the target %.4f\n", me.c_str(), eval.accuracy,
                  double(target_accuracy));

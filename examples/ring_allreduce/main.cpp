@@ -6,12 +6,17 @@
 //   mpirun -np 2 --oversubscribe build/examples/ring_allreduce --rendezvous 127.0.0.1:29500
 //
 // Rank 0 (the chief) evaluates on the test set after every epoch, prints the RESULT line and
-// writes --metrics_file. Progress lines carry step= last_step= loss= steps_per_sec= lr=.
+// writes --metrics_file. Training runs in the standard session (../common/hooks.hpp,
+// collective_session): progress lines (step= last_step= loss= steps_per_sec= learning_rate=)
+// from the logging hook, --last_step/--num_steps, --nan_policy, SIGTERM/SIGINT as a stop on
+// every rank, and with --model_dir TensorBoard summaries and checkpoints by rank 0; rerunning
+// with the same --model_dir resumes every rank from the latest checkpoint.
 #include <dtf/cluster.hpp>
 #include <dtf/collectives.hpp>
 #include <dtf/dtf.hpp>
 #include <dtf/strategies/ring_allreduce.hpp>
 
+#include "../common/hooks.hpp"
 #include "../common/mlp.hpp"
 
 #include <chrono>
@@ -54,7 +59,9 @@ int main(int argc, char** argv) try {
   dtf::flag_parser flags(
       "Trains the Fashion-MNIST MLP with ring-allreduce (run one process per worker: dtfrun --workers N, or "
       "mpirun -np N with --rendezvous host:port).");
+  examples::hook_flags hf;
   dtf::add_cluster_flags(flags, cf);
+  hf.add_to(flags, false, false);
   flags.add("data", data_dir, "directory holding the Fashion-MNIST IDX files")
       .add("epochs", epochs, "passes over each worker's shard of the training set")
       .add("batch", batch, "examples per worker and step")
@@ -102,6 +109,8 @@ int main(int argc, char** argv) try {
       comm, net, {.rule = dtf::optim::make_rule(optimizer, lr), .linear_scaling = linear_scaling,
                   .warmup_steps = warmup_steps});
   strategy.initialize(seed);
+  examples::collective_session session(strategy, comm, net.variables(), hf, me, log_every, last_step);
+  session->create();  // resumes from --model_dir's latest checkpoint
   if (rank == 0)
     std::printf("%s: ring_allreduce with %zu workers (source %s), %zu parameters, batch %d per worker; %lld steps\n",
                 me.c_str(), ranks, cluster.source.c_str(), net.num_parameters(), batch,
@@ -109,44 +118,38 @@ int main(int argc, char** argv) try {
   std::fflush(stdout);
 
   auto stream = train.stream();
-  auto window = clock::now();
-  const auto t0 = window;
-  double window_loss = 0;
-  int window_steps = 0;
+  const auto t0 = clock::now();
+  const std::int64_t first_step = strategy.global_step();
   dtf::nn::evaluation eval{};
-  while (strategy.global_step() < last_step) {
+  std::int64_t evaluated_at = -1;
+  auto evaluate = [&](const std::string& label) {
+    eval = dtf::nn::evaluate(net, strategy.parameters(), test);
+    evaluated_at = strategy.global_step();
+    std::printf("%s: %s  test_loss %.4f  test_accuracy %.4f\n", me.c_str(), label.c_str(), eval.loss, eval.accuracy);
+    std::fflush(stdout);
+  };
+  while (!session->should_stop()) {
     auto b = stream.next();
-    window_loss += strategy.step(*b);
-    ++window_steps;
+    session.run(b->labels.size(), [&] { return strategy.step(*b); });
     const std::int64_t step = strategy.global_step();
-    if (step % log_every == 0 || step == last_step) {
-      const double secs = std::chrono::duration<double>(clock::now() - window).count();
-      std::printf("%s: step=%lld last_step=%lld loss=%.4f steps_per_sec=%.1f lr=%g\n", me.c_str(),
-                  static_cast<long long>(step), static_cast<long long>(last_step), window_loss / window_steps,
-                  window_steps / secs, double(strategy.learning_rate()));
-      std::fflush(stdout);
-      window = clock::now();
-      window_loss = 0;
-      window_steps = 0;
-    }
-    if (rank == 0 && (step % std::int64_t(per_epoch) == 0)) {
-      eval = dtf::nn::evaluate(net, strategy.parameters(), test);
-      std::printf("%s: epoch %lld  test_loss %.4f  test_accuracy %.4f\n", me.c_str(),
-                  static_cast<long long>(step / std::int64_t(per_epoch)), eval.loss, eval.accuracy);
-      std::fflush(stdout);
-    }
+    if (rank == 0 && step % std::int64_t(per_epoch) == 0 && step != evaluated_at)
+      evaluate("epoch " + std::to_string(step / std::int64_t(per_epoch)));
   }
+  session->close();
   const double train_s = std::chrono::duration<double>(clock::now() - t0).count();
+  const std::int64_t final_step = strategy.global_step(), trained = std::max<std::int64_t>(1, final_step - first_step);
   comm.barrier();  // nobody leaves while another still needs its connections
   if (rank != 0) return 0;
+  // Stopped part-way through an epoch (--last_step, --num_steps, a signal): evaluate what was trained.
+  if (evaluated_at != final_step) evaluate("stopped at step " + std::to_string(final_step));
   const double wall = std::chrono::duration<double>(clock::now() - started).count();
   std::printf("%s: final test accuracy %.4f  test_loss %.4f  global_step %lld  wall %.1fs\n", me.c_str(), eval.accuracy,
-              eval.loss, static_cast<long long>(last_step), wall);
+              eval.loss, static_cast<long long>(final_step), wall);
   std::printf("RESULT scheme=ring_allreduce workers=%zu accuracy=%.4f wall_s=%.1f step_ms=%.2f samples_per_s=%.0f\n",
-              ranks, eval.accuracy, wall, 1e3 * train_s / double(last_step),
-              double(last_step) * double(batch) * double(ranks) / train_s);
+              ranks, eval.accuracy, wall, 1e3 * train_s / double(trained),
+              double(trained) * double(batch) * double(ranks) / train_s);
   std::fflush(stdout);
-  write_metrics(metrics_file, eval.accuracy, eval.loss, last_step, wall);
+  write_metrics(metrics_file, eval.accuracy, eval.loss, final_step, wall);
   if (eval.accuracy < target_accuracy) {
     std::fprintf(stderr, "%s: test accuracy %.4f is below the target %.4f\n", me.c_str(), eval.accuracy,
                  double(target_accuracy));

@@ -571,6 +571,56 @@ inline std::vector<std::string> commit_checkpoint(const std::filesystem::path& d
   return pruned;
 }
 
+/// The state of a model held whole by one process (collective strategies: every rank holds
+/// the same replica), as host buffers laid out as `variables` describes.
+struct host_checkpoint_state {
+  std::vector<variable_spec> variables;
+  std::span<const float> values;                    ///< the flat parameters
+  std::string rule = "sgd";                         ///< the update rule's name (optim rule `name`)
+  std::vector<std::span<const float>> slots;        ///< the rule's slots (0..2), each like values
+  std::int64_t iterations = 0;                      ///< updates the rule applied (Adam's t)
+  std::int64_t global_step = 0;
+};
+
+/// Saves a checkpoint from one process's host buffers in the same format the ps tasks write
+/// (one shard file "NAME.ps-0-of-1.shard" holding every variable whole, then the manifest and
+/// the state file; crash-safe; max_to_keep pruning), so read_checkpoint, restore and dtf-ckpt
+/// treat it like any other. NAME is "<prefix>-<global_step>". Returns the manifest written.
+/// Errors: errc::invalid_argument (a slot or variable that does not fit the values),
+/// errc::io_error (a file cannot be written).
+inline checkpoint_manifest write_checkpoint(const checkpoint_options& options, const host_checkpoint_state& state,
+                                            const checkpoint_fault& fault = {}) {
+  if (state.slots.size() > 2)
+    throw error(errc::invalid_argument, "write_checkpoint: " + std::to_string(state.slots.size()) + " slots (at most 2)");
+  for (const auto& s : state.slots)
+    if (s.size() != state.values.size())
+      throw error(errc::invalid_argument, "write_checkpoint: a slot of " + std::to_string(s.size()) +
+                                              " floats for " + std::to_string(state.values.size()) + " values");
+  checkpoint_manifest m;
+  m.name = options.prefix + "-" + std::to_string(state.global_step);
+  m.global_step = state.global_step;
+  m.num_ps = 1;
+  m.rule = state.rule.empty() ? "sgd" : state.rule;
+  m.num_slots = state.slots.size();
+  std::vector<detail::ckpt::shard_record> records;
+  for (std::size_t i = 0; i < state.variables.size(); ++i) {
+    const auto& v = state.variables[i];
+    if (v.offset + v.size() > state.values.size())
+      throw error(errc::invalid_argument, "write_checkpoint: variable '" + v.name + "' lies outside the " +
+                                              std::to_string(state.values.size()) + " values");
+    m.variables.push_back({v.name, v.shape, v.offset, state.iterations});
+    m.shards.push_back({std::uint32_t(i), i, 0, 0, 0, v.shape.empty() ? 1 : v.shape[0], v.offset, v.size()});
+    detail::ckpt::shard_record r{.id = std::uint32_t(i), .size = v.size(), .iterations = state.iterations, .tensors = {}};
+    r.tensors.push_back(state.values.data() + v.offset);
+    for (const auto& s : state.slots) r.tensors.push_back(s.data() + v.offset);
+    records.push_back(std::move(r));
+  }
+  m.files.push_back(detail::ckpt::write_shard_file(options.directory, m.name, 0, 1, state.global_step, m.num_slots,
+                                                   records, fault));
+  commit_checkpoint(options.directory, m, options.max_to_keep);
+  return m;
+}
+
 /// Writes a float32 array as a NumPy .npy file (format 1.0, little-endian '<f4', C order),
 /// crash-safely.
 inline void write_npy(const std::filesystem::path& path, const dims& shape, std::span<const float> data) {

@@ -15,6 +15,7 @@
 #include <dtf/error.hpp>
 #include <dtf/optim/rules.hpp>
 
+#include <thrust/copy.h>
 #include <thrust/device_vector.h>
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
@@ -25,6 +26,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <variant>
+#include <vector>
 
 namespace dtf::optim {
 
@@ -109,6 +112,36 @@ class optimizer {
     return {thrust::raw_pointer_cast(v.data()), v.size()};
   }
   void set_iterations(std::int64_t t) noexcept { iterations_ = t; }
+
+  /// The rule's name (sgd, momentum, nesterov, adagrad, adam), as checkpoints record it.
+  std::string rule_name() const {
+    return std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule_);
+  }
+  /// The slots copied to host memory (one vector of size() per slot), for checkpoints.
+  std::vector<std::vector<float>> host_slots() const {
+    std::vector<std::vector<float>> out;
+    for (const auto* v : {&slot0_, &slot1_}) {
+      if (v->empty()) continue;
+      out.emplace_back(v->size());
+      thrust::copy(v->begin(), v->end(), out.back().begin());
+    }
+    return out;
+  }
+  /// Restores the slots from host buffers and the update count (Adam's t). Errors:
+  /// errc::shape_mismatch when the number or sizes of the slots do not match this rule's.
+  void load_host_slots(std::span<const std::vector<float>> slots, std::int64_t iterations) {
+    if (slots.size() != detail::slot_count(rule_))
+      throw error(errc::shape_mismatch, "optimizer: " + std::to_string(slots.size()) + " slots for rule " + rule_name() +
+                                            " (which has " + std::to_string(detail::slot_count(rule_)) + ")");
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      auto& v = i == 0 ? slot0_ : slot1_;
+      if (slots[i].size() != v.size())
+        throw error(errc::shape_mismatch, "optimizer: slot of " + std::to_string(slots[i].size()) + " floats, expected " +
+                                              std::to_string(v.size()));
+      thrust::copy(slots[i].begin(), slots[i].end(), v.begin());
+    }
+    iterations_ = iterations;
+  }
 
  private:
   template <class Kernel>

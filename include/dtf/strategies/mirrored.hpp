@@ -198,6 +198,22 @@ class mirrored {
   M& model(std::size_t k = 0) { return replicas_.at(k)->net; }
   std::int64_t global_step() const noexcept { return step_; }
 
+  /// Replica k's update-rule state, for checkpoints (every replica holds the same).
+  const optim::optimizer<>& optimizer(std::size_t k = 0) const { return replicas_.at(k)->opt; }
+  /// Restores a saved state into every replica of this process: the parameters, the rule's
+  /// slots and update count (host buffers) and the global step (which drives the warm-up).
+  /// Every process must restore the same state. Errors: errc::shape_mismatch.
+  void restore(std::span<const float> values, std::span<const std::vector<float>> slots, std::int64_t iterations,
+               std::int64_t global_step) {
+    for (std::size_t k = 0; k < replicas_.size(); ++k) {
+      on_device(k);
+      replicas_[k]->params.template copy_from_host<float>(values);
+      replicas_[k]->opt.load_host_slots(slots, iterations);
+    }
+    on_device(0);
+    step_ = global_step;
+  }
+
  private:
   struct replica {
     replica(const M& prototype, std::size_t n, const optim::rule& rule)

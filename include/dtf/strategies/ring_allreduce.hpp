@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace dtf::strategies {
 
@@ -84,6 +85,18 @@ class ring_allreduce {
   std::span<float> parameters() { return params_.template span<float>(); }
   std::int64_t global_step() const noexcept { return step_; }
   communicator& comm() noexcept { return comm_; }
+
+  /// The update rule's state, for checkpoints (every rank holds the same).
+  const optim::optimizer<>& optimizer() const noexcept { return optimizer_; }
+  /// Restores a saved state on this rank: the parameters, the rule's slots and update count
+  /// (host buffers) and the global step (which drives the warm-up). Every rank must restore the
+  /// same state (e.g. rank 0 reads a checkpoint and broadcasts it). Errors: errc::shape_mismatch.
+  void restore(std::span<const float> values, std::span<const std::vector<float>> slots, std::int64_t iterations,
+               std::int64_t global_step) {
+    params_.template copy_from_host<float>(values);
+    optimizer_.load_host_slots(slots, iterations);
+    step_ = global_step;
+  }
 
  private:
   communicator& comm_;
