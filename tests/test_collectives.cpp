@@ -15,6 +15,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <sstream>
+#include <stdexcept>
 #include <cmath>
 #include <exception>
 #include <string>
@@ -66,19 +68,35 @@ std::vector<std::exception_ptr> run_ranks_collect(std::size_t n, const collectiv
   return failures;
 }
 
-void run_ranks(std::size_t n, const collective_options& o, const std::function<void(communicator&)>& body) {
-  for (auto& f : run_ranks_collect(n, o, body))
-    if (f) std::rethrow_exception(f);
-}
-
 std::string message_of(const std::exception_ptr& p) {
   try {
     std::rethrow_exception(p);
   } catch (const std::exception& e) {
     return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
   }
-  return {};
 }
+
+/// Runs body on n ranks and asserts, on this thread, that every rank succeeded (naming the
+/// rank and its error otherwise). Catch2's assertion macros are not thread-safe, so rank
+/// bodies check with RANK_CHECK, which throws, instead of CHECK/REQUIRE.
+void run_ranks(std::size_t n, const collective_options& o, const std::function<void(communicator&)>& body) {
+  const auto failures = run_ranks_collect(n, o, body);
+  for (std::size_t r = 0; r < failures.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE((failures[r] ? message_of(failures[r]) : std::string()) == "");
+  }
+}
+
+#define RANK_CHECK(cond, msg)                                                 \
+  do {                                                                        \
+    if (!(cond)) {                                                            \
+      std::ostringstream rank_check_os;                                       \
+      rank_check_os << "RANK_CHECK(" #cond ") failed: " << msg;              \
+      throw std::runtime_error(rank_check_os.str());                          \
+    }                                                                         \
+  } while (false)
 
 // Integer-valued floats well inside float's exact range, so sums are exact in any order.
 float value(std::size_t rank, std::size_t i) { return float(int((i * 7 + rank * 13) % 1001) - 500); }
@@ -99,8 +117,8 @@ TEST_CASE("allreduce sums integer-valued floats exactly for 2, 3 and 4 ranks at 
       for (std::size_t i = 0; i < size; ++i) {
         float expected = 0;
         for (std::size_t r = 0; r < n; ++r) expected += value(r, i);
-        if (v[i] != expected)
-          FAIL("rank " << c.rank() << " size " << size << " element " << i << ": " << v[i] << " != " << expected);
+        RANK_CHECK(v[i] == expected,
+                   "rank " << c.rank() << " size " << size << " element " << i << ": " << v[i] << " != " << expected);
       }
     }
   });
@@ -127,7 +145,7 @@ TEST_CASE("allreduce average, min and max, and int32 and float64 tensors", "[col
           lo = std::min(lo, std::int32_t(value(r, i)));
           hi = std::max(hi, std::int32_t(value(r, i)));
         }
-        if (avg[i] != sum || mn[i] != lo || mx[i] != hi) FAIL("rank " << c.rank() << " size " << size << " element " << i);
+        RANK_CHECK(avg[i] == sum && mn[i] == lo && mx[i] == hi, "rank " << c.rank() << " size " << size << " element " << i);
       }
     }
   });
@@ -143,14 +161,14 @@ TEST_CASE("broadcast and allgather deliver exact copies", "[collectives]") {
           for (std::size_t i = 0; i < size; ++i) v[i] = value(root, i);
         c.broadcast<float>("init", v, root);
         for (std::size_t i = 0; i < size; ++i)
-          if (v[i] != value(root, i)) FAIL("broadcast: rank " << c.rank() << " root " << root << " element " << i);
+          RANK_CHECK(v[i] == value(root, i), "broadcast: rank " << c.rank() << " root " << root << " element " << i);
       }
       std::vector<float> mine(size), all(size * n);
       for (std::size_t i = 0; i < size; ++i) mine[i] = value(c.rank(), i);
       c.allgather<float>("gather", mine, all);
       for (std::size_t r = 0; r < n; ++r)
         for (std::size_t i = 0; i < size; ++i)
-          if (all[r * size + i] != value(r, i)) FAIL("allgather: rank " << c.rank() << " block " << r << " element " << i);
+          RANK_CHECK(all[r * size + i] == value(r, i), "allgather: rank " << c.rank() << " block " << r << " element " << i);
     }
     c.barrier();
   });
@@ -179,10 +197,10 @@ TEST_CASE("fused allreduce of several tensors equals one allreduce per tensor", 
       const auto v = ts[k].to_vector<float>();
       for (std::size_t i = 0; i < v.size(); ++i) {
         const float expected = value(k, i) + value(1 + k, i) + value(2 + k, i);
-        if (v[i] != expected) FAIL("tensor " << k << " element " << i);
+        RANK_CHECK(v[i] == expected, "tensor " << k << " element " << i);
       }
     }
-    for (auto x : ints.to_vector<std::int32_t>()) REQUIRE(x == 6);
+    for (auto x : ints.to_vector<std::int32_t>()) RANK_CHECK(x == 6, "fused int32 sum " << x);
   });
 }
 
@@ -270,16 +288,25 @@ TEST_CASE("a failed communicator refuses later collectives", "[collectives]") {
     if (c.rank() == 0) {
       c.allreduce<float>("a", v);
     } else {
-      CHECK_THROWS(c.allreduce<float>("b", v));
+      bool threw = false;
+      try {
+        c.allreduce<float>("b", v);
+      } catch (const dtf::error&) {
+        threw = true;
+      }
+      RANK_CHECK(threw, "a mismatched collective succeeded");
       try {
         c.allreduce<float>("a", v);
-        FAIL("a broken communicator served a collective");
       } catch (const dtf::error& e) {
-        CHECK(std::string(e.what()).find("failed earlier") != std::string::npos);
+        RANK_CHECK(std::string(e.what()).find("failed earlier") != std::string::npos, e.what());
+        return;
       }
+      RANK_CHECK(false, "a broken communicator served a collective");
     }
   });
   REQUIRE(failures[0]);
+  INFO((failures[1] ? message_of(failures[1]) : std::string()));
+  CHECK_FALSE(failures[1]);
 }
 
 TEST_CASE("ring connections authenticate with the cluster secret", "[collectives]") {
@@ -314,7 +341,7 @@ TEST_CASE("ring connections authenticate with the cluster secret", "[collectives
   }(), [](communicator& c) {
     std::vector<float> v{float(c.rank())};
     c.allreduce<float>("x", v);
-    REQUIRE(v[0] == 1.0f);
+    RANK_CHECK(v[0] == 1.0f, v[0]);
   });
 }
 
@@ -410,8 +437,8 @@ TEST_CASE("ring_allreduce strategy: 2 ranks at batch B equal one process at 2B",
     auto stream = data.stream();
     float loss = 0;
     while (auto b = stream.next()) loss = s.step(rows_of(*b, c.rank() * batch, batch));
-    CHECK(std::isfinite(loss));
-    CHECK(s.global_step() == std::int64_t(steps));
+    RANK_CHECK(std::isfinite(loss), loss);
+    RANK_CHECK(s.global_step() == std::int64_t(steps), s.global_step());
     result[c.rank()].assign(s.parameters().begin(), s.parameters().end());
   });
   REQUIRE(result[0] == result[1]);
@@ -426,13 +453,14 @@ TEST_CASE("mirrored: 2 replicas x 2 processes at batch B equal one process at 4B
   run_ranks(2, test_options(), [&](communicator& c) {
     dtf::strategies::mirrored<dtf::nn::sequential> s(c, dtf::test::small_net(), replicas,
                                                      {.rule = dtf::optim::sgd{.learning_rate = 0.1f}});
-    REQUIRE(s.global_replicas() == 4);
+    RANK_CHECK(s.global_replicas() == 4, s.global_replicas());
     s.initialize(3);
     auto stream = data.stream();
     while (auto b = stream.next()) {
       std::vector<dtf::data::host_batch> mine;
       for (std::size_t k = 0; k < replicas; ++k) mine.push_back(rows_of(*b, (c.rank() * replicas + k) * batch, batch));
-      CHECK(std::isfinite(s.step(mine)));
+      const float loss = s.step(mine);
+      RANK_CHECK(std::isfinite(loss), loss);
     }
     for (std::size_t k = 0; k < replicas; ++k)
       result[c.rank() * replicas + k].assign(s.parameters(k).begin(), s.parameters(k).end());

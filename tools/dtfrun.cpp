@@ -243,25 +243,9 @@ options parse_options(int argc, char** argv) {
       opts.help = true;
       return opts;
     }
-    if (!arg.starts_with("--")) {
-      const bool separator_follows =
-          std::find(argv + i, argv + argc, std::string_view("--")) != argv + argc;
-      throw usage_error(separator_follows
-                            ? "unexpected argument '" + std::string(arg) +
-                                  "' before '--' (see dtfrun --help)"
-                            : "missing '--' before the command '" + std::string(arg) +
-                                  "' (see dtfrun --help)");
-    }
-    std::string_view written = arg.substr(2);
-    std::optional<std::string_view> inline_value;
-    if (auto eq = written.find('='); eq != std::string_view::npos) {
-      inline_value = written.substr(eq + 1);
-      written = written.substr(0, eq);
-    }
     // '-' and '_' are the same in a flag's name; messages show the name as written.
-    std::string normalized(written);
-    std::replace(normalized.begin(), normalized.end(), '-', '_');
-    const std::string_view name = normalized;
+    const auto [written, name, inline_value] =
+        split_flag(arg, std::span<char* const>(argv + i, argv + argc), "dtfrun --help");
     if (name == "chief" || name == "evaluator" || name == "live" || name == "no_live" ||
         name == "print_tf_config") {
       if (inline_value) throw usage_error("--" + std::string(written) + " takes no value");

@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -163,6 +165,35 @@ inline std::string json_string(std::string_view text) {
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// One `--name[=value]` argument of dtfrun's (or dtfrun sweep's) own flags, split: the name as
+/// written (for messages), the name with '-' read as '_', and the value after '=' if any.
+/// Anything that is not a flag is an error: a stray argument before '--', or a command
+/// without its '--'. `rest` is what follows the argument; `help` names the --help to read.
+struct flag_arg {
+  std::string_view written;
+  std::string name;
+  std::optional<std::string_view> inline_value;
+};
+
+inline flag_arg split_flag(std::string_view arg, std::span<char* const> rest, std::string_view help) {
+  if (!arg.starts_with("--")) {
+    const bool separator_follows =
+        std::find(rest.begin(), rest.end(), std::string_view("--")) != rest.end();
+    throw usage_error((separator_follows ? "unexpected argument '" + std::string(arg) + "' before '--'"
+                                         : "missing '--' before the command '" + std::string(arg) + "'") +
+                      " (see " + std::string(help) + ")");
+  }
+  flag_arg f;
+  f.written = arg.substr(2);
+  if (auto eq = f.written.find('='); eq != std::string_view::npos) {
+    f.inline_value = f.written.substr(eq + 1);
+    f.written = f.written.substr(0, eq);
+  }
+  f.name = std::string(f.written);
+  std::replace(f.name.begin(), f.name.end(), '-', '_');
+  return f;
+}
 
 inline long long parse_count(std::string_view flag, std::string_view text, long long max) {
   long long value = 0;

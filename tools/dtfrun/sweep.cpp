@@ -127,21 +127,8 @@ sweep_options parse_sweep_options(int argc, char** argv) {
       opts.help = true;
       return opts;
     }
-    if (!arg.starts_with("--")) {
-      const bool separator_follows = std::find(argv + i, argv + argc, std::string_view("--")) != argv + argc;
-      throw usage_error(separator_follows ? "unexpected argument '" + std::string(arg) +
-                                                "' before '--' (see dtfrun sweep --help)"
-                                          : "missing '--' before the command '" + std::string(arg) +
-                                                "' (see dtfrun sweep --help)");
-    }
-    std::string_view written = arg.substr(2);
-    std::optional<std::string_view> inline_value;
-    if (auto eq = written.find('='); eq != std::string_view::npos) {
-      inline_value = written.substr(eq + 1);
-      written = written.substr(0, eq);
-    }
-    std::string name(written);
-    std::replace(name.begin(), name.end(), '-', '_');
+    const auto [written, name, inline_value] =
+        split_flag(arg, std::span<char* const>(argv + i, argv + argc), "dtfrun sweep --help");
     if (name != "grid" && name != "parallel" && name != "out" && name != "sort" && name != "timeout_s") {
       throw usage_error("unknown sweep flag '--" + std::string(written) + "' (see dtfrun sweep --help)");
     }
