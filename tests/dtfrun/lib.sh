@@ -9,7 +9,10 @@ dtfrun=${1:?usage: $0 <path to dtfrun>}
 py=$("${DTF_TEST_PYTHON3:-python3}" -c 'import sys; print(sys.executable)')
 work=$(mktemp -d "${TMPDIR:-/tmp}/dtfrun_test.XXXXXX")
 tok="dtfrunmark${$}x${RANDOM}${RANDOM}"
-export py tok work
+# Events and task bodies without sleeps (see events.py); importable from tasks' python -c.
+events="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/events.py"
+export PYTHONPATH="$(dirname "$events")${PYTHONPATH:+:$PYTHONPATH}"
+export py tok work events
 # dtfrun's state files (dtfrun status) stay inside this test's directory, also those a
 # dtfrun killed with SIGKILL leaves behind.
 export XDG_RUNTIME_DIR="$work/xdg"
@@ -55,7 +58,12 @@ expect_no_tasks_left() {
 }
 
 # A task body that runs until it is signalled, as one process marked for pgrep.
-forever='exec "$py" -c "import sys, time; print(\"ready\", flush=True); time.sleep(600)" "$tok.$DTF_TASK"'
+forever='exec "$py" "$events" park --ready "$tok.$DTF_TASK"'
+
+# new_event NAME: the FIFO $work/NAME, for one fire and one wait (events.py).
+new_event() { rm -f "$work/$1"; mkfifo "$work/$1"; }
+# fire_event NAME: fires it from the test (bounded).
+fire_event() { "$py" "$events" fire "$work/$1"; }
 
 # expect_rc <expected> <actual> <what>
 expect_rc() { [[ "$2" -eq "$1" ]] || fail "$3: exit status $2, expected $1"; }

@@ -59,12 +59,12 @@ bad "--live takes no value" --live=1 -- touch "$sentinel"
 
 # A port clash: --port-base names a port something here listens on.
 "$py" -c '
-import socket, sys, time
+import events, socket
 s = socket.socket()
 s.bind(("127.0.0.1", 0))
 s.listen()
 print(s.getsockname()[1], flush=True)
-time.sleep(60)' "$tok.holder" >"$work/holder.port" &
+events.park()' "$tok.holder" >"$work/holder.port" &
 holder=$!
 wait_until 10 test -s "$work/holder.port" || fail "the port holder did not start"
 port=$(cat "$work/holder.port")

@@ -49,17 +49,11 @@ expect_no_tasks_left
 # inside the grace period: no SIGTERM.
 cat >"$work/task.sh" <<'TASK'
 case "$DTF_TASK" in
-  worker.0) exec touch "$work/chief_done" ;;
-  ps.0) exec "$py" -c '
-import os, sys, time
-deadline = time.monotonic() + 30
-while not os.path.exists(sys.argv[1]):
-    if time.monotonic() > deadline:
-        sys.exit(9)
-    time.sleep(0.02)
-print("chief is done", flush=True)' "$work/chief_done" ;;
+  worker.0) exec "$py" "$events" fire "$work/chief_done" ;;
+  ps.0) "$py" "$events" wait "$work/chief_done" || exit 9; echo "chief is done" ;;
 esac
 TASK
+new_event chief_done
 start=$SECONDS
 run ps_ends --ps 1 --workers 1 --grace_ms 40000
 expect_rc 0 "$rc" "ps ending by itself"
@@ -71,18 +65,12 @@ grep -q SIGTERM "$work/ps_ends.err" && fail "a task was sent SIGTERM"
 # The chief ends only once the ps has set SIGTERM to be ignored.
 cat >"$work/task.sh" <<'TASK'
 if [[ "$DTF_TASK" == worker.0 ]]; then
-  for ((i = 0; i < 600; ++i)); do
-    [[ -f "$work/ps_ready" ]] && exit 5
-    sleep 0.05
-  done
+  "$py" "$events" wait "$work/ps_ready" && exit 5
   exit 1
 fi
-exec "$py" -c '
-import signal, sys, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-open(sys.argv[1], "w").close()
-time.sleep(600)' "$work/ps_ready" "$tok.$DTF_TASK"
+exec "$py" "$events" park --ignore-term --fire "$work/ps_ready" "$tok.$DTF_TASK"
 TASK
+new_event ps_ready
 run stubborn --ps 1 --workers 1 --grace_ms 200
 expect_rc 5 "$rc" "ps ignoring SIGTERM"
 expect_line "$work/stubborn.err" "dtfrun: ps.0 still running 3000 ms after SIGTERM; sending SIGKILL"

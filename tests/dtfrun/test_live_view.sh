@@ -14,13 +14,11 @@ if [[ "$DTF_TASK" == worker.1 && "$DTF_RESTART_COUNT" == 0 ]]; then echo "failin
 for ((i = 1; i <= 12; ++i)); do
   echo "$DTF_TASK: step=$i last_step=12 loss=0.$((500 - i)) steps_per_sec=$((40 + i)).5 lr=0.1"
 done
-if [[ "$DTF_TASK" == worker.1 ]]; then touch "$work/worker1_done"; fi
-if [[ "$DTF_TASK" == worker.0 ]]; then
-  for ((k = 0; k < 600; ++k)); do [[ -f "$work/worker1_done" ]] && exit 0; sleep 0.05; done
-  exit 1
-fi
+if [[ "$DTF_TASK" == worker.1 ]]; then exec "$py" "$events" fire "$work/worker1_done"; fi
+if [[ "$DTF_TASK" == worker.0 ]]; then exec "$py" "$events" wait "$work/worker1_done"; fi
 exit 0
 TASK
+new_event worker1_done
 "$py" "$term" 100 "$work/live.raw" "$work/live.screen" -- \
   "$dtfrun" --ps 1 --workers 2 --max-restarts worker=1 --restart_delay_ms 0 --grace_ms 2000 -- bash "$work/task.sh"
 expect_rc 0 $? "live run"
@@ -57,13 +55,15 @@ tail -n 2 "$work/many.screen" | head -n 1 | grep -qx '\.\.\. 11 more tasks (dtfr
   fail "45 tasks: no line for the rows left out"
 tail -n 1 "$work/many.screen" | grep -q '^chief worker.0: \[#*\.*\] 3/10 30%$' || fail "45 tasks: no progress bar"
 
-# Not a terminal: plain prefixed lines, no escape sequences, no table.
-touch "$work/worker1_done"
+# Not a terminal: plain prefixed lines, no escape sequences, no table. Without a worker.1 the
+# test fires the chief's event itself.
+fire_event worker1_done &
 "$dtfrun" --ps 1 --workers 1 -- bash "$work/task.sh" >"$work/plain.out" 2>&1
 expect_rc 0 $? "plain run"
 grep -q $'\x1b' "$work/plain.out" && fail "escape sequences in output that is not a terminal"
 grep -q '^task ' "$work/plain.out" && fail "a table in output that is not a terminal"
 # --no-live on a terminal: plain too.
+fire_event worker1_done &
 "$py" "$term" 100 "$work/nolive.raw" "$work/nolive.screen" -- "$dtfrun" --no-live --workers 1 -- bash "$work/task.sh"
 expect_rc 0 $? "--no-live run"
 grep -q $'\x1b' "$work/nolive.raw" && fail "escape sequences with --no-live"

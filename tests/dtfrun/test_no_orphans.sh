@@ -6,7 +6,7 @@ source "$(dirname "$0")/lib.sh"
 # stdout), then the ps runs forever and the workers end. The grace period runs out because
 # the ps and the children keep running; teardown reaches all of them through the groups.
 cat >"$work/task.sh" <<TASK
-"\$py" -c 'import time; time.sleep(600)' "\$tok.\$DTF_TASK.child" &
+"\$py" "\$events" park "\$tok.\$DTF_TASK.child" &
 [[ "\$DTF_TASK" == ps.* ]] && $forever
 exit 0
 TASK

@@ -16,24 +16,17 @@ run() {  # run <name> <dtfrun flags...>: runs $work/task.sh under dtfrun, sets r
 cat >"$work/task.sh" <<'TASK'
 echo "start $DTF_RESTART_COUNT $TF_CONFIG"
 if [[ "$DTF_TASK" == worker.1 ]]; then
-  "$py" -c 'import time; time.sleep(600)' "$tok.$DTF_TASK.child$DTF_RESTART_COUNT" &
+  "$py" "$events" park "$tok.$DTF_TASK.child$DTF_RESTART_COUNT" &
   case "$DTF_RESTART_COUNT" in
     0) exit 7 ;;
     1) kill -USR1 $$ ;;
   esac
-  touch "$work/worker1_up"
+  exec "$py" "$events" park --fire "$work/worker1_up" "$tok.$DTF_TASK"
 fi
-if [[ "$DTF_TASK" == worker.0 ]]; then
-  exec "$py" -c '
-import os, sys, time
-deadline = time.monotonic() + 30
-while not os.path.exists(sys.argv[1]):
-    if time.monotonic() > deadline:
-        sys.exit(9)
-    time.sleep(0.02)' "$work/worker1_up"
-fi
-exec "$py" -c 'import time; time.sleep(600)' "$tok.$DTF_TASK"
+if [[ "$DTF_TASK" == worker.0 ]]; then exec "$py" "$events" wait "$work/worker1_up"; fi
+exec "$py" "$events" park "$tok.$DTF_TASK"
 TASK
+new_event worker1_up
 run recovers --ps 1 --workers 2 --max-restarts worker=2 --restart_delay_ms 0 --grace_ms 200
 expect_rc 0 "$rc" "worker.1 recovering after two restarts"
 expect_line "$work/recovers.err" "dtfrun: worker.1 failed (exit status 7); restarting it (restart 1 of 2)"
@@ -80,7 +73,7 @@ expect_no_tasks_left
 cat >"$work/task.sh" <<'TASK'
 case "$DTF_TASK" in
   ps.0) exec "$py" -c '
-import json, os, signal, socket, sys, time
+import events, json, os, signal, socket, sys
 host, port = json.loads(os.environ["TF_CONFIG"])["cluster"]["ps"][0].rsplit(":", 1)
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -91,17 +84,11 @@ if os.environ["DTF_RESTART_COUNT"] == "0":
     c = socket.create_connection((host, int(port)))  # an accepted connection, then SIGKILL
     s.accept()
     os.kill(os.getpid(), signal.SIGKILL)
-open(sys.argv[1], "w").close()
-time.sleep(600)' "$work/ps_up" "$tok.$DTF_TASK" ;;
-  worker.0) exec "$py" -c '
-import os, sys, time
-deadline = time.monotonic() + 30
-while not os.path.exists(sys.argv[1]):
-    if time.monotonic() > deadline:
-        sys.exit(9)
-    time.sleep(0.02)' "$work/ps_up" ;;
+events.park(fire_path=sys.argv[1])' "$work/ps_up" "$tok.$DTF_TASK" ;;
+  worker.0) exec "$py" "$events" wait "$work/ps_up" ;;
 esac
 TASK
+new_event ps_up
 run ps_port --ps 1 --workers 1 --max-restarts ps=1 --restart_delay_ms 0 --grace_ms 100
 expect_rc 0 "$rc" "ps restarted on the same port"
 expect_line "$work/ps_port.err" "dtfrun: ps.0 failed (killed by signal SIGKILL); restarting it (restart 1 of 1)"

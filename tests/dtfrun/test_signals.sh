@@ -25,14 +25,7 @@ expect_no_tasks_left
 # normally; the ps (which never ends by itself here) and the workers then get the grace
 # period and SIGTERM. dtfrun exits 130.
 cat >"$work/task.sh" <<'TASK'
-exec "$py" -c '
-import os, signal, sys, time
-def on_term(sig, frame):
-    print("got SIGTERM; saved", flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, on_term)
-print("ready", flush=True)
-time.sleep(600)' "$tok.$DTF_TASK"
+exec "$py" "$events" park --ready --term-message "got SIGTERM; saved" "$tok.$DTF_TASK"
 TASK
 "$dtfrun" --ps 1 --workers 2 --grace_ms 300 -- bash "$work/task.sh" >"$work/INT.out" 2>"$work/INT.err" &
 bg_pid=$!
@@ -57,11 +50,7 @@ expect_no_tasks_left
 
 # Tasks that ignore SIGTERM (the chief too): a second SIGINT sends SIGKILL at once.
 cat >"$work/task.sh" <<'TASK'
-exec "$py" -c '
-import signal, time
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-print("ready", flush=True)
-time.sleep(600)' "$tok.$DTF_TASK"
+exec "$py" "$events" park --ready --ignore-term "$tok.$DTF_TASK"
 TASK
 "$dtfrun" --ps 1 --workers 1 -- bash "$work/task.sh" >"$work/twice.out" 2>"$work/twice.err" &
 bg_pid=$!

@@ -5,27 +5,19 @@
 source "$(dirname "$0")/lib.sh"
 state_dir="$XDG_RUNTIME_DIR/dtfrun"
 
-# worker.0 (the chief) reports step 5 of 50 and waits for $work/go; worker.1 keeps a CPU busy
-# until then; the ps waits too.
+# worker.0 (the chief) reports step 5 of 50 and waits for the event "go"; worker.1 keeps a
+# CPU busy and the ps runs until the teardown after the chief's end.
 cat >"$work/task.sh" <<'TASK'
 case "$DTF_TASK" in
-  worker.0) echo "step=5 last_step=50 loss=0.25 steps_per_sec=12.5" ;;
+  worker.0) echo "step=5 last_step=50 loss=0.25 steps_per_sec=12.5"
+            exec "$py" "$events" wait "$work/go" --timeout 60 ;;
   ps.0) echo "ps.0: step=3 (a ps line)" ;;
+  worker.1) exec "$py" -c 'while True: pass' "$tok.$DTF_TASK" ;;
 esac
-if [[ "$DTF_TASK" == worker.1 ]]; then
-  exec "$py" -c '
-import os, sys, time
-deadline = time.monotonic() + 60
-while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
-    pass' "$work/go" "$tok.$DTF_TASK"
-fi
-exec "$py" -c '
-import os, sys, time
-deadline = time.monotonic() + 60
-while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
-    time.sleep(0.02)' "$work/go" "$tok.$DTF_TASK"
+exec "$py" "$events" park "$tok.$DTF_TASK"
 TASK
-"$dtfrun" --ps 1 --workers 2 -- bash "$work/task.sh" >"$work/run.out" 2>"$work/run.err" &
+new_event go
+"$dtfrun" --ps 1 --workers 2 --grace_ms 100 -- bash "$work/task.sh" >"$work/run.out" 2>"$work/run.err" &
 bg_pid=$!
 state="$state_dir/$bg_pid.json"
 # Ready once the chief's step is in and worker.1 has a CPU figure (two samples apart).
@@ -83,7 +75,7 @@ expect_rc 0 $? "dtfrun status with a stale file"
 [[ $(grep -c '^dtfrun [0-9]* |' "$work/status2.out") -eq 1 ]] || fail "the stale job was listed"
 [[ ! -e "$state_dir/$dead.json" ]] || fail "the stale state file was not removed"
 
-touch "$work/go"
+fire_event go
 wait "$bg_pid"
 expect_rc 0 $? "the job"
 bg_pid=""

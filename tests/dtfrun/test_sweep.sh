@@ -23,10 +23,23 @@ while [[ $# -gt 0 ]]; do
 done
 me="$work/active/$$"
 touch "$me"
-( flock 9; n=$(ls "$work/active" | wc -l); echo "$n" >>"$work/concurrency"; ((n < 2)) || touch "$work/overlap" ) 9>"$work/lock"
-# The first runs stay until two were active at once (bounded), so that parallel runs
-# overlap for sure.
-for ((k = 0; k < 500; ++k)); do [[ -f "$work/overlap" ]] && break; sleep 0.02; done
+# Parallel runs overlap for sure: the first run to find itself alone waits (bounded) for the
+# event "overlap", which the first run to find two active fires.
+role=$( (
+  flock 9
+  n=$(ls "$work/active" | wc -l)
+  echo "$n" >>"$work/concurrency"
+  if ((n >= 2)); then
+    [[ -e "$work/overlapped" ]] || { touch "$work/overlapped"; [[ -e "$work/waiting" ]] && echo fire; }
+  elif [[ ! -e "$work/overlapped" && ! -e "$work/waiting" ]]; then
+    touch "$work/waiting"
+    echo wait
+  fi
+) 9>"$work/lock")
+case $role in
+  fire) "$py" "$events" fire "$work/overlap" ;;
+  wait) "$py" "$events" wait "$work/overlap" --timeout 10 ;;
+esac
 rm -f "$me"
 [[ "$lr" == 0.3 && "$batch" == 64 ]] && { echo "diverged" >&2; exit 3; }
 [[ "$lr" == 0.3 ]] && exit 0
@@ -36,6 +49,7 @@ printf '{"accuracy": %s, "loss": %s, "global_step": 100, "wall_s": 0.5, "note": 
   "$accuracy" "$loss" >"$metrics.tmp" && mv "$metrics.tmp" "$metrics"
 PROG
 chmod +x "$work/prog.sh"
+new_event overlap
 
 out="$work/sweep1"
 "$dtfrun" sweep --grid lr=0.1,0.03,0.3 --grid batch=32,64 --parallel 2 --out "$out" -- "$work/prog.sh" --fixed x \
@@ -83,7 +97,8 @@ cat >"$work/chief_only.sh" <<'PROG'
 exec "$work/prog.sh" "$@"
 PROG
 chmod +x "$work/chief_only.sh"
-rm -f "$work/concurrency" "$work/overlap"
+rm -f "$work/concurrency" "$work/overlapped" "$work/waiting"
+new_event overlap
 out="$work/sweep2"
 "$dtfrun" sweep --grid lr=0.1,0.03 --grid=batch=32 --sort loss:asc --parallel=2 --out "$out" -- \
   "$dtfrun" --ps 1 --workers 2 -- "$work/chief_only.sh" >"$work/sweep2.out" 2>"$work/sweep2.err"
@@ -98,7 +113,7 @@ cat >"$work/odd.sh" <<'PROG'
 #!/bin/bash
 case "$2" in
   bad) echo '{"accuracy": 0.5,' >"$4" ;;
-  slow) exec "$py" -c 'import time; time.sleep(600)' "$tok.slow" ;;
+  slow) exec "$py" "$events" park "$tok.slow" ;;
 esac
 PROG
 chmod +x "$work/odd.sh"

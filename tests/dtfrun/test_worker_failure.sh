@@ -48,23 +48,13 @@ expect_no_tasks_left
 # by dtfrun), then exits 6: the job's status is the chief's.
 cat >"$work/task.sh" <<'TASK'
 case "$DTF_TASK" in
-  worker.1) echo $$ >"$work/worker1.pid.tmp" && mv "$work/worker1.pid.tmp" "$work/worker1.pid"; exit 0 ;;
-  worker.0) exec "$py" -c '
-import os, sys, time
-deadline = time.monotonic() + 30
-def worker1_ended():
-    try:
-        pid = open(sys.argv[1]).read().strip()
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-while not worker1_ended():
-    if time.monotonic() > deadline:
-        sys.exit(1)
-    time.sleep(0.02)
-sys.exit(6)' "$work/worker1.pid" ;;
+  worker.1) exec "$py" "$events" fire "$work/worker1" --message $$ ;;
+  worker.0) pid=$("$py" "$events" wait "$work/worker1" --print) || exit 1
+            "$py" "$events" wait-exit "$pid" || exit 1
+            exit 6 ;;
 esac
 TASK
+new_event worker1
 run early_success --workers 2
 expect_rc 6 "$rc" "worker.1 exits 0 early"
 grep -q failed "$work/early_success.err" && fail "an early exit with status 0 was reported as a failure"
