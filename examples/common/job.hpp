@@ -15,13 +15,12 @@
 #include <dtf/dtf.hpp>
 #include <dtf/ps.hpp>
 
+#include "metrics.hpp"
 #include "mlp.hpp"
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -140,7 +139,7 @@ class job {
                 extra.c_str());
     std::fflush(stdout);
     ps.shutdown();
-    if (!metrics_file_.empty()) write_metrics(e, global_step, wall);
+    if (!metrics_file_.empty()) write_metrics_file(metrics_file_, e.accuracy, e.loss, global_step, wall, trainers);
     if (e.accuracy < target_accuracy_) {
       std::fprintf(stderr, "%s: test accuracy %.4f is below the target %.4f\n", me_.c_str(), e.accuracy,
                    double(target_accuracy_));
@@ -163,29 +162,6 @@ class job {
 
  private:
   job(const char* scheme, job_defaults d) : epochs(d.epochs), batch(d.batch), scheme_(scheme) {}
-
-  // --metrics_file: a temporary file next to the target, renamed over it, so that a reader
-  // sees the whole object or nothing.
-  void write_metrics(const dtf::nn::evaluation& e, std::int64_t global_step, double wall_s) const {
-    const std::filesystem::path target(metrics_file_);
-    const std::filesystem::path temporary = target.string() + ".tmp";
-    {
-      std::ofstream out(temporary, std::ios::trunc);
-      char json[256];
-      std::snprintf(json, sizeof json,
-                    "{\"accuracy\": %.6f, \"loss\": %.6f, \"global_step\": %lld, \"wall_s\": %.3f, \"workers\": %zu}\n",
-                    double(e.accuracy), double(e.loss), static_cast<long long>(global_step), wall_s, trainers);
-      out << json;
-      out.flush();
-      if (!out)
-        throw dtf::error(dtf::errc::io_error, "--metrics_file: cannot write '" + temporary.string() + "'");
-    }
-    std::error_code ec;
-    std::filesystem::rename(temporary, target, ec);
-    if (ec)
-      throw dtf::error(dtf::errc::io_error, "--metrics_file: cannot rename '" + temporary.string() + "' to '" +
-                                          target.string() + "': " + ec.message());
-  }
 
   void resolve() {
     dtf::set_cpu_threads({.device = 1, .blas = blas_threads_});
