@@ -28,6 +28,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# wait_until from the shared helpers; fail here shows whole .out/.err files instead of logs.
+source "$(dirname "${BASH_SOURCE[0]}")/../script_lib.sh"
 fail() {
   echo "FAIL: $*" >&2
   for f in "$work"/*.out "$work"/*.err; do
@@ -36,16 +38,6 @@ fail() {
     cat "$f" >&2
   done
   exit 1
-}
-
-# wait_until <seconds> <command...>: polls the command until it succeeds, false on timeout.
-wait_until() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.05
-  done
 }
 
 task_count() { pgrep -f -- "$tok" | wc -l; }

@@ -22,25 +22,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$work"/*.log; do
-    [[ -f "$f" ]] || continue
-    echo "---- $f (last 40 lines)" >&2
-    tail -n 40 "$f" >&2
-  done
-  exit 1
-}
-
-# wait_until <seconds> <command...>: polls the command until it succeeds; false on timeout.
-wait_until() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.05
-  done
-}
+source "$(dirname "$0")/../script_lib.sh"
 
 last_step=3000
 flags=(--train_examples 0 --batch 256 --lr 0.03 --log_every 25 --last_step "$last_step" --save_every 150

@@ -10,25 +10,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$work"/*.log; do
-    [[ -f "$f" ]] || continue
-    echo "---- $f" >&2
-    tail -n 30 "$f" >&2
-  done
-  exit 1
-}
-
-# wait_until <seconds> <command...>: polls the command until it succeeds; false on timeout.
-wait_until() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.05
-  done
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../script_lib.sh"
 
 # free_ports N: N distinct free loopback ports (all bound at once, then released).
 free_ports() {

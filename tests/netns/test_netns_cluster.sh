@@ -27,15 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$work"/*.log; do
-    [[ -f "$f" ]] || continue
-    echo "---- $f" >&2
-    tail -n 30 "$f" >&2
-  done
-  exit 1
-}
+source "$(dirname "$0")/../script_lib.sh"
 
 skip() {
   echo "SKIP: $*"
@@ -90,22 +82,15 @@ start "${hosts[1]}" worker.0
 start "${hosts[2]}" worker.1
 chief=${pids[1]}
 
-deadline=$((SECONDS + 120))
-while kill -0 "$chief" 2>/dev/null; do
-  ((SECONDS < deadline)) || fail "the chief did not finish within 120 s"
-  sleep 0.2
-done
+ended() { ! kill -0 "$1" 2>/dev/null; }
+wait_until 120 ended "$chief" || fail "the chief did not finish within 120 s"
 wait "$chief"
 status=$?
 [[ $status -eq 0 ]] || fail "the chief (worker.0 on host 2) exited with status $status"
 grep -q '^RESULT scheme=downpour workers=2 accuracy=' "$work/worker.0.log" || fail "the chief printed no RESULT"
 for task in ps.0 worker.1; do
   pid=${pids[$([[ $task == ps.0 ]] && echo 0 || echo 2)]}
-  deadline=$((SECONDS + 30))
-  while kill -0 "$pid" 2>/dev/null; do
-    ((SECONDS < deadline)) || fail "$task did not end after the chief"
-    sleep 0.1
-  done
+  wait_until 30 ended "$pid" || fail "$task did not end after the chief"
   wait "$pid" || fail "$task exited with status $?"
 done
 grep -q 'shut down by the chief' "$work/ps.0.log" || fail "the ps was not shut down by the chief"

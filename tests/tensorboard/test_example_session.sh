@@ -21,19 +21,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_session.XXXXXX")
 bg=()
 trap 'for p in "${bg[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$work"' EXIT
 
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$work"/*.log; do echo "---- $f" >&2; tail -n 25 "$f" >&2; done
-  exit 1
-}
-wait_until() {  # wait_until <seconds> <command...>
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.05
-  done
-}
+source "$here/../script_lib.sh"
 
 bash "$here/ensure_venv.sh" "$venv" || fail "no TensorBoard virtual environment"
 py="$venv/bin/python"
