@@ -24,7 +24,7 @@
 // Errors: a replica that throws breaks the step: the other replicas stop at their next
 // synchronisation point and step() rethrows the first error; a replica stuck longer than
 // timeout_ms is errc::timeout. Errors of the communicator as in dtf/collectives.hpp.
-// Thread safety: one caller thread per instance; step() starts and joins the replica threads.
+// Thread safety: one caller thread per instance; the replica threads live as long as it does.
 #pragma once
 
 #include <dtf/collectives.hpp>
@@ -33,6 +33,7 @@
 #include <dtf/data/dataset.hpp>
 #include <dtf/host.hpp>
 #include <dtf/optim/optimizer.hpp>
+#include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/runtime.hpp>
 #include <dtf/tensor.hpp>
@@ -43,10 +44,12 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -106,6 +109,75 @@ class replica_barrier {
   bool broken_ = false;
 };
 
+/// The threads of replicas 1..R-1, started once and handed one job per step (replica 0 runs
+/// on the caller's thread), so that thread start-up stays off the step path. `setup(k)` runs
+/// once on thread k before its first job. A job must not throw (mirrored's catches everything).
+class replica_threads {
+ public:
+  replica_threads(std::size_t replicas, std::function<void(std::size_t)> setup) {
+    for (std::size_t k = 1; k < replicas; ++k)
+      threads_.emplace_back([this, k, setup] {
+        setup(k);
+        loop(k);
+      });
+  }
+  ~replica_threads() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  replica_threads(const replica_threads&) = delete;
+  replica_threads& operator=(const replica_threads&) = delete;
+
+  /// Runs j(k) on every replica thread and j(0) on this one; returns when all have.
+  template <class Job>
+  void run(const Job& j) {
+    {
+      std::lock_guard lock(m_);
+      job_ = &j;
+      call_ = [](const void* job, std::size_t k) { (*static_cast<const Job*>(job))(k); };
+      pending_ = threads_.size();
+      ++generation_;
+    }
+    start_.notify_all();
+    j(0);
+    std::unique_lock lock(m_);
+    done_.wait(lock, [&] { return pending_ == 0; });  // each job is bounded by the replicas' timeouts
+  }
+
+ private:
+  void loop(std::size_t k) {
+    std::uint64_t seen = 0;
+    while (true) {
+      const void* j = nullptr;
+      void (*call)(const void*, std::size_t) = nullptr;
+      {
+        std::unique_lock lock(m_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        j = job_;
+        call = call_;
+      }
+      call(j, k);
+      std::lock_guard lock(m_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable start_, done_;
+  const void* job_ = nullptr;  // the current step's job and how to call it (no allocation per step)
+  void (*call_)(const void*, std::size_t) = nullptr;
+  std::size_t pending_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
 }  // namespace detail
 
 template <model M>
@@ -120,6 +192,10 @@ class mirrored {
       replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule));
     }
     on_device(0);
+    threads_ = std::make_unique<detail::replica_threads>(replicas, [](std::size_t k) {
+      set_cpu_threads({.device = 1, .blas = 0});  // OpenMP's thread count is per thread
+      on_device(k);
+    });
   }
 
   std::size_t replicas() const noexcept { return replicas_.size(); }
@@ -158,15 +234,7 @@ class mirrored {
         barrier.break_barrier();
       }
     };
-    std::vector<std::thread> threads;
-    for (std::size_t k = 1; k < r; ++k)
-      threads.emplace_back([&, k] {
-        set_cpu_threads({.device = 1, .blas = 0});  // OpenMP's thread count is per thread
-        on_device(k);
-        body(k);
-      });
-    body(0);
-    for (auto& t : threads) t.join();
+    threads_->run(body);
     // The root cause first: a replica's own failure, not another's "a replica failed".
     for (auto& f : failures)
       if (f) {
@@ -188,9 +256,8 @@ class mirrored {
   float learning_rate() const {
     const float base = optim::detail::base_learning_rate(config_.rule);
     if (!config_.linear_scaling) return base;
-    const float target = base * float(global_replicas());
-    if (config_.warmup_steps <= 0 || step_ >= config_.warmup_steps) return target;
-    return base + (target - base) * float(step_) / float(config_.warmup_steps);
+    return optim::linear_scaling_warmup{.base_rate = base, .scale = float(global_replicas()),
+                                        .warmup_steps = std::max<std::int64_t>(0, config_.warmup_steps)}(step_);
   }
 
   /// Replica k's variables (every replica holds the same values).
@@ -284,6 +351,7 @@ class mirrored {
   std::vector<float> reduced_;
   std::vector<std::unique_ptr<replica>> replicas_;
   std::int64_t step_ = 0;
+  std::unique_ptr<detail::replica_threads> threads_;  // last: its threads stop before the replicas go
 };
 
 }  // namespace dtf::strategies

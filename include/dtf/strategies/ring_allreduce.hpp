@@ -22,12 +22,14 @@
 #include <dtf/data/dataset.hpp>
 #include <dtf/host.hpp>
 #include <dtf/optim/optimizer.hpp>
+#include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/tensor.hpp>
 
 #include <thrust/copy.h>
 #include <thrust/fill.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -76,9 +78,8 @@ class ring_allreduce {
   float learning_rate() const {
     const float base = optim::detail::base_learning_rate(config_.rule);
     if (!config_.linear_scaling) return base;
-    const float target = base * float(comm_.size());
-    if (config_.warmup_steps <= 0 || step_ >= config_.warmup_steps) return target;
-    return base + (target - base) * float(step_) / float(config_.warmup_steps);
+    return optim::linear_scaling_warmup{.base_rate = base, .scale = float(comm_.size()),
+                                        .warmup_steps = std::max<std::int64_t>(0, config_.warmup_steps)}(step_);
   }
 
   std::span<const float> parameters() const { return params_.template span<const float>(); }
