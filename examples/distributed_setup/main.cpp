@@ -1,9 +1,8 @@
 // distributed_setup — the plainest distributed program: asynchronous SGD through parameter
 // servers with a strategy written here (pull θ̃, compute g on this worker's batch, push g; the
 // ps applies the update rule, Adam by default). The same binary runs as a ps, a worker or the
-// chief (worker 0 unless the cluster has a chief task); dtf::train does the rest: the chief
-// initialises or restores from --model_dir, checkpoints, evaluates, waits for every worker and
-// shuts the parameter servers down, which then exit 0 (dtf/train.hpp).
+// chief (worker 0 without a chief task); dtf::train does the rest: the chief initialises or
+// restores from --model_dir, checkpoints, evaluates, ends the job; the ps exit 0 (dtf/train.hpp).
 //
 //   dtfrun --ps 1 --workers 1 -- build/examples/distributed_setup
 //   dtfrun --ps 1 --workers 2 -- build/examples/distributed_setup --model_dir run1   # rerun: resumes
