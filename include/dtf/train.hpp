@@ -95,7 +95,7 @@ struct train_options {
   hooks::nan_policy nan_policy = hooks::nan_policy::fail;
   int max_recoveries = 0;   ///< ps strategies: carry on after a lost ps up to N times (0: fail)
   int log_every = 200;      ///< local steps between progress lines
-  std::string secret;       ///< cluster secret; empty: $DTF_CLUSTER_SECRET (empty too: none)
+  std::string secret;       ///< cluster secret (empty: no authentication; train_flags reads $DTF_CLUSTER_SECRET)
   std::uint32_t timeout_ms = 60000;  ///< a ps request's deadline; a collective's longest wait without progress
   int finish_timeout_s = 1800;       ///< chief: how long to wait for the other workers to finish
   int ps_threads = 1;                ///< I/O threads of a ps task
@@ -169,12 +169,6 @@ inline void validate(const train_options& o) {
   if (o.summary_every < 0) bad("summary_every", "must not be negative");
   if (o.max_recoveries < 0) bad("max_recoveries", "must not be negative");
   if (o.log_every < 0) bad("log_every", "must not be negative");
-}
-
-inline std::string secret_of(const train_options& o) {
-  if (!o.secret.empty()) return o.secret;
-  if (const char* s = std::getenv("DTF_CLUSTER_SECRET")) return s;
-  return {};
 }
 
 /// Writes {"accuracy", "loss", "global_step", "wall_s", "workers"} to `path` through a
@@ -295,7 +289,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   transport_options transport;
   transport.cluster_id = c.id();
   transport.identity = me;
-  transport.secret = secret_of(o);
+  transport.secret = o.secret;
   transport.timeout_ms = o.timeout_ms;
   if (c.num_ps() == 0)
     throw error(errc::invalid_config, o.name + ": a parameter-server strategy needs ps tasks in the cluster");
@@ -550,7 +544,7 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   if (o.max_recoveries > 0)
     throw error(errc::invalid_config, "max_recoveries: a collective strategy has no parameter server");
   collective_options options;
-  options.secret = secret_of(o);
+  options.secret = o.secret;
   options.timeout_ms = o.timeout_ms;
   options.segment_bytes = o.segment_bytes;
   std::string me = "local", source = "none";

@@ -126,6 +126,8 @@ struct train_flags {
     o.name = std::move(name);
     o.nan_policy = nan_policy == "stop" ? hooks::nan_policy::stop : hooks::nan_policy::fail;
     o.segment_bytes = std::size_t(segment_kib) * 1024;
+    if (o.secret.empty())
+      if (const char* s = std::getenv("DTF_CLUSTER_SECRET")) o.secret = s;
     if (slow_worker >= 0 && c.self.job != "ps" && trainer_index(c) == std::size_t(slow_worker))
       o.compute_delay = std::chrono::milliseconds(slow_ms);
     return o;
