@@ -170,7 +170,7 @@ TEST_CASE("train: bad options and a ps strategy without ps tasks are errors that
                     Catch::Contains("no parameter server"));
 }
 
-TEST_CASE("train_flags: flags become options; bad values name the flag", "[train]") {
+TEST_CASE("train_flags: flags become options, and bad values name the flag", "[train]") {
   dtf::train_flags tf;
   dtf::flag_parser flags("test");
   tf.add_to(flags);
