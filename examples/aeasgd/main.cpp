@@ -1,22 +1,36 @@
 // aeasgd — Asynchronous Elastic Averaging SGD (Zhang et al. 2015).
 //   dtfrun --ps 1 --workers 2 -- build/examples/aeasgd
-#include <dtf/strategies/aeasgd.hpp>
+// The same binary runs as ps, worker or chief; dtf::train does the rest (dtf/train.hpp).
+#include <dtf/dtf.hpp>
 
-#include "../common/async_main.hpp"
+#include "../common/fashion_mnist.hpp"
+#include "../common/mlp.hpp"
 
-int main(int argc, char** argv) {
+#include <cstdio>
+
+int main(int argc, char** argv) try {
+  dtf::train_flags tf;
+  examples::fashion_mnist data;
   dtf::strategies::aeasgd_config c;
   int window = int(c.window);
-  return examples::async_main<dtf::strategies::aeasgd>(
-      argc, argv, "aeasgd",
-      [&](dtf::flag_parser& f) {
-        f.add("window", window, "τ: local steps between elastic updates")
-            .add("lr", c.learning_rate, "η: local SGD rate")
-            .add("rho", c.rho, "ρ: elasticity (α = η ρ)");
-      },
-      [&] {
-        c.window = std::size_t(window);
-        return dtf::strategies::aeasgd(c);
-      },
-      {.learning_rate = [&](std::int64_t, std::size_t) { return double(c.learning_rate); }});
+  dtf::flag_parser flags("Trains the Fashion-MNIST MLP with aeasgd through parameter servers (one process per task).");
+  tf.add_to(flags);
+  data.add_to(flags);
+  flags.add("window", window, "τ: local steps between elastic updates")
+      .add("lr", c.learning_rate, "η: local SGD rate")
+      .add("rho", c.rho, "ρ: elasticity (α = η ρ)");
+  if (!flags.parse(argc, argv)) return 0;
+
+  const dtf::cluster cluster = tf.resolve_cluster();
+  const auto train = data.train();
+  auto net = examples::make_mlp();
+  c.window = std::size_t(window);
+  dtf::strategies::aeasgd strategy(c);
+  auto options = tf.options(cluster, "aeasgd");
+  options.evaluate = dtf::evaluate_on(net, data.test());
+  options.learning_rate = [&](std::int64_t, std::size_t) { return double(c.learning_rate); };
+  return dtf::train(cluster, net, train, std::move(strategy), options, tf.partitioner()).exit_code;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "aeasgd: %s\n", e.what());
+  return 2;
 }

@@ -4,6 +4,7 @@
 // static_assert-ed right after its definition.
 #pragma once
 
+#include <dtf/optim/rules.hpp>
 #include <dtf/tensor.hpp>
 #include <dtf/variable.hpp>
 
@@ -11,6 +12,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -52,5 +54,148 @@ template <class S>
 concept lr_schedule = requires(const S& s, std::int64_t step) {
   { s(step) } -> std::convertible_to<float>;
 };
+
+/// How a strategy's tasks exchange what they learn; it fixes the shape of the job around the
+/// steps (dtf::train reads it):
+///   asynchronous  ps tasks hold θ̃; the chief initialises or restores them, every worker
+///                 pulls and pushes when its strategy says so; a checkpoint holds the ps's
+///                 variables and the ps rule's slots; the job ends when the chief has seen
+///                 every worker finish and shuts the ps tasks down
+///   synchronous   as asynchronous, but each global step aggregates N contributions (the
+///                 ps is initialised with replicas_to_aggregate); the job ends at a global step
+///   collective    no ps tasks: every rank holds the whole model; rank 0 initialises or
+///                 restores and broadcasts; a checkpoint (rank 0) holds the replicated
+///                 variables and the rule's slots; the ranks agree on the stop and leave
+///                 together
+enum class strategy_kind { asynchronous, synchronous, collective };
+
+namespace detail {
+/// A model that only declares its members: names engine types in unevaluated contexts.
+struct model_archetype {
+  std::vector<variable_spec> variables() const;
+  void initialize(std::span<float>, std::uint64_t);
+  float loss_and_gradients(std::span<const float>, const tensor&, const tensor&, std::span<float>);
+  void logits(std::span<const float>, const tensor&, tensor&);
+};
+/// The gradient callback a parameter-server strategy's step receives: the mean loss of the
+/// current batch at `at`, its gradient written into `grads` (host memory).
+using strategy_gradient_fn = std::function<float(std::span<const float> at, std::span<float> grads)>;
+}  // namespace detail
+
+/// strategy: what dtf::train runs on every task; the value a program passes to dtf::train
+/// (changing its type changes the scheme, nothing else).
+///
+/// Required of every strategy `S` (`S s`, `const S cs`):
+///   typename S::config_type           its knobs, an aggregate with documented defaults
+///   S::kind -> strategy_kind          the shape of the job (start, checkpoint, end: see above)
+///
+/// kind asynchronous or synchronous (through parameter servers), for `typename
+/// S::state_type w` (what a step sees: θₖ, scratch, the ps client, statistics) and a gradient
+/// callback `f` (detail::strategy_gradient_fn):
+///   cs.ps_rule() -> optim::rule       job start: the update rule the chief initialises the ps with
+///   s.begin(w)                        after the ps is ready (typically θₖ = θ̃)
+///   s.step(w, f) -> float             per step: local compute, what it pulls and pushes; the loss
+///   s.end(w)                          the job's end for this worker: flush what is pending
+/// asynchronous also:
+///   cs.lock_free() -> bool            whether the ps applies updates without locks
+/// synchronous also:
+///   cs.replicas_to_aggregate() -> size_t    N contributions per global step
+///   cs.steps_per_contribution() -> size_t   local steps per contribution (epochs → steps)
+///
+/// kind collective (no ps; the strategy value describes an engine built per task):
+///   cs.replicas_per_process() -> size_t     batches each process trains per step
+///   typename S::template engine<M>          the per-task engine for a model M; dtf::train
+///                                           builds it with cs.make(comm, model) and calls
+///                                           e.initialize(seed), e.step(span of host batches)
+///                                           -> float, e.global_step(), e.learning_rate(),
+///                                           e.parameters(), e.optimizer() and
+///                                           e.restore(values, slots, iterations, step)
+///
+/// Built-ins (each static_assert-ed after its definition): hogwild, downpour (DOWNPOUR-Easy
+/// too), agn, dyn_sgd, aeasgd, eamsgd, sync_sgd (backups, per-worker rates), sagn,
+/// ring_allreduce<>, mirrored<>. check_strategy<S>() below names what a type lacks.
+template <class S>
+concept strategy =
+    std::move_constructible<S> && requires {
+      typename S::config_type;
+      { S::kind } -> std::convertible_to<strategy_kind>;
+    } &&
+    (S::kind == strategy_kind::collective
+         ? requires(const S& cs) {
+             { cs.replicas_per_process() } -> std::convertible_to<std::size_t>;
+             typename S::template engine<detail::model_archetype>;
+           }
+         : requires(S& s, const S& cs, typename S::state_type& w, const detail::strategy_gradient_fn& f) {
+             { cs.ps_rule() } -> std::convertible_to<optim::rule>;
+             s.begin(w);
+             { s.step(w, f) } -> std::convertible_to<float>;
+             s.end(w);
+           } && (S::kind != strategy_kind::asynchronous || requires(const S& cs) {
+             { cs.lock_free() } -> std::convertible_to<bool>;
+           }) && (S::kind != strategy_kind::synchronous || requires(const S& cs) {
+             { cs.replicas_to_aggregate() } -> std::convertible_to<std::size_t>;
+             { cs.steps_per_contribution() } -> std::convertible_to<std::size_t>;
+           }));
+
+/// Fails to compile with a message naming the first required expression of dtf::model that M
+/// lacks (dtf::train calls it first, so a wrong model reads as one line, not a template trace).
+template <class M>
+consteval bool check_model() {
+  static_assert(requires(const M& cm) { { cm.variables() } -> std::convertible_to<std::vector<variable_spec>>; },
+                "dtf::model: missing `m.variables()` -> std::vector<dtf::variable_spec> (const member)");
+  static_assert(requires(M& m, std::span<float> p, std::uint64_t s) { m.initialize(p, s); },
+                "dtf::model: missing `m.initialize(std::span<float> params, std::uint64_t seed)`");
+  static_assert(requires(M& m, std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g) {
+                  { m.loss_and_gradients(p, x, y, g) } -> std::convertible_to<float>;
+                },
+                "dtf::model: missing `m.loss_and_gradients(std::span<const float> params, const dtf::tensor& x, "
+                "const dtf::tensor& y, std::span<float> grads)` -> float");
+  return model<M>;
+}
+
+/// Fails to compile with a message naming the first required expression of dtf::strategy
+/// that S lacks (see the concept's list).
+template <class S>
+consteval bool check_strategy() {
+  static_assert(requires { typename S::config_type; },
+                "dtf::strategy: missing `using config_type = ...;` (the strategy's knobs)");
+  static_assert(requires { { S::kind } -> std::convertible_to<strategy_kind>; },
+                "dtf::strategy: missing `static constexpr dtf::strategy_kind kind = ...;`");
+  if constexpr (requires { { S::kind } -> std::convertible_to<strategy_kind>; }) {
+    if constexpr (S::kind == strategy_kind::collective) {
+      static_assert(requires(const S& cs) { { cs.replicas_per_process() } -> std::convertible_to<std::size_t>; },
+                    "dtf::strategy (collective): missing `s.replicas_per_process()` -> std::size_t (const member)");
+      static_assert(requires { typename S::template engine<detail::model_archetype>; },
+                    "dtf::strategy (collective): missing `template <dtf::model M> using engine = ...;`");
+    } else {
+      static_assert(requires { typename S::state_type; },
+                    "dtf::strategy: missing `using state_type = ...;` (what a step sees, e.g. "
+                    "dtf::strategies::worker_state)");
+      if constexpr (requires { typename S::state_type; }) {
+        static_assert(requires(const S& cs) { { cs.ps_rule() } -> std::convertible_to<optim::rule>; },
+                      "dtf::strategy: missing `s.ps_rule()` -> dtf::optim::rule (const member)");
+        static_assert(requires(S& s, typename S::state_type& w) { s.begin(w); },
+                      "dtf::strategy: missing `s.begin(state_type&)`");
+        static_assert(requires(S& s, typename S::state_type& w, const detail::strategy_gradient_fn& f) {
+                        { s.step(w, f) } -> std::convertible_to<float>;
+                      },
+                      "dtf::strategy: missing `s.step(state_type&, const gradient_fn&)` -> float");
+        static_assert(requires(S& s, typename S::state_type& w) { s.end(w); },
+                      "dtf::strategy: missing `s.end(state_type&)`");
+      }
+      if constexpr (S::kind == strategy_kind::asynchronous)
+        static_assert(requires(const S& cs) { { cs.lock_free() } -> std::convertible_to<bool>; },
+                      "dtf::strategy (asynchronous): missing `s.lock_free()` -> bool (const member)");
+      if constexpr (S::kind == strategy_kind::synchronous) {
+        static_assert(requires(const S& cs) { { cs.replicas_to_aggregate() } -> std::convertible_to<std::size_t>; },
+                      "dtf::strategy (synchronous): missing `s.replicas_to_aggregate()` -> std::size_t (const member)");
+        static_assert(requires(const S& cs) { { cs.steps_per_contribution() } -> std::convertible_to<std::size_t>; },
+                      "dtf::strategy (synchronous): missing `s.steps_per_contribution()` -> std::size_t (const member)");
+      }
+    }
+  }
+  static_assert(std::move_constructible<S>, "dtf::strategy: must be move-constructible");
+  return strategy<S>;
+}
 
 }  // namespace dtf

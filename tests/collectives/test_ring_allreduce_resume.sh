@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ring_allreduce under dtfrun --workers 2 in the standard session (examples/common/hooks.hpp,
-# collective_session): rank 0 writes checkpoints that dtf-ckpt verifies and TensorBoard event
+# ring_allreduce under dtfrun --workers 2 in the standard session (dtf::train, dtf/train.hpp,
+# and dtf/hooks/collective_restore.hpp): rank 0 writes checkpoints that dtf-ckpt verifies and TensorBoard event
 # files under --model_dir; a second run with the same --model_dir restores every rank from the
 # latest checkpoint and trains --num_steps more steps.
 # Usage: test_ring_allreduce_resume.sh <dtfrun> <examples dir> <dtf-ckpt>

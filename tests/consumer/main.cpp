@@ -1,25 +1,29 @@
-// Trains a tiny MLP through the installed headers and checks the loss falls.
+// train.cpp — one binary for every task of the job (ps, workers, chief):
+//   dtfrun --ps 1 --workers 2 -- ./train --model_dir ckpt     # rerun the same command: it resumes
 #include <dtf/dtf.hpp>
 
 #include <cstdio>
 
-int main() {
-  using namespace dtf;
-  nn::sequential net{nn::dense(2, 8), nn::relu(), nn::dense(8, 2)};
-  // XOR-like labels: class 1 when exactly one coordinate is positive.
-  std::vector<float> xv{-1, -1, -1, 1, 1, -1, 1, 1};
-  std::vector<std::int32_t> yv{0, 1, 1, 0};
-  auto x = tensor::from_host<float>({4, 2}, xv);
-  auto y = tensor::from_host<std::int32_t>({4}, yv);
-  tensor p({net.num_parameters()}), g({net.num_parameters()});
-  net.initialize(p.span<float>(), 1);
-  optim::optimizer<> opt(optim::adam{.learning_rate = 0.05f}, net.num_parameters());
-  const float first = net.loss(p.span<float>(), x, y);
-  for (int i = 0; i < 200; ++i) {
-    net.loss_and_gradients(p.span<float>(), x, y, g.span<float>());
-    opt.apply(p.span<float>(), g.span<float>());
-  }
-  const float last = net.loss(p.span<float>(), x, y);
-  std::printf("consumer: loss %.4f -> %.4f\n", first, last);
-  return last < 0.5f * first ? 0 : 1;
+int main(int argc, char** argv) try {
+  dtf::train_flags tf;  // cluster, --model_dir, checkpoints, summaries, --epochs, ... (--help)
+  int examples = 0;
+  dtf::flag_parser flags("Trains an MLP on Fashion-MNIST with DOWNPOUR through parameter servers.");
+  tf.add_to(flags);
+  flags.add("train_examples", examples, "use only the first N training examples (0: all)");
+  if (!flags.parse(argc, argv)) return 0;
+
+  const dtf::cluster cluster = tf.resolve_cluster();  // from the flags, TF_CONFIG, Slurm or MPI
+  auto train = dtf::data::load_fashion_mnist(dtf::data::split::train).normalize();
+  if (examples > 0) train = train.take(std::size_t(examples));
+  const auto test = dtf::data::load_fashion_mnist(dtf::data::split::test).normalize().batch(1000);
+  dtf::nn::sequential net{dtf::nn::dense(784, 128), dtf::nn::relu(), dtf::nn::dense(128, 10)};
+  dtf::strategies::downpour strategy({.push_every = 5});  // or agn, sync_sgd, ring_allreduce<>, ...
+
+  auto options = tf.options(cluster, "readme");  // plain options: see dtf::train_options
+  options.evaluate = dtf::evaluate_on(net, test);
+  const dtf::train_result r = dtf::train(cluster, net, train, std::move(strategy), options);
+  return r.exit_code;  // a ps task returns 0 once the chief has ended the job
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "train: %s\n", e.what());
+  return 2;
 }

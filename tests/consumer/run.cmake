@@ -1,5 +1,7 @@
-# Installs the dtf build tree into a scratch prefix, then configures, builds and runs the
-# consumer project against it. Arguments: BUILD_DIR, WORK_DIR, SOURCE_DIR, DTF_CUDA.
+# Installs the dtf build tree into a scratch prefix, then configures and builds the consumer
+# project against it (find_package(dtf)), and runs its program — the README's first program —
+# under `dtfrun --ps 1 --workers 2`: it must train with dtf::train and print the chief's RESULT
+# line. Arguments: BUILD_DIR, WORK_DIR, SOURCE_DIR, DTF_CUDA, DTFRUN.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -17,5 +19,21 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=$
     -DCMAKE_BUILD_TYPE=Release ${launcher})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 if(NOT DTF_CUDA)
-  run(${WORK_DIR}/build/consumer)
+  execute_process(
+    COMMAND ${DTFRUN} --ps 1 --workers 2 --grace_ms 20000 -- ${WORK_DIR}/build/consumer --epochs 2
+            --train_examples 6000 --blas_threads 1 --log_every 50 --model_dir ${WORK_DIR}/model --target_accuracy 0.5
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  message("${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "the consumer program failed under dtfrun (status ${rc})")
+  endif()
+  if(NOT out MATCHES "RESULT scheme=readme workers=2 accuracy=0\\.[5-9]")
+    message(FATAL_ERROR "no RESULT line with the accuracy from the chief")
+  endif()
+  if(NOT out MATCHES "ps.0: shut down by the chief")
+    message(FATAL_ERROR "the ps did not end with the job")
+  endif()
+  if(NOT EXISTS ${WORK_DIR}/model/checkpoint)
+    message(FATAL_ERROR "the chief wrote no checkpoint into --model_dir")
+  endif()
 endif()

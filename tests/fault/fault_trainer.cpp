@@ -23,7 +23,7 @@
 
 #include <algorithm>
 
-#include "../../examples/common/job.hpp"
+#include "fault_job.hpp"
 
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The standard session of the ps examples (examples/common/hooks.hpp) end to end, under dtfrun
+# The standard session of the ps examples (dtf::train, dtf/train.hpp) end to end, under dtfrun
 # with one ps and two workers on a small subset:
 #   1. sync_sgd with --model_dir: progress lines carry dtfrun's tokens, checkpoints are written,
 #      and TensorBoard's reader finds loss, learning rate, steps/s, contributions and dropped

@@ -51,6 +51,8 @@ inline void check_alpha(float eta, float rho, const char* who) {
 class aeasgd {
  public:
   using config_type = aeasgd_config;
+  using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::asynchronous;
   explicit aeasgd(config_type c = {}) : c_(c) {
     if (c_.window == 0) throw error(errc::invalid_config, "aeasgd: window must be positive");
     detail::check_alpha(c_.learning_rate, c_.rho, "aeasgd");
@@ -74,5 +76,7 @@ class aeasgd {
   detail::elastic elastic_;
 };
 static_assert(async_strategy<aeasgd>);
+static_assert(check_strategy<aeasgd>(), "aeasgd must model dtf::strategy: config_type, state_type, kind, ps_rule(), lock_free(), "
+                                     "begin(w), step(w, f) -> float, end(w) (see dtf/concepts.hpp)");
 
 }  // namespace dtf::strategies

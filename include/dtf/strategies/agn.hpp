@@ -19,6 +19,8 @@ struct agn_config {
 class agn {
  public:
   using config_type = agn_config;
+  using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::asynchronous;
   explicit agn(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0) throw error(errc::invalid_config, "agn: window must be positive");
   }
@@ -45,5 +47,7 @@ class agn {
   detail::local_window win_;
 };
 static_assert(async_strategy<agn>);
+static_assert(check_strategy<agn>(), "agn must model dtf::strategy: config_type, state_type, kind, ps_rule(), lock_free(), "
+                                     "begin(w), step(w, f) -> float, end(w) (see dtf/concepts.hpp)");
 
 }  // namespace dtf::strategies

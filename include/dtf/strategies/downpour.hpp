@@ -34,6 +34,8 @@ inline downpour_config downpour_easy_config(std::vector<float> local_rates, floa
 class downpour {
  public:
   using config_type = downpour_config;
+  using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::asynchronous;
   explicit downpour(config_type c = {}) : c_(std::move(c)) {
     if (c_.fetch_every == 0 || c_.push_every == 0)
       throw error(errc::invalid_config, "downpour: fetch_every and push_every must be positive");
@@ -79,5 +81,7 @@ class downpour {
   std::size_t pending_ = 0;
 };
 static_assert(async_strategy<downpour>);
+static_assert(check_strategy<downpour>(), "downpour must model dtf::strategy: config_type, state_type, kind, ps_rule(), lock_free(), "
+                                     "begin(w), step(w, f) -> float, end(w) (see dtf/concepts.hpp)");
 
 }  // namespace dtf::strategies

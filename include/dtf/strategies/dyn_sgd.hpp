@@ -19,6 +19,8 @@ struct dyn_sgd_config {
 class dyn_sgd {
  public:
   using config_type = dyn_sgd_config;
+  using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::asynchronous;
   explicit dyn_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0) throw error(errc::invalid_config, "dyn_sgd: window must be positive");
   }
@@ -45,5 +47,7 @@ class dyn_sgd {
   detail::local_window win_;
 };
 static_assert(async_strategy<dyn_sgd>);
+static_assert(check_strategy<dyn_sgd>(), "dyn_sgd must model dtf::strategy: config_type, state_type, kind, ps_rule(), lock_free(), "
+                                     "begin(w), step(w, f) -> float, end(w) (see dtf/concepts.hpp)");
 
 }  // namespace dtf::strategies

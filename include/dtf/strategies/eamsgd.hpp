@@ -20,6 +20,8 @@ struct eamsgd_config {
 class eamsgd {
  public:
   using config_type = eamsgd_config;
+  using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::asynchronous;
   explicit eamsgd(config_type c = {}) : c_(c) {
     if (c_.window == 0) throw error(errc::invalid_config, "eamsgd: window must be positive");
     detail::check_alpha(c_.learning_rate, c_.rho, "eamsgd");
@@ -51,5 +53,7 @@ class eamsgd {
   detail::elastic elastic_;
 };
 static_assert(async_strategy<eamsgd>);
+static_assert(check_strategy<eamsgd>(), "eamsgd must model dtf::strategy: config_type, state_type, kind, ps_rule(), lock_free(), "
+                                     "begin(w), step(w, f) -> float, end(w) (see dtf/concepts.hpp)");
 
 }  // namespace dtf::strategies

@@ -24,6 +24,8 @@ struct hogwild_config {
 class hogwild {
  public:
   using config_type = hogwild_config;
+  using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::asynchronous;
   explicit hogwild(config_type c = {}) : c_(c) {}
 
   optim::rule ps_rule() const { return optim::sgd{c_.learning_rate}; }
@@ -42,6 +44,8 @@ class hogwild {
   config_type c_;
 };
 static_assert(async_strategy<hogwild>);
+static_assert(check_strategy<hogwild>(), "hogwild must model dtf::strategy: config_type, state_type, kind, ps_rule(), lock_free(), "
+                                     "begin(w), step(w, f) -> float, end(w) (see dtf/concepts.hpp)");
 
 /// Result of hogwild_threads.
 struct hogwild_threads_report {

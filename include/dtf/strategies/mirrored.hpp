@@ -180,8 +180,37 @@ class replica_threads {
 
 }  // namespace detail
 
+template <class M = void>
+class mirrored;
+
+/// The strategy value dtf::train takes (dtf::strategy, kind collective):
+///   dtf::train(cluster, net, data, dtf::strategies::mirrored<>({.rule = ...}, 4), options)
+/// It holds the config and the replicas per process; train builds the engine mirrored<M>
+/// (below) in every process.
+template <>
+class mirrored<void> {
+ public:
+  using config_type = mirrored_config;
+  static constexpr strategy_kind kind = strategy_kind::collective;
+  template <model M>
+  using engine = mirrored<M>;
+
+  explicit mirrored(config_type c = {}, std::size_t replicas = 2) : config(c), replicas(replicas) {}
+  std::size_t replicas_per_process() const noexcept { return replicas; }
+  template <model M>
+  engine<M> make(communicator& comm, const M& prototype) const {
+    return engine<M>(comm, prototype, replicas, config);
+  }
+
+  config_type config;
+  std::size_t replicas;
+};
+static_assert(check_strategy<mirrored<>>(),
+              "mirrored<> must model dtf::strategy: config_type, kind, replicas_per_process(), engine<M>");
+
+/// The engine: this process's replicas.
 template <model M>
-class mirrored {
+class mirrored<M> {
  public:
   /// `replicas` copies of `prototype`, one per thread. Errors: errc::invalid_argument for 0 replicas.
   mirrored(communicator& comm, const M& prototype, std::size_t replicas, mirrored_config config = {})

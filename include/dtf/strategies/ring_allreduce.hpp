@@ -20,6 +20,7 @@
 #include <dtf/collectives.hpp>
 #include <dtf/concepts.hpp>
 #include <dtf/data/dataset.hpp>
+#include <dtf/error.hpp>
 #include <dtf/host.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/optim/schedule.hpp>
@@ -32,6 +33,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace dtf::strategies {
@@ -44,8 +46,37 @@ struct ring_allreduce_config {
   std::int64_t warmup_steps = 0;
 };
 
+template <class M = void>
+class ring_allreduce;
+
+/// The strategy value dtf::train takes (dtf::strategy, kind collective):
+///   dtf::train(cluster, net, data, dtf::strategies::ring_allreduce<>({.rule = ...}), options)
+/// It holds the config; train builds the engine ring_allreduce<M> (below) on every rank.
+template <>
+class ring_allreduce<void> {
+ public:
+  using config_type = ring_allreduce_config;
+  static constexpr strategy_kind kind = strategy_kind::collective;
+  template <model M>
+  using engine = ring_allreduce<M>;
+
+  ring_allreduce() = default;
+  explicit ring_allreduce(config_type c) : config(c) {}
+  /// One batch per process and step.
+  std::size_t replicas_per_process() const noexcept { return 1; }
+  template <model M>
+  engine<M> make(communicator& comm, M& net) const {
+    return engine<M>(comm, net, config);
+  }
+
+  config_type config;
+};
+static_assert(check_strategy<ring_allreduce<>>(),
+              "ring_allreduce<> must model dtf::strategy: config_type, kind, replicas_per_process(), engine<M>");
+
+/// The engine: one rank's replica of the model and its optimiser.
 template <model M>
-class ring_allreduce {
+class ring_allreduce<M> {
  public:
   ring_allreduce(communicator& comm, M& net, ring_allreduce_config config = {})
       : comm_(comm), net_(net), config_(config), n_(num_parameters(net.variables())), params_({n_}),
@@ -72,6 +103,13 @@ class ring_allreduce {
     float mean_loss = 0;
     thrust::copy(g + std::ptrdiff_t(n_), g + std::ptrdiff_t(n_ + 1), &mean_loss);
     return mean_loss;
+  }
+
+  /// dtf::train's form: this rank's one batch (errc::invalid_argument for any other count).
+  float step(std::span<const data::host_batch> batches) {
+    if (batches.size() != 1)
+      throw error(errc::invalid_argument, "ring_allreduce: one batch per step, got " + std::to_string(batches.size()));
+    return step(batches.front());
   }
 
   /// The rate of the next step.

@@ -71,6 +71,8 @@ inline std::optional<float> sync_rate(const sync_sgd_config& c, std::int64_t ste
 class sync_sgd {
  public:
   using config_type = sync_sgd_config;
+  using state_type = sync_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::synchronous;
   explicit sync_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.replicas_to_aggregate == 0) throw error(errc::invalid_config, "sync_sgd: replicas_to_aggregate must be positive");
   }
@@ -110,6 +112,8 @@ struct sagn_config {
 class sagn {
  public:
   using config_type = sagn_config;
+  using state_type = sync_state;  ///< dtf::strategy: what a step sees
+  static constexpr strategy_kind kind = strategy_kind::synchronous;
   explicit sagn(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0 || c_.replicas_to_aggregate == 0)
       throw error(errc::invalid_config, "sagn: window and replicas_to_aggregate must be positive");
@@ -164,7 +168,11 @@ concept sync_strategy = requires(S& s, const S& cs, sync_state& w, const gradien
   s.end(w);
 };
 static_assert(sync_strategy<sync_sgd>);
+static_assert(check_strategy<sync_sgd>(), "sync_sgd must model dtf::strategy: config_type, state_type, kind, ps_rule(), "
+                                     "replicas_to_aggregate(), steps_per_contribution(), begin(w), step(w, f) -> float, end(w)");
 static_assert(sync_strategy<sagn>);
+static_assert(check_strategy<sagn>(), "sagn must model dtf::strategy: config_type, state_type, kind, ps_rule(), "
+                                     "replicas_to_aggregate(), steps_per_contribution(), begin(w), step(w, f) -> float, end(w)");
 
 /// Drives a synchronous strategy for one worker (as async_worker does for asynchronous ones).
 template <sync_strategy S, model M>

@@ -1,6 +1,7 @@
-// What every parameter-server example shares: flags, cluster resolution, the ps role, the
-// data shard of this worker, evaluation of the centre variable, and the chief's end of job
-// (wait for every worker, evaluate, print a RESULT line, shut the parameter servers down).
+// The fault test's scaffolding (fault_trainer.cpp drives the ps role, recovery and session by
+// hand, with crash injection, so it does not use dtf::train): flags, cluster resolution, the ps
+// role, the data shard of this worker, evaluation of the centre variable, and the chief's end of
+// job (wait for every worker, evaluate, print a RESULT line, shut the parameter servers down).
 //
 // The RESULT line is machine-readable for the scripts under benchmarks/:
 //   RESULT scheme=agn workers=2 accuracy=0.8712 wall_s=12.3 <scheme-specific key=value...>
@@ -15,8 +16,7 @@
 #include <dtf/dtf.hpp>
 #include <dtf/ps.hpp>
 
-#include "metrics.hpp"
-#include "mlp.hpp"
+#include "../../examples/common/mlp.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -139,7 +139,7 @@ class job {
                 extra.c_str());
     std::fflush(stdout);
     ps.shutdown();
-    if (!metrics_file_.empty()) write_metrics_file(metrics_file_, e.accuracy, e.loss, global_step, wall, trainers);
+    if (!metrics_file_.empty()) dtf::detail::write_metrics_file(metrics_file_, e.accuracy, e.loss, global_step, wall, trainers);
     if (e.accuracy < target_accuracy_) {
       std::fprintf(stderr, "%s: test accuracy %.4f is below the target %.4f\n", me_.c_str(), e.accuracy,
                    double(target_accuracy_));
@@ -173,7 +173,7 @@ class job {
     transport.identity = me_;
     transport.secret = secret_;
     transport.timeout_ms = std::uint32_t(timeout_ms);
-    layout = place(partitioner_, net.variables(), cluster.num_ps(), std::size_t(num_shards_));
+    layout = dtf::named_partitioner{partitioner_, std::size_t(num_shards_)}.place(net.variables(), cluster.num_ps());
     if (is_ps()) return;
     if (cluster.self.job != "worker" && cluster.self.job != "chief")
       throw dtf::error(dtf::errc::invalid_config,
@@ -201,25 +201,5 @@ class job {
   dtf::tensor centre_;
   std::vector<float> centre_host_;
 };
-
-/// "0.05,0.02" -> {0.05, 0.02}. Errors name the flag.
-inline std::vector<float> parse_floats(const std::string& text, const char* flag) {
-  std::vector<float> out;
-  std::size_t at = 0;
-  while (!text.empty()) {
-    const auto comma = text.find(',', at);
-    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    try {
-      std::size_t used = 0;
-      out.push_back(std::stof(item, &used));
-      if (used != item.size()) throw std::invalid_argument(item);
-    } catch (const std::exception&) {
-      throw dtf::error(dtf::errc::invalid_config, std::string("--") + flag + ": cannot parse '" + item + "'");
-    }
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
 
 }  // namespace examples

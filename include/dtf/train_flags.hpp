@@ -1,0 +1,148 @@
+// dtf/train_flags.hpp — the standard command-line flags of a training program, for programs
+// that want them (dtf::train itself takes plain options and reads no flags).
+//
+//   dtf::train_flags tf;                                   // defaults: train_options' own
+//   dtf::flag_parser flags("Trains my model.");
+//   tf.add_to(flags);                                      // cluster, checkpoints, summaries, ...
+//   if (!flags.parse(argc, argv)) return 0;                // --help
+//   const dtf::cluster cluster = tf.resolve_cluster();
+//   auto r = dtf::train(cluster, net, data, strategy, tf.options(cluster, "my_scheme"), tf.partitioner());
+//
+// Flags (the set: ps = parameter-server strategies, collective = no ps):
+//   cluster        --job_name --task_index --ps_hosts --worker_hosts --chief_host --num_ps
+//                  --base_port --rendezvous (dtf/cluster.hpp; also TF_CONFIG, Slurm, MPI)
+//   every set      --epochs --batch --seed --secret --timeout_ms --log_every --blas_threads
+//                  --model_dir --save_checkpoints_steps --save_checkpoints_secs --keep_checkpoints
+//                  --last_step --num_steps --summary_every --nan_policy fail|stop
+//                  --metrics_file --target_accuracy
+//   ps             --partitioner greedy|round_robin|fixed_size --num_shards --finish_timeout_s
+//                  --max_recoveries --ps_threads --slow_worker --slow_ms
+//   collective     --segment_kib
+// Errors: a value out of range is dtf::error(errc::invalid_config) naming the flag.
+#pragma once
+
+#include <dtf/cluster.hpp>
+#include <dtf/error.hpp>
+#include <dtf/flags.hpp>
+#include <dtf/partitioners.hpp>
+#include <dtf/runtime.hpp>
+#include <dtf/train.hpp>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace dtf {
+
+/// A partitioner chosen at run time by name: "greedy" (greedy_load_balancing), "round_robin"
+/// or "fixed_size" (num_shards shards per variable). Models dtf::partitioner.
+struct named_partitioner {
+  std::string name = "greedy";
+  std::size_t num_shards = 2;
+  placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
+    if (name == "greedy") return partitioners::greedy_load_balancing{}.place(vars, num_ps);
+    if (name == "round_robin") return partitioners::round_robin{}.place(vars, num_ps);
+    if (name == "fixed_size") return partitioners::fixed_size{num_shards}.place(vars, num_ps);
+    throw error(errc::invalid_config,
+                "--partitioner: unknown '" + name + "' (expected greedy, round_robin or fixed_size)");
+  }
+};
+static_assert(partitioner<named_partitioner>);
+
+/// Which flags a program offers.
+enum class train_flag_set {
+  ps,          ///< parameter-server strategies
+  collective,  ///< collective strategies (no ps; runs alone without a cluster)
+};
+
+struct train_flags {
+  cluster_flags cluster;
+  train_options train;  ///< the defaults the flags show; options() fills the rest
+  std::string nan_policy = "fail";
+  std::string partitioner_name = "greedy";
+  int num_shards = 2;
+  int blas_threads = 1;    ///< --blas_threads (0: the BLAS library's default)
+  int device_threads = 1;  ///< OpenMP threads of Thrust's device system on CPU builds (no flag of its own)
+  int slow_worker = -1, slow_ms = 0;
+  int segment_kib = 256;
+  train_flag_set set = train_flag_set::ps;
+
+  /// Registers the flags of `s` on the parser, bound to this object's fields.
+  void add_to(flag_parser& f, train_flag_set s = train_flag_set::ps) {
+    set = s;
+    if (s == train_flag_set::collective) cluster.num_ps = 0;  // every rank trains
+    add_cluster_flags(f, cluster);
+    f.add("epochs", train.epochs, "passes over each training task's shard of the training set")
+        .add("batch", train.batch, "examples per local step")
+        .add("seed", train.seed, "seed for initialisation and shuffling")
+        .add("secret", train.secret, "cluster secret (default: $DTF_CLUSTER_SECRET; empty: no authentication)")
+        .add("timeout_ms", train.timeout_ms,
+             s == train_flag_set::ps ? "deadline of every request to a ps" : "longest wait without progress inside a collective")
+        .add("log_every", train.log_every, "iterations (local steps) between progress lines")
+        .add("blas_threads", blas_threads, "BLAS threads per process")
+        .add("model_dir", train.model_dir, "checkpoints and TensorBoard event files; resumes from its latest checkpoint")
+        .add("save_checkpoints_steps", train.save_checkpoints_steps, "chief: checkpoint every N global steps (0: off)")
+        .add("save_checkpoints_secs", train.save_checkpoints_secs, "chief: checkpoint every S seconds (0: off)")
+        .add("keep_checkpoints", train.keep_checkpoints, "checkpoints to keep (0: all)")
+        .add("last_step", train.last_step, "stop at this global step (0: the example's own end)")
+        .add("num_steps", train.num_steps, "stop after this many more global steps (0: the example's own end)")
+        .add("summary_every", train.summary_every, "chief: TensorBoard summaries every N global steps (0: none)")
+        .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)")
+        .add("metrics_file", train.metrics_file, "chief: write the final accuracy, loss, global_step and wall_s there (JSON)")
+        .add("target_accuracy", train.target_accuracy, "chief: exit with status 1 if the final test accuracy is lower");
+    if (s == train_flag_set::ps) {
+      f.add("partitioner", partitioner_name, "greedy, round_robin or fixed_size")
+          .add("num_shards", num_shards, "shards per variable for --partitioner fixed_size")
+          .add("finish_timeout_s", train.finish_timeout_s, "chief: how long to wait for the other workers to finish")
+          .add("max_recoveries", train.max_recoveries,
+               "recover from a lost parameter server up to N times (with dtfrun --max-restarts; 0: fail)")
+          .add("ps_threads", train.ps_threads, "I/O threads of a ps")
+          .add("slow_worker", slow_worker, "synchronous strategies: index of a worker to slow down (-1: none)")
+          .add("slow_ms", slow_ms, "extra milliseconds per gradient of the slowed worker");
+    } else {
+      f.add("segment_kib", segment_kib, "allreduce segment size in KiB");
+    }
+  }
+
+  /// Sets the CPU threads (blas_threads, device_threads) and resolves the cluster (dtf/cluster.hpp). With the
+  /// collective set and no cluster in the flags or the environment: this process alone.
+  dtf::cluster resolve_cluster() const {
+    set_cpu_threads({.device = device_threads, .blas = blas_threads});
+    if (set == train_flag_set::collective && !describes_cluster()) return local_cluster();
+    return dtf::resolve_cluster(cluster);
+  }
+
+  /// The train_options of these flags for scheme `name` on cluster `c`. Errors name the flag.
+  train_options options(const dtf::cluster& c, std::string name) const {
+    auto bad = [](const std::string& flag, const std::string& why) {
+      throw error(errc::invalid_config, "--" + flag + ": " + why);
+    };
+    if (nan_policy != "fail" && nan_policy != "stop") bad("nan_policy", "'" + nan_policy + "' is neither fail nor stop");
+    if (num_shards < 1) bad("num_shards", "must be positive");
+    if (segment_kib < 1) bad("segment_kib", "must be positive");
+    if (slow_ms < 0) bad("slow_ms", "must not be negative");
+    if (train.last_step > 0 && train.num_steps > 0) bad("num_steps", "give --last_step or --num_steps, not both");
+    train_options o = train;
+    o.name = std::move(name);
+    o.nan_policy = nan_policy == "stop" ? hooks::nan_policy::stop : hooks::nan_policy::fail;
+    o.segment_bytes = std::size_t(segment_kib) * 1024;
+    if (o.secret.empty())
+      if (const char* s = std::getenv("DTF_CLUSTER_SECRET")) o.secret = s;
+    if (slow_worker >= 0 && c.self.job != "ps" && trainer_index(c) == std::size_t(slow_worker))
+      o.compute_delay = std::chrono::milliseconds(slow_ms);
+    return o;
+  }
+
+  /// The partitioner --partitioner and --num_shards name.
+  named_partitioner partitioner() const { return {partitioner_name, std::size_t(num_shards)}; }
+
+ private:
+  /// Whether the flags or the environment describe a cluster.
+  bool describes_cluster() const {
+    for (const char* v : {"TF_CONFIG", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"})
+      if (const char* s = std::getenv(v); s && *s) return true;
+    return !cluster.job_name.empty();
+  }
+};
+
+}  // namespace dtf

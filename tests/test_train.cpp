@@ -1,0 +1,195 @@
+// The strategy contract (dtf::strategy: archetypes, every built-in, what a type lacks) and
+// dtf::train in one process (a collective strategy on a cluster of this process alone),
+// compared with an independent training loop.
+#include <dtf/strategies/aeasgd.hpp>
+#include <dtf/strategies/agn.hpp>
+#include <dtf/strategies/downpour.hpp>
+#include <dtf/strategies/dyn_sgd.hpp>
+#include <dtf/strategies/eamsgd.hpp>
+#include <dtf/strategies/hogwild.hpp>
+#include <dtf/strategies/mirrored.hpp>
+#include <dtf/strategies/ring_allreduce.hpp>
+#include <dtf/strategies/sync.hpp>
+#include <dtf/train.hpp>
+#include <dtf/train_flags.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "train_helpers.hpp"
+
+namespace {
+
+// Minimal archetypes of the contract, one per kind: exactly the required expressions.
+struct archetype_state {};
+struct async_archetype {
+  struct config_type {};
+  using state_type = archetype_state;
+  static constexpr dtf::strategy_kind kind = dtf::strategy_kind::asynchronous;
+  dtf::optim::rule ps_rule() const { return dtf::optim::sgd{}; }
+  bool lock_free() const { return false; }
+  void begin(state_type&) {}
+  float step(state_type&, const dtf::detail::strategy_gradient_fn&) { return 0; }
+  void end(state_type&) {}
+};
+struct sync_archetype {
+  struct config_type {};
+  using state_type = archetype_state;
+  static constexpr dtf::strategy_kind kind = dtf::strategy_kind::synchronous;
+  dtf::optim::rule ps_rule() const { return dtf::optim::sgd{}; }
+  std::size_t replicas_to_aggregate() const { return 1; }
+  std::size_t steps_per_contribution() const { return 1; }
+  void begin(state_type&) {}
+  float step(state_type&, const dtf::detail::strategy_gradient_fn&) { return 0; }
+  void end(state_type&) {}
+};
+template <class M>
+struct engine_archetype {};
+struct collective_archetype {
+  struct config_type {};
+  static constexpr dtf::strategy_kind kind = dtf::strategy_kind::collective;
+  template <class M>
+  using engine = engine_archetype<M>;
+  std::size_t replicas_per_process() const { return 1; }
+};
+static_assert(dtf::strategy<async_archetype>);
+static_assert(dtf::strategy<sync_archetype>);
+static_assert(dtf::strategy<collective_archetype>);
+
+// One requirement removed at a time: no longer a strategy.
+struct async_without_lock_free {
+  struct config_type {};
+  using state_type = archetype_state;
+  static constexpr dtf::strategy_kind kind = dtf::strategy_kind::asynchronous;
+  dtf::optim::rule ps_rule() const { return dtf::optim::sgd{}; }
+  void begin(state_type&) {}
+  float step(state_type&, const dtf::detail::strategy_gradient_fn&) { return 0; }
+  void end(state_type&) {}
+};
+struct sync_without_replicas {
+  struct config_type {};
+  using state_type = archetype_state;
+  static constexpr dtf::strategy_kind kind = dtf::strategy_kind::synchronous;
+  dtf::optim::rule ps_rule() const { return dtf::optim::sgd{}; }
+  std::size_t steps_per_contribution() const { return 1; }
+  void begin(state_type&) {}
+  float step(state_type&, const dtf::detail::strategy_gradient_fn&) { return 0; }
+  void end(state_type&) {}
+};
+struct collective_without_engine {
+  struct config_type {};
+  static constexpr dtf::strategy_kind kind = dtf::strategy_kind::collective;
+  std::size_t replicas_per_process() const { return 1; }
+};
+static_assert(!dtf::strategy<async_without_lock_free>);
+static_assert(!dtf::strategy<sync_without_replicas>);
+static_assert(!dtf::strategy<collective_without_engine>);
+static_assert(!dtf::strategy<int>);
+
+// Every built-in models the one contract.
+using namespace dtf::strategies;
+static_assert(dtf::strategy<hogwild> && dtf::strategy<downpour> && dtf::strategy<agn> && dtf::strategy<dyn_sgd> &&
+              dtf::strategy<aeasgd> && dtf::strategy<eamsgd> && dtf::strategy<sync_sgd> && dtf::strategy<sagn> &&
+              dtf::strategy<ring_allreduce<>> && dtf::strategy<mirrored<>>);
+static_assert(hogwild::kind == dtf::strategy_kind::asynchronous && sagn::kind == dtf::strategy_kind::synchronous &&
+              mirrored<>::kind == dtf::strategy_kind::collective);
+
+/// A user hook: counts the steps it saw.
+struct counting_hook {
+  std::int64_t* runs;
+  void after_run(dtf::run_context&, const dtf::run_values&) { ++*runs; }
+};
+
+/// The plain loop train() must match with one rank and SGD: shard 0 of 1, shuffled with the
+/// seed, batched; gradients and the update on the same model.
+std::vector<float> reference_sgd(const dtf::data::dataset& d, std::size_t batch, std::uint64_t seed, float lr,
+                                 std::int64_t steps, float& last_loss) {
+  auto net = dtf::test::small_net();
+  const std::size_t n = net.num_parameters();
+  dtf::tensor p({n}), g({n}), x, y;
+  net.initialize(p.span<float>(), seed);
+  dtf::optim::optimizer<> opt(dtf::optim::sgd{lr}, n);
+  auto stream = d.shuffle(seed).batch(batch).repeat(-1).stream();
+  for (std::int64_t s = 0; s < steps; ++s) {
+    const auto b = stream.next();
+    dtf::assign_from_host(x, b->features);
+    dtf::assign_from_host(y, b->labels);
+    last_loss = net.loss_and_gradients(p.span<float>(), x, y, g.span<float>());
+    opt.apply(p.span<float>(), g.span<float>());
+  }
+  return p.to_vector<float>();
+}
+
+}  // namespace
+
+TEST_CASE("train: one rank of ring_allreduce matches a plain SGD loop, with the user's hook", "[train]") {
+  const auto data = dtf::test::synthetic(640, 7, dtf::test::labels::argmax);
+  auto net = dtf::test::small_net();
+  std::vector<float> final_params;
+  std::int64_t hook_runs = 0;
+  dtf::train_options o{.name = "test", .epochs = 3, .batch = 32, .seed = 11, .log_every = 0};
+  o.evaluate = [&](std::span<const float> p) {
+    final_params.assign(p.begin(), p.end());
+    return dtf::nn::evaluate(net, p, dtf::test::synthetic(200, 8, dtf::test::labels::argmax).batch(100));
+  };
+  const auto r = dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>({.rule = dtf::optim::sgd{0.1f}}), o,
+                            dtf::partitioners::round_robin{}, counting_hook{&hook_runs});
+  float reference_loss = 0;
+  const auto reference = reference_sgd(data, 32, 11, 0.1f, 3 * 20, reference_loss);
+  CHECK(r.exit_code == 0);
+  CHECK(r.global_step == 60);  // 3 epochs of 640 / 32 batches
+  CHECK(hook_runs == 60);
+  CHECK(r.loss == Approx(reference_loss).epsilon(1e-5));
+  REQUIRE(final_params.size() == reference.size());
+  for (std::size_t i = 0; i < reference.size(); ++i) REQUIRE(final_params[i] == Approx(reference[i]).margin(1e-5));
+  REQUIRE(r.evaluation);
+  CHECK(r.evaluation->accuracy > 0.6);  // the argmax task is learnable; 1/3 is chance
+}
+
+TEST_CASE("train: num_steps and last_step end a collective run at that step", "[train]") {
+  const auto data = dtf::test::synthetic(320, 3, dtf::test::labels::argmax);
+  auto net = dtf::test::small_net();
+  dtf::train_options o{.epochs = 10, .batch = 32, .log_every = 0};
+  o.num_steps = 7;
+  CHECK(dtf::train(dtf::local_cluster(), net, data, mirrored<>({}, 2), o).global_step == 7);
+  o.num_steps = 0;
+  o.last_step = 4;
+  CHECK(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), o).global_step == 4);
+}
+
+TEST_CASE("train: bad options and a ps strategy without ps tasks are errors that name the cause", "[train]") {
+  const auto data = dtf::test::synthetic(64, 1, dtf::test::labels::argmax);
+  auto net = dtf::test::small_net();
+  dtf::train_options o;
+  o.last_step = 5;
+  o.num_steps = 5;
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), o),
+                    Catch::Contains("num_steps") && Catch::Contains("not both"));
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, hogwild(), dtf::train_options{}),
+                    Catch::Contains("needs ps tasks"));
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), {.max_recoveries = 1}),
+                    Catch::Contains("no parameter server"));
+}
+
+TEST_CASE("train_flags: flags become options, and bad values name the flag", "[train]") {
+  dtf::train_flags tf;
+  dtf::flag_parser flags("test");
+  tf.add_to(flags);
+  const char* argv[] = {"prog", "--epochs", "3", "--nan_policy", "stop", "--model_dir", "m", "--slow_worker", "0",
+                        "--slow_ms", "25", "--partitioner", "fixed_size", "--num_shards", "3"};
+  REQUIRE(flags.parse(int(std::size(argv)), const_cast<char**>(argv)));
+  dtf::cluster c;
+  c.spec.jobs["ps"][0] = "127.0.0.1:1";
+  c.spec.jobs["worker"][0] = "127.0.0.1:2";
+  c.self = {"worker", 0};
+  const auto o = tf.options(c, "scheme");
+  CHECK(o.name == "scheme");
+  CHECK(o.epochs == 3);
+  CHECK(o.model_dir == "m");
+  CHECK(o.nan_policy == dtf::hooks::nan_policy::stop);
+  CHECK(o.compute_delay == std::chrono::milliseconds(25));
+  const auto vars = dtf::test::small_net().variables();
+  CHECK(tf.partitioner().place(vars, 2).shards.size() == 3 * vars.size());
+  tf.nan_policy = "ignore";
+  CHECK_THROWS_WITH(tf.options(c, "scheme"), Catch::Contains("--nan_policy"));
+  CHECK_THROWS_WITH((dtf::named_partitioner{"nope", 1}.place(vars, 2)), Catch::Contains("--partitioner"));
+}
