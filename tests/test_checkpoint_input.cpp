@@ -177,18 +177,22 @@ TEST_CASE("a shard header whose entry sizes wrap around is refused, naming the f
   const nlohmann::json header{{"format", 1}, {"ps", 0}, {"num_ps", 1}, {"global_step", 1}, {"num_slots", 2},
                               {"entries", {{{"shard", 0}, {"size", 1ull << 63}, {"iterations", 1}},
                                            {{"shard", 1}, {"size", 1ull << 63}, {"iterations", 1}}}}};
-  replace_shard(dir.path, file, shard_bytes(header, 0));
+  replace_shard(dir.path, file, shard_bytes(header, 105));  // as many bytes as the real file
   CHECK_THAT(error_of([&] { (void)verify_checkpoint(dir.path, "ckpt-1"); }),
              Catch::Contains(file) && Catch::Contains("entries[0].size"));
   // A header claiming another ps, and one longer than the file.
   auto other = header;
   other["ps"] = 3;
   other["entries"] = nlohmann::json::array();
-  replace_shard(dir.path, file, shard_bytes(other, 0));
+  replace_shard(dir.path, file, shard_bytes(other, 105));
   CHECK_THAT(error_of([&] { (void)verify_checkpoint(dir.path, "ckpt-1"); }),
              Catch::Contains(file) && Catch::Contains("ps 3"));
-  std::string truncated = shard_bytes(header, 0).substr(0, 30);
-  replace_shard(dir.path, file, truncated);
+  // The real file with its header length field set to 2^40.
+  host_checkpoint(dir.path, 1);
+  auto real = read_bytes(dir.path / file);
+  const std::uint64_t huge = 1ull << 40;
+  real.replace(8, 8, reinterpret_cast<const char*>(&huge), 8);
+  replace_shard(dir.path, file, real);
   CHECK_THAT(error_of([&] { (void)verify_checkpoint(dir.path, "ckpt-1"); }),
              Catch::Contains(file) && Catch::Contains("header length"));
 }
@@ -203,7 +207,8 @@ TEST_CASE("the state file and the manifest can only name files inside the checkp
   fs::copy_file(ckdir / "ckpt-1.ps-0-of-1.shard", dir.path / "outside.shard");
   fs::copy_file(ckdir / "ckpt-1.manifest.json", dir.path / "outside.manifest.json");
   for (const std::string bad : {"../outside", "/etc/passwd", "a/b", "..", ""}) {
-    write_text(ckdir / "checkpoint", nlohmann::json{{"latest", bad}, {"all", {bad}}}.dump());
+    write_text(ckdir / "checkpoint",
+               nlohmann::json{{"latest", bad}, {"all", bad.empty() ? nlohmann::json::array() : nlohmann::json::array({bad})}}.dump());
     if (bad.empty()) {
       CHECK_FALSE(latest_checkpoint(ckdir));  // no latest: nothing to restore
       continue;
@@ -346,11 +351,12 @@ TEST_CASE("restore streams the checkpoint: the chief never holds the whole model
   const auto base = rss_kb();
   REQUIRE(b.client->restore_latest(dir.path.string(), vars, optim::sgd{}));
   const double grown = double(peak_rss_kb()) - double(base);
-  // The ps tasks (threads of this process) now hold the model: 1x. Streaming adds one ps's
-  // slice in flight (a quarter, at the chief and at the receiving ps); reading the whole
-  // checkpoint first would add at least two more copies.
+  // The ps tasks (threads of this process) now hold the model (1x), and each keeps the
+  // receive buffer its restore message came in (the transport's, a quarter each: 1x in all).
+  // Streaming adds one ps's quarter at the chief: 2.25x. Reading the whole checkpoint first, as
+  // restore used to, adds at least two more copies (the assembled model and its re-slicing).
   INFO("peak growth " << grown / 1024 << " MiB for a " << model_kb / 1024 << " MiB model");
-  CHECK(grown < 1.9 * model_kb);
+  CHECK(grown < 2.6 * model_kb);
   std::vector<float> back(n);
   b.client->pull(back);
   bool same = true;

@@ -404,8 +404,9 @@ public:
                                                           m.checkpoint + " while this step was aggregated"));
       sync_waiting_.clear();
       sync_n_ = std::size_t(init.replicas_to_aggregate);
-      sync_acc_.clear();
-      for (auto id : init.ids) sync_acc_[id].assign(shards_[id]->values.size(), 0.0f);
+      sync_acc_.clear();  // a model-sized buffer, needed only by synchronous training
+      if (sync_n_ > 0)
+        for (auto id : init.ids) sync_acc_[id].assign(shards_[id]->values.size(), 0.0f);
       sync_step_ = m.global_step;
       sync_count_ = 0;
       sync_contributors_.clear();
@@ -773,73 +774,91 @@ class ps_client {
   }
 
   /// Restores checkpoint `name` of `directory` into every ps, whatever number of ps tasks
-  /// saved it: the full variables are read (checksums verified), matched to `vars` by name
-  /// and re-sliced for this client's placement; values, the rule's slots, the update counts
-  /// and the global step replace what each ps held (initialised or not). `rule`, lock_free
-  /// and replicas_to_aggregate are as in initialize(). Returns the restored global step; the
-  /// values are left in `params` when it is non-empty.
+  /// saved it: the checkpoint is verified (checkpoint_reader: every field, size and SHA-256),
+  /// its variables matched to `vars` by name and re-sliced for this client's placement; values,
+  /// the rule's slots, the update counts and the global step replace what each ps held
+  /// (initialised or not). `rule`, lock_free and replicas_to_aggregate are as in initialize().
+  /// Returns the restored global step; the values are left in `params` when it is non-empty.
+  /// Streaming: each ps's slices are read from the shard files and sent before the next ps's
+  /// are read, so the chief holds one ps's share of the checkpoint, never the whole model.
   /// Errors: errc::corrupt_data / io_error (a file missing or damaged), invalid_argument /
   /// shape_mismatch (a variable missing or reshaped), invalid_config (the checkpoint's slots
   /// belong to another update rule).
   std::int64_t restore_checkpoint(const std::string& directory, const std::string& name,
                                   const std::vector<variable_spec>& vars, const optim::rule& rule, bool lock_free = false,
                                   std::size_t replicas_to_aggregate = 0, std::span<float> params = {}) {
-    const auto t = read_checkpoint(directory, name);
+    return restore_from(checkpoint_reader::open(directory, name), vars, rule, lock_free, replicas_to_aggregate, params);
+  }
+
+  /// Restores the latest checkpoint of `directory` (see restore_checkpoint); returns its
+  /// global step, or nullopt (nothing changed) when the directory holds none. When the latest
+  /// fails verification, with checkpoint_fallback::newest_valid (the default) the transport's
+  /// log says so and the newest kept checkpoint that verifies is restored; with refuse, or when
+  /// none verifies, the error is thrown (errc::corrupt_data naming the latest's cause).
+  std::optional<std::int64_t> restore_latest(const std::string& directory, const std::vector<variable_spec>& vars,
+                                             const optim::rule& rule, bool lock_free = false,
+                                             std::size_t replicas_to_aggregate = 0, std::span<float> params = {},
+                                             checkpoint_fallback fallback = checkpoint_fallback::newest_valid) {
+    auto reader = open_latest_checkpoint(directory, fallback, [this](const std::string& line) {
+      detail::log_line(rpc_.options(), "dtf " + identity() + ": " + line);
+    });
+    if (!reader) return std::nullopt;
+    return restore_from(*reader, vars, rule, lock_free, replicas_to_aggregate, params);
+  }
+
+ private:
+  std::int64_t restore_from(const checkpoint_reader& ck, const std::vector<variable_spec>& vars, const optim::rule& rule,
+                            bool lock_free, std::size_t replicas_to_aggregate, std::span<float> params) {
+    const auto& man = ck.manifest();
     const std::size_t num_slots = optim::detail::slot_count(rule);
     const std::string rule_name =
         std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule);
-    if (num_slots != 0 && (t.manifest.num_slots != num_slots || t.manifest.rule != rule_name))
-      throw error(errc::invalid_config, "checkpoint " + name + " holds the slots of rule " + t.manifest.rule +
+    if (num_slots != 0 && (man.num_slots != num_slots || man.rule != rule_name))
+      throw error(errc::invalid_config, "checkpoint " + man.name + " holds the slots of rule " + man.rule +
                                             ", the restoring run uses " + rule_name);
-    const std::size_t n = num_parameters(vars);
-    check_size(n, "restore_checkpoint");
-    std::vector<std::vector<float>> bufs(1 + num_slots, std::vector<float>(n, 0.0f));
-    for (std::size_t k = 0; k <= num_slots; ++k) copy_into_layout(t, vars, bufs[k], int(k) - 1);
-    std::vector<std::int64_t> var_iterations(vars.size(), 0);
-    for (std::size_t v = 0; v < vars.size(); ++v) var_iterations[v] = t.manifest.find(vars[v].name)->iterations;
-    std::vector<rpc_call> calls(layout_.num_ps);
+    check_size(num_parameters(vars), "restore_checkpoint");
+    if (!params.empty()) check_size(params.size(), "restore_checkpoint");
+    std::vector<const checkpoint_variable*> saved(vars.size());
+    for (std::size_t v = 0; v < vars.size(); ++v) saved[v] = &ck.match(vars[v]);
+    for (const auto& sh : layout_.shards)
+      if (sh.variable >= vars.size())
+        throw error(errc::invalid_argument, "restore_checkpoint: the placement names variable " +
+                                                std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
+    // One ps at a time: read its shards' values and slots from the files, send, release.
     for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
       detail::ps_restore_msg m;
       m.init.ids = ids_[ps];
+      std::size_t floats = 0;
+      for (auto id : m.init.ids) floats += layout_.shards[id].size * (1 + num_slots);
+      std::vector<float> payload(floats);
+      std::size_t at = 0;
       for (auto id : m.init.ids) {
         const auto& sh = layout_.shards[id];
-        if (sh.variable >= vars.size())
-          throw error(errc::invalid_argument, "restore_checkpoint: the placement names variable " +
-                                                  std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
+        const auto& sv = *saved[sh.variable];
         m.init.sizes.push_back(sh.size);
-        m.iterations.push_back(var_iterations[sh.variable]);
+        m.iterations.push_back(sv.iterations);
+        // The shard's range of its variable, in the saved flat layout.
+        const std::size_t from = sv.offset + (sh.offset - vars[sh.variable].offset);
+        for (std::size_t k = 0; k <= num_slots; ++k) {
+          ck.read(k, from, std::span<float>(payload).subspan(at, sh.size));
+          if (k == 0 && !params.empty())
+            std::copy_n(payload.begin() + std::ptrdiff_t(at), sh.size, params.begin() + std::ptrdiff_t(sh.offset));
+          at += sh.size;
+        }
       }
       m.init.rule = detail::rule_msg::from(rule);
       m.init.lock_free = lock_free;
       m.init.replicas_to_aggregate = replicas_to_aggregate;
-      m.global_step = t.manifest.global_step;
+      m.global_step = man.global_step;
       m.num_slots = num_slots;
-      m.checkpoint = name;
-      calls[ps] = make_call(ps, detail::message_kind::ps_restore, detail::encode_message(m));
-      for (auto id : ids_[ps])
-        for (const auto& b : bufs)
-          calls[ps].payload.push_back(
-              asio::buffer(b.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
+      m.checkpoint = man.name;
+      rpc_call c = make_call(ps, detail::message_kind::ps_restore, detail::encode_message(m));
+      c.payload.push_back(asio::buffer(payload.data(), payload.size() * sizeof(float)));
+      rpc_.call(c);
     }
-    run(calls);
-    if (!params.empty()) {
-      check_size(params.size(), "restore_checkpoint");
-      std::copy(bufs[0].begin(), bufs[0].end(), params.begin());
-    }
-    return t.manifest.global_step;
+    return man.global_step;
   }
 
-  /// Restores the latest checkpoint of `directory` (see restore_checkpoint); returns its
-  /// global step, or nullopt (nothing changed) when the directory holds none.
-  std::optional<std::int64_t> restore_latest(const std::string& directory, const std::vector<variable_spec>& vars,
-                                             const optim::rule& rule, bool lock_free = false,
-                                             std::size_t replicas_to_aggregate = 0, std::span<float> params = {}) {
-    const auto latest = latest_checkpoint(directory);
-    if (!latest) return std::nullopt;
-    return restore_checkpoint(directory, *latest, vars, rule, lock_free, replicas_to_aggregate, params);
-  }
-
- private:
   static std::vector<std::uint32_t> to_ids(const std::vector<std::size_t>& v) {
     return std::vector<std::uint32_t>(v.begin(), v.end());
   }
