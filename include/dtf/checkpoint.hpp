@@ -39,8 +39,10 @@
 // many shard files were written; ps_client's restore reads each of its own shards' ranges, so
 // a checkpoint saved by 2 ps tasks restores into 1 or 3.
 //
-// Headers: checkpoint/format.hpp (the types and checks), checkpoint/reader.hpp (reading,
-// verifying, the fallback), checkpoint/writer.hpp (crash-safe writing, commit and pruning).
+// Headers: checkpoint/format.hpp (the types and the checks of every field),
+// checkpoint/shard_header.hpp (a shard file's header), checkpoint/input_file.hpp (bounds-checked
+// reads), checkpoint/reader.hpp (reading, verifying, the fallback), checkpoint/writer.hpp
+// (crash-safe writing, commit and pruning).
 //
 // Thread safety: free functions on distinct checkpoints may run concurrently; saving into one
 // directory is the chief's job (one writer of the manifest and state file).

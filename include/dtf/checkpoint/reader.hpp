@@ -19,6 +19,8 @@
 #pragma once
 
 #include <dtf/checkpoint/format.hpp>
+#include <dtf/checkpoint/input_file.hpp>
+#include <dtf/checkpoint/shard_header.hpp>
 #include <dtf/detail/sha256.hpp>
 #include <dtf/variable.hpp>
 
@@ -39,149 +41,12 @@
 
 namespace dtf {
 
-namespace detail::ckpt {
-
-inline std::string errno_text() { return std::strerror(errno); }
-
-/// A read-only input: an open regular file, or bytes in memory (the fuzzer's, the tests').
-/// Every read is bounds-checked against the size seen at open.
-class input_file {
- public:
-  /// Opens `path` without following a symlink; it must be a regular file.
-  static input_file open(const std::filesystem::path& path) {
-    input_file f;
-    f.what_ = path.string();
-    f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (f.fd_ < 0)
-      throw error(errc::io_error, "cannot open " + f.what_ + ": " + errno_text() +
-                                      (errno == ELOOP ? " (a symlink: checkpoint files are read only as regular files)" : ""));
-    struct stat st {};
-    if (::fstat(f.fd_, &st) != 0) throw error(errc::io_error, "cannot stat " + f.what_ + ": " + errno_text());
-    if (!S_ISREG(st.st_mode)) throw error(errc::corrupt_data, f.what_ + ": not a regular file");
-    f.size_ = std::uint64_t(st.st_size);
-    return f;
-  }
-  static input_file memory(std::span<const std::byte> bytes, std::string what) {
-    input_file f;
-    f.what_ = std::move(what);
-    f.memory_ = bytes;
-    f.size_ = bytes.size();
-    return f;
-  }
-
-  input_file() = default;
-  input_file(input_file&& o) noexcept : fd_(std::exchange(o.fd_, -1)), memory_(o.memory_), size_(o.size_), what_(std::move(o.what_)) {}
-  input_file& operator=(input_file&& o) noexcept {
-    if (this != &o) {
-      close();
-      fd_ = std::exchange(o.fd_, -1);
-      memory_ = o.memory_;
-      size_ = o.size_;
-      what_ = std::move(o.what_);
-    }
-    return *this;
-  }
-  ~input_file() { close(); }
-
-  std::uint64_t size() const noexcept { return size_; }
-  const std::string& what() const noexcept { return what_; }
-
-  /// Reads n bytes at offset. Errors: corrupt_data when the range is not inside the file (or
-  /// the file shrank since open), io_error when reading fails.
-  void read(std::uint64_t offset, void* dst, std::size_t n) const {
-    if (offset > size_ || n > size_ - offset)
-      corrupt(what_, "", "a read of " + std::to_string(n) + " bytes at " + std::to_string(offset) +
-                             " lies outside its " + std::to_string(size_) + " bytes");
-    if (fd_ < 0) {
-      if (n) std::memcpy(dst, memory_.data() + offset, n);
-      return;
-    }
-    auto* at = static_cast<char*>(dst);
-    while (n > 0) {
-      const ssize_t got = ::pread(fd_, at, n, off_t(offset));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        throw error(errc::io_error, "cannot read " + what_ + ": " + errno_text());
-      }
-      if (got == 0) corrupt(what_, "", "ends early (it changed while being read)");
-      at += got;
-      n -= std::size_t(got);
-      offset += std::uint64_t(got);
-    }
-  }
-
-  /// SHA-256 of the whole file, read in 1 MiB pieces.
-  std::string sha256_hex() const {
-    sha256 h;
-    if (fd_ < 0) {
-      h.update(memory_.data(), memory_.size());
-      return h.hex();
-    }
-    std::vector<char> buf(std::size_t(1) << 20);
-    for (std::uint64_t at = 0; at < size_;) {
-      const std::size_t n = std::size_t(std::min<std::uint64_t>(buf.size(), size_ - at));
-      read(at, buf.data(), n);
-      h.update(buf.data(), n);
-      at += n;
-    }
-    return h.hex();
-  }
-
-  /// The whole file as text, refused beyond `limit` bytes.
-  std::string text(std::uint64_t limit) const {
-    if (size_ > limit) corrupt(what_, "", std::to_string(size_) + " bytes, more than " + std::to_string(limit));
-    std::string s(std::size_t(size_), '\0');
-    read(0, s.data(), s.size());
-    return s;
-  }
-
- private:
-  void close() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int fd_ = -1;
-  std::span<const std::byte> memory_;
-  std::uint64_t size_ = 0;
-  std::string what_;
-};
-
-inline nlohmann::json parse_json(const std::string& text, const std::string& what) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    corrupt(what, "", std::string("malformed JSON: ") + e.what());
-  }
-}
-
-/// Reads a whole file (the benchmark's baseline read).
-inline std::vector<char> read_file(const std::filesystem::path& path) {
-  const auto f = input_file::open(path);
-  std::vector<char> data(static_cast<std::size_t>(f.size()));
-  f.read(0, data.data(), data.size());
-  return data;
-}
-
-}  // namespace detail::ckpt
-
 /// A verified checkpoint: the manifest and every shard file checked (see the file comment);
 /// read() serves ranges of the saved flat layout straight from the files.
 class checkpoint_reader {
  public:
   /// Opens and verifies checkpoint `name` of `dir`.
-  static checkpoint_reader open(const std::filesystem::path& dir, const std::string& name) {
-    detail::ckpt::require_confined(name, dir.string(), "checkpoint name");
-    const auto path = dir / detail::ckpt::manifest_file_name(name);
-    std::error_code ec;
-    if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
-      throw error(errc::io_error, "checkpoint '" + name + "' has no manifest " + path.string());
-    const auto text = detail::ckpt::input_file::open(path).text(detail::ckpt::max_json_bytes);
-    auto m = checkpoint_manifest::from_json(detail::ckpt::parse_json(text, path.string()), path.string());
-    if (m.name != name) detail::ckpt::corrupt(path.string(), "name", "'" + m.name + "', not '" + name + "'");
-    std::vector<detail::ckpt::input_file> files;
-    for (const auto& f : m.files) files.push_back(detail::ckpt::input_file::open(dir / f.name));
-    return checkpoint_reader(std::move(m), std::move(files));
-  }
+  static checkpoint_reader open(const std::filesystem::path& dir, const std::string& name);
 
   /// Verifies a checkpoint given as bytes: its manifest and, in the manifest's file order,
   /// every shard file (the fuzz target drives the reader through this).
@@ -339,7 +204,16 @@ inline checkpoint_manifest read_manifest(const std::filesystem::path& dir, const
   if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec)))
     throw error(errc::io_error, "checkpoint '" + name + "' has no manifest " + path.string());
   const auto text = detail::ckpt::input_file::open(path).text(detail::ckpt::max_json_bytes);
-  return checkpoint_manifest::from_json(detail::ckpt::parse_json(text, path.string()), path.string());
+  auto m = checkpoint_manifest::from_json(detail::ckpt::parse_json(text, path.string()), path.string());
+  if (m.name != name) detail::ckpt::corrupt(path.string(), "name", "'" + m.name + "', not '" + name + "'");
+  return m;
+}
+
+inline checkpoint_reader checkpoint_reader::open(const std::filesystem::path& dir, const std::string& name) {
+  auto m = read_manifest(dir, name);
+  std::vector<detail::ckpt::input_file> files;
+  for (const auto& f : m.files) files.push_back(detail::ckpt::input_file::open(dir / f.name));
+  return checkpoint_reader(std::move(m), std::move(files));
 }
 
 /// The full contents of a checkpoint in its saved flat layout (manifest.variables' offsets).
