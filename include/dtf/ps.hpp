@@ -821,8 +821,10 @@ class ps_client {
     std::vector<const checkpoint_variable*> saved(vars.size());
     for (std::size_t v = 0; v < vars.size(); ++v) saved[v] = &ck.match(vars[v]);
     for (const auto& sh : layout_.shards)
-      if (sh.variable >= vars.size())
-        throw error(errc::invalid_argument, "restore_checkpoint: the placement names variable " +
+      if (sh.variable >= vars.size() || sh.offset < vars[sh.variable].offset ||
+          sh.offset - vars[sh.variable].offset > vars[sh.variable].size() ||
+          sh.size > vars[sh.variable].size() - (sh.offset - vars[sh.variable].offset))
+        throw error(errc::invalid_argument, "restore_checkpoint: a shard of the placement lies outside variable " +
                                                 std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
     // One ps at a time: read its shards' values and slots from the files, send, release.
     for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
