@@ -8,8 +8,9 @@
 //      fixed_size{4} over 1, 2 and 4 ps
 //      running on threads of this process: median seconds of save_checkpoint (every ps writes
 //      its shard file, the chief the manifest) and of restore_latest into the same number of
-//      ps, and of a resharded restore into 3 ps; GB/s of checkpoint bytes and the ratio to the
-//      baseline
+//      ps (streamed through the chief), of restore_checkpoint with each ps reading its own
+//      slices (restore_transfer::ps_reads_files), and of a resharded restore into 3 ps; GB/s
+//      of checkpoint bytes and the ratio to the baseline
 // Every restore verifies SHA-256 of every file (one pass over the files), then streams each ps's
 // slices from them (a second pass, usually from the page cache), so it also measures both.
 // benchmarks/checkpoint_throughput.sh runs it beside dd and cp of the same bytes.
@@ -114,8 +115,8 @@ int main(int argc, char** argv) try {
               rule_name.c_str(), rule_name == "adam" ? " + 2 slots" : " only");
   std::printf("baseline  write+fsync+rename %.3f s (%.2f GB/s)   read %.3f s (%.2f GB/s)\n", base_write,
               ckpt_bytes / base_write / 1e9, base_read, ckpt_bytes / base_read / 1e9);
-  std::printf("%-4s %10s %8s %8s   %10s %8s %8s   %12s %8s\n", "ps", "save s", "GB/s", "x base", "restore s", "GB/s",
-              "x base", "reshard->3 s", "GB/s");
+  std::printf("%-4s %9s %7s %7s   %10s %7s %7s   %11s %7s   %12s %7s\n", "ps", "save s", "GB/s", "x base",
+              "restore s", "GB/s", "x base", "ps-read s", "GB/s", "reshard->3 s", "GB/s");
 
   // 2. Save and restore through 1, 2 and 4 ps; one cluster alive at a time (a 1 GiB model
   // fits a small machine). Restore streams: the chief holds one ps's share at a time.
@@ -123,7 +124,7 @@ int main(int argc, char** argv) try {
   for (std::size_t num_ps : {1u, 2u, 4u}) {
     const auto layout = dtf::partitioners::fixed_size{4}.place(vars, num_ps);
     const dtf::checkpoint_options ck{dir, "bench" + std::to_string(num_ps), 2};
-    double save = 0, restore = 0, reshard = 0;
+    double save = 0, restore = 0, by_ps = 0, reshard = 0;
     {
       cluster a(layout);
       for (std::size_t i = 0; i < total; ++i) restored[i] = float(i % 1000) * 1e-3f;
@@ -144,13 +145,24 @@ int main(int argc, char** argv) try {
       check(b);
     }
     {
+      cluster b(layout);
+      const auto name = *dtf::latest_checkpoint(dir);
+      by_ps = median_secs(
+          [&] {
+            (void)b.client->restore_checkpoint(dir, name, vars, rule, false, 0, {},
+                                               dtf::restore_transfer::ps_reads_files);
+          },
+          repeats);
+      check(b);
+    }
+    {
       cluster c(dtf::partitioners::fixed_size{3}.place(vars, 3));
       reshard = median_secs([&] { (void)c.client->restore_latest(dir, vars, rule); }, repeats);
       check(c);
     }
-    std::printf("%-4zu %10.3f %8.2f %8.2f   %10.3f %8.2f %8.2f   %12.3f %8.2f\n", num_ps, save,
+    std::printf("%-4zu %9.3f %7.2f %7.2f   %10.3f %7.2f %7.2f   %11.3f %7.2f   %12.3f %7.2f\n", num_ps, save,
                 ckpt_bytes / save / 1e9, base_write / save, restore, ckpt_bytes / restore / 1e9, base_read / restore,
-                reshard, ckpt_bytes / reshard / 1e9);
+                by_ps, ckpt_bytes / by_ps / 1e9, reshard, ckpt_bytes / reshard / 1e9);
     std::fflush(stdout);
   }
   fs::remove_all(dir);

@@ -48,6 +48,16 @@ class checkpoint_reader {
   /// Opens and verifies checkpoint `name` of `dir`.
   static checkpoint_reader open(const std::filesystem::path& dir, const std::string& name);
 
+  /// A range [first, first + count) of elements of the saved flat layout.
+  struct element_range {
+    std::uint64_t first = 0, count = 0;
+  };
+  /// Opens checkpoint `name` of `dir` for reading `ranges` only: the manifest is checked whole,
+  /// but only the shard files holding part of a range are opened and verified (a ps restoring
+  /// its own shards reads no other ps's file). read() outside them is an error.
+  static checkpoint_reader open_for(const std::filesystem::path& dir, const std::string& name,
+                                    std::span<const element_range> ranges);
+
   /// Verifies a checkpoint given as bytes: its manifest and, in the manifest's file order,
   /// every shard file (the fuzz target drives the reader through this).
   static checkpoint_reader from_memory(const std::string& manifest_json, std::vector<std::span<const std::byte>> shard_files,
@@ -83,6 +93,9 @@ class checkpoint_reader {
     for (; it != shards_by_offset_.end() && manifest_.shards[*it].offset < end; ++it) {
       const auto& s = manifest_.shards[*it];
       const auto& at = places_[*it];
+      if (!opened_[at.file])
+        throw error(errc::invalid_argument, "checkpoint " + manifest_.name + ": " + manifest_.files[at.file].name +
+                                                " was not opened by this reader (open_for another range)");
       const std::size_t from = std::max(begin, s.offset), to = std::min(end, s.offset + s.size);
       if (from >= to) continue;
       const std::uint64_t pos = at.data + (std::uint64_t(tensor) * s.size + (from - s.offset)) * sizeof(float);
@@ -110,12 +123,15 @@ class checkpoint_reader {
 
   /// The checkpoint's variable matching a model's `v` by name and shape. Errors:
   /// invalid_argument (missing), shape_mismatch (another shape), naming the variable.
-  const checkpoint_variable& match(const variable_spec& v) const {
-    const auto* sv = manifest_.find(v.name);
-    if (!sv) throw error(errc::invalid_argument, "checkpoint " + manifest_.name + " has no variable '" + v.name + "'");
+  const checkpoint_variable& match(const variable_spec& v) const { return match_variable(manifest_, v); }
+
+  /// The same for a manifest alone.
+  static const checkpoint_variable& match_variable(const checkpoint_manifest& m, const variable_spec& v) {
+    const auto* sv = m.find(v.name);
+    if (!sv) throw error(errc::invalid_argument, "checkpoint " + m.name + " has no variable '" + v.name + "'");
     if (sv->shape != v.shape)
       throw error(errc::shape_mismatch, "variable '" + v.name + "' is " + to_string(sv->shape) + " in checkpoint " +
-                                            manifest_.name + " but " + to_string(v.shape) + " in the model");
+                                            m.name + " but " + to_string(v.shape) + " in the model");
     return *sv;
   }
 
@@ -125,15 +141,21 @@ class checkpoint_reader {
     std::uint64_t data = 0;  // byte offset of the shard's values in its file
   };
 
-  checkpoint_reader(checkpoint_manifest m, std::vector<detail::ckpt::input_file> files)
+  // wanted[i]: files_[i] is opened (and verified here); empty: every file is.
+  checkpoint_reader(checkpoint_manifest m, std::vector<detail::ckpt::input_file> files, std::vector<bool> wanted = {})
       : manifest_(std::move(m)), files_(std::move(files)), extent_(manifest_.num_parameters()) {
     using namespace detail::ckpt;
     const auto& m_ = manifest_;
+    if (wanted.empty()) wanted.assign(files_.size(), true);
+    opened_ = wanted;
+    std::vector<std::size_t> file_of_ps(m_.num_ps);  // the manifest gives every ps one file
+    for (std::size_t i = 0; i < m_.files.size(); ++i) file_of_ps[m_.files[i].ps] = i;
     std::unordered_map<std::uint32_t, std::size_t> by_id;
     for (std::size_t k = 0; k < m_.shards.size(); ++k) by_id[m_.shards[k].id] = k;
     std::vector<bool> found(m_.shards.size(), false);
     places_.assign(m_.shards.size(), place{});
     for (std::size_t i = 0; i < files_.size(); ++i) {
+      if (!wanted[i]) continue;
       const auto& f = m_.files[i];
       const auto& in = files_[i];
       if (in.size() != f.bytes)
@@ -161,10 +183,16 @@ class checkpoint_reader {
         at += entry.size * sizeof(float) * (1 + m_.num_slots);  // bounded by parse_shard_header
       }
     }
-    for (std::size_t k = 0; k < m_.shards.size(); ++k)
+    for (std::size_t k = 0; k < m_.shards.size(); ++k) {
+      const auto file = file_of_ps[m_.shards[k].ps];
+      if (!wanted[file]) {
+        places_[k].file = file;  // read() refuses it
+        continue;
+      }
       if (!found[k])
         corrupt("checkpoint '" + m_.name + "'", item("shards", k),
                 "shard " + std::to_string(m_.shards[k].id) + " is in no shard file");
+    }
     // Empty shards hold nothing; the others are disjoint, so their ends rise with their offsets.
     for (std::size_t k = 0; k < m_.shards.size(); ++k)
       if (m_.shards[k].size != 0) shards_by_offset_.push_back(k);
@@ -174,6 +202,7 @@ class checkpoint_reader {
 
   checkpoint_manifest manifest_;
   std::vector<detail::ckpt::input_file> files_;
+  std::vector<bool> opened_;                  // per manifest file
   std::vector<place> places_;                 // per manifest shard
   std::vector<std::size_t> shards_by_offset_;  // manifest shard indices by flat offset
   std::size_t extent_ = 0;
@@ -214,6 +243,20 @@ inline checkpoint_reader checkpoint_reader::open(const std::filesystem::path& di
   std::vector<detail::ckpt::input_file> files;
   for (const auto& f : m.files) files.push_back(detail::ckpt::input_file::open(dir / f.name));
   return checkpoint_reader(std::move(m), std::move(files));
+}
+
+inline checkpoint_reader checkpoint_reader::open_for(const std::filesystem::path& dir, const std::string& name,
+                                                     std::span<const element_range> ranges) {
+  auto m = read_manifest(dir, name);
+  std::vector<bool> wanted(m.files.size(), false);
+  for (const auto& s : m.shards)
+    for (const auto& r : ranges)
+      if (s.size != 0 && (s.offset >= r.first ? s.offset - r.first < r.count : r.first - s.offset < s.size))
+        for (std::size_t i = 0; i < m.files.size(); ++i) wanted[i] = wanted[i] || m.files[i].ps == s.ps;
+  std::vector<detail::ckpt::input_file> files(m.files.size());
+  for (std::size_t i = 0; i < m.files.size(); ++i)
+    if (wanted[i]) files[i] = detail::ckpt::input_file::open(dir / m.files[i].name);
+  return checkpoint_reader(std::move(m), std::move(files), std::move(wanted));
 }
 
 /// The full contents of a checkpoint in its saved flat layout (manifest.variables' offsets).
