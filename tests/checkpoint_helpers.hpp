@@ -53,18 +53,27 @@ struct cluster_of {
   std::vector<std::unique_ptr<parameter_server>> servers;
   std::vector<std::thread> threads;
   std::unique_ptr<ps_client> client;
-  cluster_of(const placement& layout, std::vector<checkpoint_fault> faults = {}) {
+  // patient: timeouts for tens of MiB per message on a loaded machine (the test options'
+  // 300 ms frame deadline is for small models).
+  explicit cluster_of(const placement& layout, std::vector<checkpoint_fault> faults = {}, bool patient = false) {
+    auto opts = [patient](const std::string& identity) {
+      auto o = dtf::test::opts(identity);
+      if (patient) {
+        o.timeout_ms = 120000;
+        o.frame_timeout_ms = 30000;
+      }
+      return o;
+    };
     std::vector<std::string> addresses;
     for (std::size_t i = 0; i < layout.num_ps; ++i) {
-      ps_options o{dtf::test::opts("ps." + std::to_string(i))};
+      ps_options o{opts("ps." + std::to_string(i))};
       o.transport.log = [](const std::string&) {};
       if (i < faults.size()) o.save_fault = faults[i];
       servers.push_back(std::make_unique<parameter_server>("127.0.0.1:0", o));
       threads.emplace_back([p = servers.back().get()] { p->run(); });
       addresses.push_back("127.0.0.1:" + std::to_string(servers.back()->port()));
     }
-    auto co = dtf::test::opts("chief.0");
-    client = std::make_unique<ps_client>(addresses, layout, co);
+    client = std::make_unique<ps_client>(addresses, layout, opts("chief.0"));
     client->connect();
   }
   ~cluster_of() {

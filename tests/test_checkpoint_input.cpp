@@ -349,13 +349,13 @@ TEST_CASE("restore streams the checkpoint: the chief never holds the whole model
   const double model_kb = double(n * sizeof(float)) / 1024.0;
   const auto layout = partitioners::fixed_size{4}.place(vars, 4);
   {
-    cluster_of a(layout);
+    cluster_of a(layout, {}, true);
     std::vector<float> init(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = float(i % 977);
     a.client->initialize(init, optim::sgd{});
     a.client->save_checkpoint({dir.path.string(), "ckpt", 1}, vars, 1);
   }
-  cluster_of b(layout);
+  cluster_of b(layout, {}, true);
   REQUIRE(reset_peak_rss());  // /proc/self/clear_refs "5" (Linux >= 4.0)
   const auto base = rss_kb();
   REQUIRE(b.client->restore_latest(dir.path.string(), vars, optim::sgd{}));
@@ -416,13 +416,13 @@ TEST_CASE("a restore in which each ps reads its own slices costs the chief no mo
   const double model_kb = double(n * sizeof(float)) / 1024.0;
   const auto layout = partitioners::fixed_size{4}.place(vars, 4);
   {
-    cluster_of a(layout);
+    cluster_of a(layout, {}, true);
     std::vector<float> init(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = float(i % 977);
     a.client->initialize(init, optim::sgd{});
     a.client->save_checkpoint({dir.path.string(), "ckpt", 1}, vars, 1);
   }
-  cluster_of b(layout);
+  cluster_of b(layout, {}, true);
   REQUIRE(reset_peak_rss());
   const auto base = rss_kb();
   b.client->restore_checkpoint(dir.path.string(), "ckpt-1", vars, optim::sgd{}, false, 0, {},
