@@ -8,8 +8,11 @@
 #include <dtf/checkpoint.hpp>
 
 #include "checkpoint_input.hpp"
+#include "checkpoint_seeds.hpp"
 
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -34,6 +37,17 @@ void open_and_read(const std::string& manifest, const std::vector<std::span<cons
 }
 
 }  // namespace
+
+// Before fuzzing: the seed corpus, when run_checkpoint_fuzzer.sh asks for it.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* work = std::getenv("DTF_SEED_WORK");
+  const char* corpus = std::getenv("DTF_SEED_CORPUS");
+  if (work && corpus) {
+    const int n = dtf::fuzz::write_checkpoint_seeds(work, corpus);
+    std::fprintf(stderr, "checkpoint_fuzzer: %d seed checkpoints written to %s\n", n, corpus);
+  }
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto sections = dtf::fuzz::split_sections(std::string_view(reinterpret_cast<const char*>(data), size));

@@ -10,8 +10,7 @@ launcher=$(command -v ccache || true)
 flags=(-std=c++20 -g -O1 -I"$src/include" -I"$src/tests/fuzz")
 $launcher "$cxx" "${flags[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   "$src/tests/fuzz/checkpoint_fuzzer.cpp" -o "$work/checkpoint_fuzzer" -lcrypto
-$launcher "$cxx" "${flags[@]}" -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-  "$src/tests/fuzz/checkpoint_seeds.cpp" -o "$work/checkpoint_seeds_gen" -lcrypto
-"$work/checkpoint_seeds_gen" "$work/checkpoint_seeds" "$work/checkpoint_corpus"
-"$work/checkpoint_fuzzer" -artifact_prefix="$work/checkpoint-" -dict="$src/tests/fuzz/checkpoint.dict" \
+# The target writes the seeds itself before fuzzing (one compile, not two).
+DTF_SEED_WORK="$work/checkpoint_seeds" DTF_SEED_CORPUS="$work/checkpoint_corpus" \
+  "$work/checkpoint_fuzzer" -artifact_prefix="$work/checkpoint-" -dict="$src/tests/fuzz/checkpoint.dict" \
   -max_total_time="$secs" -rss_limit_mb=1024 -malloc_limit_mb=256 -seed=1 "$work/checkpoint_corpus"

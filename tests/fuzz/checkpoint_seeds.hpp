@@ -1,41 +1,41 @@
-// Writes the checkpoint fuzz target's seed corpus: real checkpoints written by the library's
-// own writers (one process's host state with each update rule, and a 2-ps checkpoint written
-// shard file by shard file as the ps tasks do), each packed as the target's input
-// (checkpoint_input.hpp). Usage: checkpoint_seeds WORK_DIR CORPUS_DIR
+// The checkpoint fuzz target's seed corpus: real checkpoints written by the library's own
+// writers (one process's host state with each update rule, and a 2-ps checkpoint written shard
+// file by shard file as the ps tasks do), each packed as the target's input
+// (checkpoint_input.hpp). The target writes them at start-up when DTF_SEED_WORK and
+// DTF_SEED_CORPUS name a scratch directory and its corpus directory (run_checkpoint_fuzzer.sh).
+#pragma once
+
 #include <dtf/checkpoint.hpp>
 
 #include "checkpoint_input.hpp"
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+namespace dtf::fuzz {
+
 namespace fs = std::filesystem;
 
-namespace {
+namespace seeds {
 
-std::string slurp(const fs::path& p) {
+inline std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-void pack(const fs::path& dir, const std::string& name, const fs::path& out) {
+inline void pack(const fs::path& dir, const std::string& name, const fs::path& out) {
   const auto m = dtf::read_manifest(dir, name);
   std::vector<std::string> parts{slurp(dir / (name + ".manifest.json")), slurp(dir / "checkpoint")};
   for (const auto& f : m.files) parts.push_back(slurp(dir / f.name));
   std::ofstream(out, std::ios::binary) << dtf::fuzz::join_sections(parts);
 }
 
-}  // namespace
+}  // namespace seeds
 
-int main(int argc, char** argv) try {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: checkpoint_seeds WORK_DIR CORPUS_DIR\n");
-    return 2;
-  }
-  const fs::path work = argv[1], corpus = argv[2];
+/// Writes the seeds: checkpoints into work/, their packed inputs into corpus/.
+inline int write_checkpoint_seeds(const fs::path& work, const fs::path& corpus) {
   fs::create_directories(corpus);
   const std::vector<dtf::variable_spec> vars{
       {"dense_0/kernel", {4, 3}, 0}, {"dense_0/bias", {3}, 12}, {"scale", {}, 15}, {"empty", {0, 2}, 16}};
@@ -55,7 +55,7 @@ int main(int argc, char** argv) try {
     if (n >= 1) st.slots.push_back(s0);
     if (n >= 2) st.slots.push_back(s1);
     const auto m = dtf::write_checkpoint({.directory = dir.string(), .max_to_keep = 2}, st);
-    pack(dir, m.name, corpus / ("host_" + std::string(rule)));
+    seeds::pack(dir, m.name, corpus / ("host_" + std::string(rule)));
     ++k;
   }
   // Two ps: dense_0/kernel split in rows [0, 2) on ps 0 and [2, 4) on ps 1, the rest on ps 1.
@@ -78,10 +78,8 @@ int main(int argc, char** argv) try {
     m.files.push_back(dtf::detail::ckpt::write_shard_file(dir, m.name, ps, 2, 3, 1, records));
   }
   dtf::commit_checkpoint(dir, m, 0);
-  pack(dir, m.name, corpus / "two_ps");
-  std::printf("checkpoint_seeds: %d seeds in %s\n", k + 1, corpus.c_str());
-  return 0;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "checkpoint_seeds: %s\n", e.what());
-  return 1;
+  seeds::pack(dir, m.name, corpus / "two_ps");
+  return k + 1;
 }
+
+}  // namespace dtf::fuzz
