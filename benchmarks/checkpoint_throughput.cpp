@@ -3,15 +3,19 @@
 //
 //   1. baseline: one file of the same bytes written with write(2) + fsync + rename (what every
 //      checkpoint file costs at best), and read back
-//   2. a model of --mib MiB of float32 (4 variables) with Adam on the ps (so a checkpoint holds
-//      3x the model's bytes: values and two slots), placed by fixed_size{4} over 1, 2 and 4 ps
+//   2. a model of --mib MiB of float32 (4 variables) with Adam on the ps (a checkpoint holds 3x
+//      the model's bytes: values and two slots) or, --rule sgd, plain SGD (1x), placed by
+//      fixed_size{4} over 1, 2 and 4 ps
 //      running on threads of this process: median seconds of save_checkpoint (every ps writes
 //      its shard file, the chief the manifest) and of restore_latest into the same number of
-//      ps, and of a resharded restore into 3 ps; GB/s of checkpoint bytes and the ratio to the
-//      baseline
-// Every restore verifies SHA-256 of every file, so it also measures the checksum.
+//      ps (streamed through the chief), of restore_checkpoint with each ps reading its own
+//      slices (restore_transfer::ps_reads_files), and of a resharded restore into 3 ps; GB/s
+//      of checkpoint bytes and the ratio to the baseline
+// Every restore verifies SHA-256 of every file (one pass over the files), then streams each ps's
+// slices from them (a second pass, usually from the page cache), so it also measures both.
+// benchmarks/checkpoint_throughput.sh runs it beside dd and cp of the same bytes.
 //
-//   build/benchmarks/bench_checkpoint_throughput [--mib 64] [--repeats 3] [--dir /tmp/dtf_ckpt_bench]
+//   build/benchmarks/bench_checkpoint_throughput [--mib 64] [--rule adam|sgd] [--repeats 3] [--dir /tmp/dtf_ckpt_bench]
 #include <dtf/checkpoint.hpp>
 #include <dtf/flags.hpp>
 #include <dtf/partitioners.hpp>
@@ -72,11 +76,14 @@ struct cluster {
 
 int main(int argc, char** argv) try {
   int mib = 64, repeats = 3;
-  std::string dir = "/tmp/dtf_ckpt_bench";
+  std::string dir = "/tmp/dtf_ckpt_bench", rule_name = "adam";
   dtf::flag_parser flags("Checkpoint save and restore throughput of a ps cluster, next to the disk's.");
-  flags.add("mib", mib, "model size in MiB of float32").add("repeats", repeats, "timed runs (median)").add(
-      "dir", dir, "checkpoint directory (emptied first and at the end)");
+  flags.add("mib", mib, "model size in MiB of float32")
+      .add("repeats", repeats, "timed runs (median)")
+      .add("rule", rule_name, "update rule on the ps: adam (a checkpoint holds 3x the model) or sgd (1x)")
+      .add("dir", dir, "checkpoint directory (emptied first and at the end)");
   if (!flags.parse(argc, argv)) return 0;
+  if (rule_name != "adam" && rule_name != "sgd") throw dtf::error(dtf::errc::invalid_argument, "--rule: adam or sgd");
   namespace fs = std::filesystem;
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -86,50 +93,77 @@ int main(int argc, char** argv) try {
   std::vector<dtf::variable_spec> vars;
   for (std::size_t v = 0; v < 4; ++v) vars.push_back({"layer_" + std::to_string(v) + "/kernel", {rows, 256}, v * rows * 256});
   const std::size_t total = dtf::num_parameters(vars);
-  std::vector<float> params(total);
-  for (std::size_t i = 0; i < total; ++i) params[i] = float(i % 1000) * 1e-3f;
-  const double ckpt_bytes = 3.0 * double(total) * sizeof(float);
-  const dtf::optim::rule rule = dtf::optim::adam{};
+  const dtf::optim::rule rule = rule_name == "adam" ? dtf::optim::rule(dtf::optim::adam{}) : dtf::optim::sgd{};
+  const double tensors = 1.0 + double(dtf::optim::detail::slot_count(rule));
+  const double ckpt_bytes = tensors * double(total) * sizeof(float);
 
   // 1. Baseline: the same bytes as one file, written crash-safely, and read back.
-  std::vector<char> blob(static_cast<std::size_t>(ckpt_bytes));
-  for (std::size_t i = 0; i < blob.size(); i += 4096) blob[i] = char(i / 4096);
-  const double base_write = median_secs(
-      [&] {
-        const dtf::detail::ckpt::piece p{blob.data(), blob.size()};
-        dtf::detail::ckpt::write_atomically(fs::path(dir) / "baseline.bin", std::span(&p, 1));
-      },
-      repeats);
-  const double base_read = median_secs([&] { (void)dtf::detail::ckpt::read_file(fs::path(dir) / "baseline.bin"); },
-                                       repeats);
+  double base_write = 0, base_read = 0;
+  {
+    std::vector<char> blob(static_cast<std::size_t>(ckpt_bytes));
+    for (std::size_t i = 0; i < blob.size(); i += 4096) blob[i] = char(i / 4096);
+    base_write = median_secs(
+        [&] {
+          const dtf::detail::ckpt::piece p{blob.data(), blob.size()};
+          dtf::detail::ckpt::write_atomically(fs::path(dir) / "baseline.bin", std::span(&p, 1));
+        },
+        repeats);
+  }
+  base_read = median_secs([&] { (void)dtf::detail::ckpt::read_file(fs::path(dir) / "baseline.bin"); }, repeats);
   fs::remove(fs::path(dir) / "baseline.bin");
-  std::printf("checkpoint bytes: %.1f MiB (model %d MiB, Adam: values + 2 slots)\n", ckpt_bytes / (1 << 20), mib);
+  std::printf("checkpoint bytes: %.1f MiB (model %d MiB, %s: values%s)\n", ckpt_bytes / (1 << 20), mib,
+              rule_name.c_str(), rule_name == "adam" ? " + 2 slots" : " only");
   std::printf("baseline  write+fsync+rename %.3f s (%.2f GB/s)   read %.3f s (%.2f GB/s)\n", base_write,
               ckpt_bytes / base_write / 1e9, base_read, ckpt_bytes / base_read / 1e9);
-  std::printf("%-4s %10s %8s %8s   %10s %8s %8s   %12s %8s\n", "ps", "save s", "GB/s", "x base", "restore s", "GB/s",
-              "x base", "reshard->3 s", "GB/s");
+  std::printf("%-4s %9s %7s %7s   %10s %7s %7s   %11s %7s   %12s %7s\n", "ps", "save s", "GB/s", "x base",
+              "restore s", "GB/s", "x base", "ps-read s", "GB/s", "reshard->3 s", "GB/s");
 
-  // 2. Save and restore through 1, 2 and 4 ps.
+  // 2. Save and restore through 1, 2 and 4 ps; one cluster alive at a time (a 1 GiB model
+  // fits a small machine). Restore streams: the chief holds one ps's share at a time.
+  std::vector<float> saved(total), restored(total);
   for (std::size_t num_ps : {1u, 2u, 4u}) {
     const auto layout = dtf::partitioners::fixed_size{4}.place(vars, num_ps);
-    cluster a(layout);
-    a.client->initialize(params, rule);
-    a.client->push_gradients(params);  // Adam's slots non-zero
     const dtf::checkpoint_options ck{dir, "bench" + std::to_string(num_ps), 2};
-    std::int64_t step = 0;
-    const double save = median_secs([&] { a.client->save_checkpoint(ck, vars, ++step); }, repeats);
-    cluster b(layout);
-    const double restore = median_secs([&] { (void)b.client->restore_latest(dir, vars, rule); }, repeats);
-    cluster c(dtf::partitioners::fixed_size{3}.place(vars, 3));
-    const double reshard = median_secs([&] { (void)c.client->restore_latest(dir, vars, rule); }, repeats);
+    double save = 0, restore = 0, by_ps = 0, reshard = 0;
+    {
+      cluster a(layout);
+      for (std::size_t i = 0; i < total; ++i) restored[i] = float(i % 1000) * 1e-3f;
+      a.client->initialize(restored, rule);
+      a.client->push_gradients(restored);  // values (and Adam's slots) change
+      std::int64_t step = 0;
+      save = median_secs([&] { a.client->save_checkpoint(ck, vars, ++step); }, repeats);
+      a.client->pull(saved);
+    }
     // The restored values are the saved ones (a benchmark that verifies what it measures).
-    std::vector<float> x(total), y(total);
-    a.client->pull(x);
-    c.client->pull(y);
-    if (x != y) throw dtf::error(dtf::errc::internal, "restored values differ from the saved ones");
-    std::printf("%-4zu %10.3f %8.2f %8.2f   %10.3f %8.2f %8.2f   %12.3f %8.2f\n", num_ps, save,
+    auto check = [&](cluster& c) {
+      c.client->pull(restored);
+      if (restored != saved) throw dtf::error(dtf::errc::internal, "restored values differ from the saved ones");
+    };
+    {
+      cluster b(layout);
+      restore = median_secs([&] { (void)b.client->restore_latest(dir, vars, rule); }, repeats);
+      check(b);
+    }
+    {
+      cluster b(layout);
+      const auto name = *dtf::latest_checkpoint(dir);
+      by_ps = median_secs(
+          [&] {
+            (void)b.client->restore_checkpoint(dir, name, vars, rule, false, 0, {},
+                                               dtf::restore_transfer::ps_reads_files);
+          },
+          repeats);
+      check(b);
+    }
+    {
+      cluster c(dtf::partitioners::fixed_size{3}.place(vars, 3));
+      reshard = median_secs([&] { (void)c.client->restore_latest(dir, vars, rule); }, repeats);
+      check(c);
+    }
+    std::printf("%-4zu %9.3f %7.2f %7.2f   %10.3f %7.2f %7.2f   %11.3f %7.2f   %12.3f %7.2f\n", num_ps, save,
                 ckpt_bytes / save / 1e9, base_write / save, restore, ckpt_bytes / restore / 1e9, base_read / restore,
-                reshard, ckpt_bytes / reshard / 1e9);
+                by_ps, ckpt_bytes / by_ps / 1e9, reshard, ckpt_bytes / reshard / 1e9);
+    std::fflush(stdout);
   }
   fs::remove_all(dir);
   return 0;

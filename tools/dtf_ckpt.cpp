@@ -2,16 +2,23 @@
 //
 //   dtf-ckpt list   DIR [NAME]                    variables with shapes, dtype and SHA-256 of
 //                                                 their values; shard files with sizes and checksums
-//   dtf-ckpt verify DIR [NAME | --all]            every file's size and SHA-256 and the shard layout
+//   dtf-ckpt verify DIR [NAME | --all]            every field, file size, SHA-256 and the shard layout;
+//                                                 --all: every kept checkpoint, which are usable and
+//                                                 which one a restore would use
 //   dtf-ckpt export DIR VARIABLE OUT.npy [--name NAME] [--slot K]
 //                                                 one variable (or its update-rule slot K) as .npy
 //
-// NAME defaults to the latest checkpoint named by DIR/checkpoint. Exit status: 0 ok, 1 a
-// checkpoint failed verification or a variable is missing, 2 bad usage.
+// NAME defaults to the latest checkpoint named by DIR/checkpoint. Everything goes through the
+// library's one reader (dtf::checkpoint_reader: the same checks as restore), streaming: no
+// command holds a whole checkpoint in memory. Exit status: 0 ok, 1 a checkpoint failed
+// verification or a variable is missing, 2 bad usage.
 #include <dtf/checkpoint.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,17 +43,24 @@ std::string resolve_name(const std::string& dir, const std::string& name) {
 
 int list(const std::string& dir, const std::string& name_arg) {
   const auto name = resolve_name(dir, name_arg);
-  const auto t = dtf::read_checkpoint(dir, name);  // verifies every checksum first
-  const auto& m = t.manifest;
+  const auto r = dtf::checkpoint_reader::open(dir, name);  // verifies every checksum first
+  const auto& m = r.manifest();
   std::printf("checkpoint %s  global_step %lld  rule %s (%zu slots)  saved by %zu ps\n", m.name.c_str(),
               static_cast<long long>(m.global_step), m.rule.c_str(), m.num_slots, m.num_ps);
   std::printf("%-32s %-14s %-8s %10s %8s  %s\n", "variable", "shape", "dtype", "elements", "shards", "sha256 (values)");
-  for (const auto& v : m.variables) {
+  std::vector<float> chunk(std::size_t(1) << 18);
+  for (std::size_t i = 0; i < m.variables.size(); ++i) {
+    const auto& v = m.variables[i];
     std::size_t shards = 0;
-    for (const auto& s : m.shards) shards += m.variables[s.variable].name == v.name ? 1 : 0;
-    const auto values = t.variable(v.name);
+    for (const auto& s : m.shards) shards += s.variable == i ? 1 : 0;
+    dtf::detail::sha256 h;
+    for (std::size_t at = 0; at < v.size(); at += chunk.size()) {
+      const auto part = std::span<float>(chunk).first(std::min(chunk.size(), v.size() - at));
+      r.read(0, v.offset + at, part);
+      h.update(part.data(), part.size_bytes());
+    }
     std::printf("%-32s %-14s %-8s %10zu %8zu  %s\n", v.name.c_str(), dtf::to_string(v.shape).c_str(), m.dtype.c_str(),
-                v.size(), shards, dtf::detail::sha256_hex(values.data(), values.size_bytes()).c_str());
+                v.size(), shards, h.hex().c_str());
   }
   std::printf("files:\n");
   for (const auto& f : m.files)
@@ -55,44 +69,53 @@ int list(const std::string& dir, const std::string& name_arg) {
   return 0;
 }
 
+void print_verdict(const std::string& name, const std::optional<dtf::checkpoint_manifest>& m, const std::string& why) {
+  if (m)
+    std::printf("%s: OK (global step %lld, %zu variables, %zu files)\n", name.c_str(),
+                static_cast<long long>(m->global_step), m->variables.size(), m->files.size());
+  else
+    std::printf("%s: FAILED: %s\n", name.c_str(), why.c_str());
+}
+
 int verify(const std::string& dir, const std::string& arg) {
-  std::vector<std::string> names;
-  if (arg == "--all") {
-    const auto state = dtf::read_checkpoint_state(dir);
-    if (!state) throw dtf::error(dtf::errc::io_error, dir + " has no checkpoint state file");
-    names = state->all;
-  } else {
-    names.push_back(resolve_name(dir, arg));
-  }
-  int failed = 0;
-  for (const auto& n : names) {
+  if (arg != "--all") {
+    const auto name = resolve_name(dir, arg);
     try {
-      const auto m = dtf::verify_checkpoint(dir, n);
-      std::printf("%s: OK (global step %lld, %zu variables, %zu files)\n", n.c_str(),
-                  static_cast<long long>(m.global_step), m.variables.size(), m.files.size());
+      print_verdict(name, dtf::verify_checkpoint(dir, name), "");
+      return 0;
     } catch (const dtf::error& e) {
-      std::printf("%s: FAILED: %s\n", n.c_str(), e.what());
-      ++failed;
+      print_verdict(name, std::nullopt, e.what());
+      return 1;
     }
   }
-  return failed == 0 ? 0 : 1;
+  if (!dtf::read_checkpoint_state(dir)) throw dtf::error(dtf::errc::io_error, dir + " has no checkpoint state file");
+  const auto verdicts = dtf::verify_all_checkpoints(dir);
+  std::string usable, restore;
+  for (const auto& v : verdicts) {
+    print_verdict(v.name + (v.latest ? " (latest)" : ""), v.manifest, v.error);
+    if (v.usable()) {
+      usable += (usable.empty() ? "" : ", ") + v.name;
+      restore = v.name;  // oldest first: the last usable one is the newest
+    }
+  }
+  // What a restore would do: the latest when it verifies, else the newest kept one that does.
+  const auto latest = std::find_if(verdicts.begin(), verdicts.end(), [](const auto& v) { return v.latest; });
+  if (latest != verdicts.end() && latest->usable()) restore = latest->name;
+  std::printf("usable: %s\n", usable.empty() ? "none" : usable.c_str());
+  std::printf("restore would use: %s\n", restore.empty() ? "none (restore fails)" : restore.c_str());
+  return usable.size() && std::all_of(verdicts.begin(), verdicts.end(), [](const auto& v) { return v.usable(); }) ? 0 : 1;
 }
 
 int export_npy(const std::string& dir, const std::string& variable, const std::string& out, const std::string& name_arg,
                int slot) {
   const auto name = resolve_name(dir, name_arg);
-  const auto t = dtf::read_checkpoint(dir, name);
-  const auto* v = t.manifest.find(variable);
-  if (!v) {
-    std::string known;
-    for (const auto& x : t.manifest.variables) known += (known.empty() ? "" : ", ") + x.name;
-    throw dtf::error(dtf::errc::invalid_argument, "checkpoint " + name + " has no variable '" + variable +
-                                                      "' (it has: " + known + ")");
-  }
-  const auto data = t.variable(variable, slot);
-  dtf::write_npy(out, v->shape, data);
+  const auto r = dtf::checkpoint_reader::open(dir, name);
+  const auto& v = r.variable(variable);
+  std::vector<float> data(v.size());
+  r.read_variable(variable, slot, data);
+  dtf::write_npy(out, v.shape, data);
   std::printf("%s%s of %s: %s float32 -> %s\n", variable.c_str(),
-              slot < 0 ? "" : (" slot " + std::to_string(slot)).c_str(), name.c_str(), dtf::to_string(v->shape).c_str(),
+              slot < 0 ? "" : (" slot " + std::to_string(slot)).c_str(), name.c_str(), dtf::to_string(v.shape).c_str(),
               out.c_str());
   return 0;
 }

@@ -59,6 +59,14 @@ struct ps_options {
   checkpoint_fault save_fault{};  ///< testing crash safety: a save stops part-way through its file
 };
 
+/// How a restore moves a checkpoint's bytes into the ps tasks.
+enum class restore_transfer {
+  through_chief,   ///< the chief reads the files and sends each ps its slices, one ps at a time
+  ps_reads_files,  ///< each ps reads (and verifies) its own slices from the shard files: the
+                   ///< checkpoint directory must be visible to every ps (as for saving); the
+                   ///< chief holds nothing model-sized, so a model larger than its memory restores
+};
+
 /// A parameter server task. Construct it on its address, then run() until the chief's shutdown.
 class parameter_server {
  public:
@@ -366,6 +374,7 @@ public:
       throw error(errc::invalid_argument, "restore: rule " + init.rule.name + " has " +
                                               std::to_string(optim::detail::slot_count(rule)) + " slots, " +
                                               std::to_string(m.num_slots) + " sent");
+    if (!m.directory.empty()) return restore_from_files(peer, m, rule, payload, reply);
     const std::uint64_t per = 1 + m.num_slots;
     std::uint64_t total = 0;
     for (auto sz : init.sizes) {
@@ -393,6 +402,47 @@ public:
       s->opt->set_iterations(m.iterations[i]);
       fresh[init.ids[i]] = std::move(s);
     }
+    install_restored(peer, m, std::move(fresh), reply);
+  }
+
+  // The restore message names the checkpoint and each shard's first element in its saved
+  // layout; this ps opens (and verifies) only the shard files holding its ranges and reads its
+  // shards' values and slots from them. Every size is checked against the verified files
+  // before anything is allocated.
+  void restore_from_files(const rpc_peer& peer, const detail::ps_restore_msg& m, const optim::rule& rule,
+                          std::span<const std::byte> payload, rpc_reply& reply) {
+    const auto& init = m.init;
+    if (!payload.empty() || m.from.size() != init.ids.size())
+      throw error(errc::corrupt_data, "restore from files: a payload, or " + std::to_string(m.from.size()) +
+                                          " ranges for " + std::to_string(init.ids.size()) + " shards");
+    std::vector<checkpoint_reader::element_range> ranges;
+    for (std::size_t i = 0; i < init.ids.size(); ++i) ranges.push_back({m.from[i], init.sizes[i]});
+    const auto ck = checkpoint_reader::open_for(m.directory, m.checkpoint, ranges);
+    if (ck.manifest().num_slots != m.num_slots && m.num_slots != 0)
+      throw error(errc::invalid_config, "restore: checkpoint " + m.checkpoint + " holds " +
+                                            std::to_string(ck.manifest().num_slots) + " slots, " +
+                                            std::to_string(m.num_slots) + " wanted");
+    for (const auto& r : ranges)
+      if (r.first > ck.num_parameters() || r.count > ck.num_parameters() - r.first)
+        throw error(errc::out_of_range, "restore: elements [" + std::to_string(r.first) + ", +" +
+                                            std::to_string(r.count) + ") outside checkpoint " + m.checkpoint);
+    std::map<std::uint32_t, std::unique_ptr<shard_state>> fresh;
+    for (std::size_t i = 0; i < init.ids.size(); ++i) {
+      const std::size_t n = init.sizes[i];
+      auto s = std::make_unique<shard_state>();
+      s->values.resize(n);
+      ck.read(0, m.from[i], s->values);
+      s->opt = std::make_unique<optim::optimizer<optim::host_space>>(rule, n);
+      for (std::size_t k = 0; k < m.num_slots; ++k) ck.read(k + 1, m.from[i], s->opt->slot(k));
+      s->opt->set_iterations(m.iterations[i]);
+      fresh[init.ids[i]] = std::move(s);
+    }
+    install_restored(peer, m, std::move(fresh), reply);
+  }
+
+  void install_restored(const rpc_peer& peer, const detail::ps_restore_msg& m,
+                        std::map<std::uint32_t, std::unique_ptr<shard_state>> fresh, rpc_reply& reply) {
+    const auto& init = m.init;
     std::unique_lock lock(shards_mu_);
     shards_ = std::move(fresh);
     lock_free_ = init.lock_free;
@@ -404,8 +454,9 @@ public:
                                                           m.checkpoint + " while this step was aggregated"));
       sync_waiting_.clear();
       sync_n_ = std::size_t(init.replicas_to_aggregate);
-      sync_acc_.clear();
-      for (auto id : init.ids) sync_acc_[id].assign(shards_[id]->values.size(), 0.0f);
+      sync_acc_.clear();  // a model-sized buffer, needed only by synchronous training
+      if (sync_n_ > 0)
+        for (auto id : init.ids) sync_acc_[id].assign(shards_[id]->values.size(), 0.0f);
       sync_step_ = m.global_step;
       sync_count_ = 0;
       sync_contributors_.clear();
@@ -416,7 +467,8 @@ public:
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": restored " +
                                              std::to_string(init.ids.size()) + " shards from checkpoint " +
                                              m.checkpoint + " (global step " + std::to_string(m.global_step) +
-                                             ") sent by " + peer.identity);
+                                             (m.directory.empty() ? ") sent by " : ") read from its files, asked by ") +
+                                             peer.identity);
     status(reply);
   }
 
@@ -773,73 +825,148 @@ class ps_client {
   }
 
   /// Restores checkpoint `name` of `directory` into every ps, whatever number of ps tasks
-  /// saved it: the full variables are read (checksums verified), matched to `vars` by name
-  /// and re-sliced for this client's placement; values, the rule's slots, the update counts
-  /// and the global step replace what each ps held (initialised or not). `rule`, lock_free
-  /// and replicas_to_aggregate are as in initialize(). Returns the restored global step; the
-  /// values are left in `params` when it is non-empty.
+  /// saved it: the checkpoint is verified (checkpoint_reader: every field, size and SHA-256),
+  /// its variables matched to `vars` by name and re-sliced for this client's placement; values,
+  /// the rule's slots, the update counts and the global step replace what each ps held
+  /// (initialised or not). `rule`, lock_free and replicas_to_aggregate are as in initialize().
+  /// Returns the restored global step; the values are left in `params` when it is non-empty.
+  /// Streaming (restore_transfer::through_chief): each ps's slices are read from the shard
+  /// files and sent before the next ps's are read, so the chief holds one ps's share of the
+  /// checkpoint, never the whole model. With ps_reads_files the chief reads only the manifest
+  /// and each ps opens, verifies and reads its own slices (params are then pulled from the ps).
   /// Errors: errc::corrupt_data / io_error (a file missing or damaged), invalid_argument /
   /// shape_mismatch (a variable missing or reshaped), invalid_config (the checkpoint's slots
   /// belong to another update rule).
   std::int64_t restore_checkpoint(const std::string& directory, const std::string& name,
                                   const std::vector<variable_spec>& vars, const optim::rule& rule, bool lock_free = false,
-                                  std::size_t replicas_to_aggregate = 0, std::span<float> params = {}) {
-    const auto t = read_checkpoint(directory, name);
-    const std::size_t num_slots = optim::detail::slot_count(rule);
-    const std::string rule_name =
-        std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule);
-    if (num_slots != 0 && (t.manifest.num_slots != num_slots || t.manifest.rule != rule_name))
-      throw error(errc::invalid_config, "checkpoint " + name + " holds the slots of rule " + t.manifest.rule +
-                                            ", the restoring run uses " + rule_name);
-    const std::size_t n = num_parameters(vars);
-    check_size(n, "restore_checkpoint");
-    std::vector<std::vector<float>> bufs(1 + num_slots, std::vector<float>(n, 0.0f));
-    for (std::size_t k = 0; k <= num_slots; ++k) copy_into_layout(t, vars, bufs[k], int(k) - 1);
-    std::vector<std::int64_t> var_iterations(vars.size(), 0);
-    for (std::size_t v = 0; v < vars.size(); ++v) var_iterations[v] = t.manifest.find(vars[v].name)->iterations;
-    std::vector<rpc_call> calls(layout_.num_ps);
-    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
-      detail::ps_restore_msg m;
-      m.init.ids = ids_[ps];
-      for (auto id : m.init.ids) {
-        const auto& sh = layout_.shards[id];
-        if (sh.variable >= vars.size())
-          throw error(errc::invalid_argument, "restore_checkpoint: the placement names variable " +
-                                                  std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
-        m.init.sizes.push_back(sh.size);
-        m.iterations.push_back(var_iterations[sh.variable]);
-      }
-      m.init.rule = detail::rule_msg::from(rule);
-      m.init.lock_free = lock_free;
-      m.init.replicas_to_aggregate = replicas_to_aggregate;
-      m.global_step = t.manifest.global_step;
-      m.num_slots = num_slots;
-      m.checkpoint = name;
-      calls[ps] = make_call(ps, detail::message_kind::ps_restore, detail::encode_message(m));
-      for (auto id : ids_[ps])
-        for (const auto& b : bufs)
-          calls[ps].payload.push_back(
-              asio::buffer(b.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
-    }
-    run(calls);
-    if (!params.empty()) {
-      check_size(params.size(), "restore_checkpoint");
-      std::copy(bufs[0].begin(), bufs[0].end(), params.begin());
-    }
-    return t.manifest.global_step;
+                                  std::size_t replicas_to_aggregate = 0, std::span<float> params = {},
+                                  restore_transfer transfer = restore_transfer::through_chief) {
+    const restore_settings how{vars, rule, lock_free, replicas_to_aggregate, params};
+    if (transfer == restore_transfer::ps_reads_files) return restore_by_ps(directory, read_manifest(directory, name), how);
+    return restore_from(checkpoint_reader::open(directory, name), how);
   }
 
   /// Restores the latest checkpoint of `directory` (see restore_checkpoint); returns its
-  /// global step, or nullopt (nothing changed) when the directory holds none.
+  /// global step, or nullopt (nothing changed) when the directory holds none. When the latest
+  /// fails verification, with checkpoint_fallback::newest_valid (the default) the transport's
+  /// log says so and the newest kept checkpoint that verifies is restored; with refuse, or when
+  /// none verifies, the error is thrown (errc::corrupt_data naming the latest's cause). The
+  /// chief verifies the candidates either way (reading every file once, holding nothing).
   std::optional<std::int64_t> restore_latest(const std::string& directory, const std::vector<variable_spec>& vars,
                                              const optim::rule& rule, bool lock_free = false,
-                                             std::size_t replicas_to_aggregate = 0, std::span<float> params = {}) {
-    const auto latest = latest_checkpoint(directory);
-    if (!latest) return std::nullopt;
-    return restore_checkpoint(directory, *latest, vars, rule, lock_free, replicas_to_aggregate, params);
+                                             std::size_t replicas_to_aggregate = 0, std::span<float> params = {},
+                                             checkpoint_fallback fallback = checkpoint_fallback::newest_valid,
+                                             restore_transfer transfer = restore_transfer::through_chief) {
+    auto reader = open_latest_checkpoint(directory, fallback, [this](const std::string& line) {
+      detail::log_line(rpc_.options(), "dtf " + identity() + ": " + line);
+    });
+    if (!reader) return std::nullopt;
+    const restore_settings how{vars, rule, lock_free, replicas_to_aggregate, params};
+    if (transfer == restore_transfer::ps_reads_files) return restore_by_ps(directory, reader->manifest(), how);
+    return restore_from(*reader, how);
   }
 
  private:
+  struct restore_settings {
+    const std::vector<variable_spec>& vars;
+    const optim::rule& rule;
+    bool lock_free;
+    std::size_t replicas_to_aggregate;
+    std::span<float> params;
+  };
+
+  // Checks a restore against the checkpoint's manifest; returns each model variable's match
+  // and the rule's slot count.
+  std::pair<std::vector<const checkpoint_variable*>, std::size_t> plan_restore(const checkpoint_manifest& man,
+                                                                              const restore_settings& how) const {
+    const auto& vars = how.vars;
+    const std::size_t num_slots = optim::detail::slot_count(how.rule);
+    const std::string rule_name =
+        std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, how.rule);
+    if (num_slots != 0 && (man.num_slots != num_slots || man.rule != rule_name))
+      throw error(errc::invalid_config, "checkpoint " + man.name + " holds the slots of rule " + man.rule +
+                                            ", the restoring run uses " + rule_name);
+    check_size(num_parameters(vars), "restore_checkpoint");
+    if (!how.params.empty()) check_size(how.params.size(), "restore_checkpoint");
+    std::vector<const checkpoint_variable*> saved(vars.size());
+    for (std::size_t v = 0; v < vars.size(); ++v) saved[v] = &checkpoint_reader::match_variable(man, vars[v]);
+    for (const auto& sh : layout_.shards)
+      if (sh.variable >= vars.size() || sh.offset < vars[sh.variable].offset ||
+          sh.offset - vars[sh.variable].offset > vars[sh.variable].size() ||
+          sh.size > vars[sh.variable].size() - (sh.offset - vars[sh.variable].offset))
+        throw error(errc::invalid_argument, "restore_checkpoint: a shard of the placement lies outside variable " +
+                                                std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
+    return {std::move(saved), num_slots};
+  }
+
+  // The restore message for ps `ps` (no payload); from[i]: shard i's first saved element.
+  detail::ps_restore_msg restore_message(std::size_t ps, const checkpoint_manifest& man,
+                                         const std::vector<const checkpoint_variable*>& saved, std::size_t num_slots,
+                                         const restore_settings& how, std::vector<std::uint64_t>& from) const {
+    detail::ps_restore_msg m;
+    m.init.ids = ids_[ps];
+    from.clear();
+    for (auto id : m.init.ids) {
+      const auto& sh = layout_.shards[id];
+      const auto& sv = *saved[sh.variable];
+      m.init.sizes.push_back(sh.size);
+      m.iterations.push_back(sv.iterations);
+      from.push_back(sv.offset + (sh.offset - how.vars[sh.variable].offset));  // inside sv: plan_restore
+    }
+    m.init.rule = detail::rule_msg::from(how.rule);
+    m.init.lock_free = how.lock_free;
+    m.init.replicas_to_aggregate = how.replicas_to_aggregate;
+    m.global_step = man.global_step;
+    m.num_slots = num_slots;
+    m.checkpoint = man.name;
+    return m;
+  }
+
+  std::int64_t restore_from(const checkpoint_reader& ck, const restore_settings& how) {
+    const auto& man = ck.manifest();
+    const auto [saved, num_slots] = plan_restore(man, how);
+    // One ps at a time: read its shards' values and slots from the files, send, release.
+    std::vector<std::uint64_t> from;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
+      auto m = restore_message(ps, man, saved, num_slots, how, from);
+      std::size_t floats = 0;
+      for (auto n : m.init.sizes) floats += n * (1 + num_slots);
+      std::vector<float> payload(floats);
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < m.init.ids.size(); ++i) {
+        const std::size_t n = m.init.sizes[i];
+        for (std::size_t k = 0; k <= num_slots; ++k) {
+          ck.read(k, from[i], std::span<float>(payload).subspan(at, n));
+          if (k == 0 && !how.params.empty())
+            std::copy_n(payload.begin() + std::ptrdiff_t(at), n,
+                        how.params.begin() + std::ptrdiff_t(layout_.shards[m.init.ids[i]].offset));
+          at += n;
+        }
+      }
+      rpc_call c = make_call(ps, detail::message_kind::ps_restore, detail::encode_message(m));
+      c.payload.push_back(asio::buffer(payload.data(), payload.size() * sizeof(float)));
+      rpc_.call(c);
+    }
+    return man.global_step;
+  }
+
+  std::int64_t restore_by_ps(const std::string& directory, const checkpoint_manifest& man, const restore_settings& how) {
+    const auto [saved, num_slots] = plan_restore(man, how);
+    // The ps tasks may run in another working directory: they get the absolute path.
+    const std::string dir = std::filesystem::absolute(directory).lexically_normal().string();
+    std::vector<rpc_call> calls(layout_.num_ps);
+    std::vector<std::uint64_t> from;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
+      auto m = restore_message(ps, man, saved, num_slots, how, from);
+      m.directory = dir;
+      m.from = from;
+      calls[ps] = make_call(ps, detail::message_kind::ps_restore, detail::encode_message(m));
+    }
+    run(calls);  // every ps reads its own slices, in parallel
+    if (!how.params.empty()) pull(how.params);
+    return man.global_step;
+  }
+
   static std::vector<std::uint32_t> to_ids(const std::vector<std::size_t>& v) {
     return std::vector<std::uint32_t>(v.begin(), v.end());
   }

@@ -167,16 +167,20 @@ struct ps_saved_msg {
   }
 };
 /// Chief -> ps: replace your state with these shards (values, then num_slots slots each, in
-/// the payload), this global step and these per-shard update counts.
+/// the payload), this global step and these per-shard update counts. With `directory` set the
+/// payload is empty: the ps reads its shards itself from checkpoint `checkpoint` there, shard
+/// i from element from[i] of the saved flat layout (the chief never holds the model).
 struct ps_restore_msg {
   ps_init_msg init;
   std::int64_t global_step = 0;
   std::uint64_t num_slots = 0;
   std::vector<std::int64_t> iterations;  // per shard, in init.ids order
-  std::string checkpoint;                // for the log
+  std::string checkpoint;                // the checkpoint's name (for the log, and to read)
+  std::string directory;                 // set: the ps reads the shard files itself
+  std::vector<std::uint64_t> from;       // per shard, with directory: first saved element
   template <class A>
   void serialize(A& ar) {
-    ar(init, global_step, num_slots, iterations, checkpoint);
+    ar(init, global_step, num_slots, iterations, checkpoint, directory, from);
   }
 };
 /// ps_done_tasks, both ways: the request names the done tasks the sender knows of (the ps

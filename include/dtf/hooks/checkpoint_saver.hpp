@@ -139,10 +139,14 @@ struct ps_scaffold_options {
   std::chrono::milliseconds ready_timeout{60000};  ///< other tasks: bound on waiting for the chief
   /// Chief, after a restore: receives the restored values (the caller's copy of the model).
   std::function<void(std::span<const float>)> restored;
+  /// When the latest checkpoint fails verification: restore the newest kept one that verifies
+  /// (saying so in the log), or refuse (the session's creation fails).
+  checkpoint_fallback fallback = checkpoint_fallback::newest_valid;
 };
 
 /// The session scaffold of a ps cluster: the chief restores every ps from the latest
-/// checkpoint of checkpoint_dir (resharding to the client's placement) or, when there is none,
+/// checkpoint of checkpoint_dir that verifies (resharding to the client's placement; see
+/// ps_client::restore_latest and ps_scaffold_options::fallback) or, when there is none,
 /// calls init; other tasks wait (bounded) until every ps is ready; the global step is read
 /// from ps 0.
 inline session_scaffold ps_scaffold(ps_client& ps, ps_scaffold_options o) {
@@ -152,7 +156,7 @@ inline session_scaffold ps_scaffold(ps_client& ps, ps_scaffold_options o) {
     if (shared->checkpoint_dir.empty()) return std::nullopt;
     std::vector<float> values(num_parameters(shared->variables));
     auto step = ps.restore_latest(shared->checkpoint_dir, shared->variables, shared->rule, shared->lock_free,
-                                  shared->replicas_to_aggregate, values);
+                                  shared->replicas_to_aggregate, values, shared->fallback);
     if (step && shared->restored) shared->restored(values);
     return step;
   };

@@ -1,0 +1,420 @@
+// dtf/checkpoint/format.hpp — what a checkpoint on disk is, and the checks every number and
+// name read from one passes before it is used (DESIGN.md §7; the file layout is described in
+// dtf/checkpoint.hpp).
+//
+// A checkpoint directory is input: it may be damaged, truncated, written by another version
+// or crafted. Everything parsed here is checked against a closed set (format, dtype, update
+// rule), for wrap-around (offsets + sizes, element counts of shapes, byte totals) and against
+// the other fields (every shard inside its variable, the shards of a variable tiling it, the
+// files' declared bytes holding the whole layout); names are confined to the checkpoint
+// directory (no '/', no "..", no absolute path). Errors: dtf::error with errc::corrupt_data
+// naming the file and the field ("…/ckpt-5.manifest.json: variables[1].offset: …").
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <dtf/error.hpp>
+#include <dtf/optim/rules.hpp>
+#include <dtf/shape.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace dtf {
+
+static_assert(std::endian::native == std::endian::little,
+              "dtf checkpoints store float32 little-endian: a big-endian host would need byte swapping");
+
+/// Name of the state file in a checkpoint directory.
+inline constexpr const char* checkpoint_state_name = "checkpoint";
+
+/// One variable in a checkpoint.
+struct checkpoint_variable {
+  std::string name;
+  dims shape;
+  std::size_t offset = 0;       ///< first element in the saved flat buffer
+  std::int64_t iterations = 0;  ///< updates its update rule had applied (Adam's t)
+  std::size_t size() const noexcept { return num_elements(shape); }
+};
+
+/// One shard in a checkpoint: rows [row_begin, row_end) of a variable, held by ps `ps`.
+struct checkpoint_shard {
+  std::uint32_t id = 0;  ///< shard id in the saving placement
+  std::size_t variable = 0, part = 0, ps = 0, row_begin = 0, row_end = 0, offset = 0, size = 0;
+};
+
+/// One shard file and its checksum.
+struct checkpoint_file {
+  std::string name;  ///< relative to the checkpoint directory (a plain file name)
+  std::size_t ps = 0;
+  std::uint64_t bytes = 0;
+  std::string sha256;  ///< 64 hex digits of the whole file
+};
+
+/// What restore does when the latest checkpoint fails verification.
+enum class checkpoint_fallback {
+  newest_valid,  ///< says so and uses the newest kept checkpoint that verifies
+  refuse,        ///< throws the latest's error
+};
+
+namespace detail::ckpt {
+
+inline constexpr std::string_view manifest_format = "dtf-checkpoint-1";
+inline constexpr std::size_t max_name_bytes = 255;         // one path component
+inline constexpr std::size_t max_num_ps = 1 << 16;
+inline constexpr std::size_t max_rank = 32;
+inline constexpr std::uint64_t max_json_bytes = 1ull << 30;  // manifest and state file
+inline constexpr std::uint64_t max_header_bytes = 1ull << 28;  // a shard file's JSON header
+inline constexpr char shard_magic[8] = {'D', 'T', 'F', 'S', 'H', 'R', 'D', '1'};
+inline constexpr std::size_t shard_prefix_bytes = 16;  // magic, header length
+
+[[noreturn]] inline void corrupt(const std::string& what, const std::string& field, const std::string& problem) {
+  throw error(errc::corrupt_data, what + ": " + (field.empty() ? "" : field + ": ") + problem);
+}
+
+inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) noexcept {
+  return !__builtin_mul_overflow(a, b, &out);
+}
+inline bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) noexcept {
+  return !__builtin_add_overflow(a, b, &out);
+}
+
+/// A name that may only denote a file directly inside the checkpoint directory.
+inline bool confined_name(std::string_view n) noexcept {
+  return !n.empty() && n.size() <= max_name_bytes && n != "." && n != ".." &&
+         n.find_first_of(std::string_view("/\0", 2)) == std::string_view::npos;
+}
+inline void require_confined(const std::string& n, const std::string& what, const std::string& field) {
+  if (!confined_name(n))
+    corrupt(what, field, "'" + n.substr(0, 64) + "' is not a file name inside the checkpoint directory");
+}
+
+inline std::string shard_file_name(const std::string& name, std::size_t ps, std::size_t num_ps) {
+  return name + ".ps-" + std::to_string(ps) + "-of-" + std::to_string(num_ps) + ".shard";
+}
+inline std::string manifest_file_name(const std::string& name) { return name + ".manifest.json"; }
+
+/// Slots of the built-in update rule named `rule`, or -1 when no rule has that name.
+inline int rule_slots(std::string_view rule) noexcept {
+  int slots = -1;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((std::variant_alternative_t<I, optim::rule>::name == rule
+          ? void(slots = int(std::variant_alternative_t<I, optim::rule>::num_slots))
+          : void()),
+     ...);
+  }(std::make_index_sequence<std::variant_size_v<optim::rule>>{});
+  return slots;
+}
+inline std::string rule_names() {
+  std::string s;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((s += (I ? ", " : "") + std::string(std::variant_alternative_t<I, optim::rule>::name)), ...);
+  }(std::make_index_sequence<std::variant_size_v<optim::rule>>{});
+  return s;
+}
+
+// Typed access to JSON fields: every error names the file and the field's path.
+inline const nlohmann::json& field(const nlohmann::json& j, const char* key, const std::string& what,
+                                   const std::string& path) {
+  if (!j.is_object()) corrupt(what, path.empty() ? std::string("(top)") : path, "is not a JSON object");
+  const auto it = j.find(key);
+  const std::string here = path.empty() ? key : path + "." + key;
+  if (it == j.end()) corrupt(what, here, "is missing");
+  return *it;
+}
+inline std::string join(const std::string& path, const char* key) { return path.empty() ? key : path + "." + key; }
+inline std::uint64_t as_u64(const nlohmann::json& v, const std::string& what, const std::string& path) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return std::uint64_t(v.get<std::int64_t>());
+  corrupt(what, path, "is not a non-negative integer");
+}
+inline std::int64_t as_i64(const nlohmann::json& v, const std::string& what, const std::string& path) {
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+    return std::int64_t(v.get<std::uint64_t>());
+  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
+  corrupt(what, path, "is not a 64-bit integer");
+}
+inline std::uint64_t u64_at(const nlohmann::json& j, const char* key, const std::string& what, const std::string& path) {
+  return as_u64(field(j, key, what, path), what, join(path, key));
+}
+inline std::uint64_t u64_at_most(const nlohmann::json& j, const char* key, std::uint64_t limit, const std::string& what,
+                                 const std::string& path) {
+  const auto v = u64_at(j, key, what, path);
+  if (v > limit) corrupt(what, join(path, key), std::to_string(v) + " exceeds " + std::to_string(limit));
+  return v;
+}
+inline std::int64_t count_at(const nlohmann::json& j, const char* key, const std::string& what,
+                             const std::string& path) {
+  const auto v = as_i64(field(j, key, what, path), what, join(path, key));
+  if (v < 0) corrupt(what, join(path, key), "is negative (" + std::to_string(v) + ")");
+  return v;
+}
+inline std::string string_at(const nlohmann::json& j, const char* key, const std::string& what,
+                             const std::string& path, std::size_t max_bytes = 4096) {
+  const auto& v = field(j, key, what, path);
+  if (!v.is_string()) corrupt(what, join(path, key), "is not a string");
+  const auto& s = v.get_ref<const std::string&>();
+  if (s.size() > max_bytes) corrupt(what, join(path, key), "is longer than " + std::to_string(max_bytes) + " bytes");
+  return s;
+}
+inline const nlohmann::json& array_at(const nlohmann::json& j, const char* key, const std::string& what,
+                                      const std::string& path) {
+  const auto& v = field(j, key, what, path);
+  if (!v.is_array()) corrupt(what, join(path, key), "is not an array");
+  return v;
+}
+inline std::string item(const char* array, std::size_t i) { return std::string(array) + "[" + std::to_string(i) + "]"; }
+
+inline bool is_sha256_hex(const std::string& s) noexcept {
+  return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace detail::ckpt
+
+/// The manifest: everything about a checkpoint except the tensor bytes.
+struct checkpoint_manifest {
+  std::string name;
+  std::int64_t global_step = 0;
+  std::string dtype = "float32";
+  std::size_t num_ps = 0;
+  std::string rule = "sgd";  ///< update rule whose slots were saved
+  std::size_t num_slots = 0;
+  std::vector<checkpoint_variable> variables;
+  std::vector<checkpoint_shard> shards;
+  std::vector<checkpoint_file> files;
+
+  /// Elements of the saved flat buffer (for a manifest that passed from_json, this cannot wrap).
+  std::size_t num_parameters() const noexcept {
+    std::size_t n = 0;
+    for (const auto& v : variables) n = std::max(n, v.offset + v.size());
+    return n;
+  }
+  /// The variable named `name`, or nullptr.
+  const checkpoint_variable* find(const std::string& var_name) const noexcept {
+    for (const auto& v : variables)
+      if (v.name == var_name) return &v;
+    return nullptr;
+  }
+
+  nlohmann::json to_json() const {
+    nlohmann::json j;
+    j["format"] = detail::ckpt::manifest_format;
+    j["name"] = name;
+    j["global_step"] = global_step;
+    j["dtype"] = dtype;
+    j["num_ps"] = num_ps;
+    j["rule"] = rule;
+    j["num_slots"] = num_slots;
+    j["variables"] = nlohmann::json::array();
+    for (const auto& v : variables)
+      j["variables"].push_back({{"name", v.name}, {"shape", v.shape}, {"offset", v.offset}, {"iterations", v.iterations}});
+    j["shards"] = nlohmann::json::array();
+    for (const auto& s : shards)
+      j["shards"].push_back({{"id", s.id}, {"variable", s.variable}, {"part", s.part}, {"ps", s.ps},
+                             {"row_begin", s.row_begin}, {"row_end", s.row_end}, {"offset", s.offset},
+                             {"size", s.size}});
+    j["files"] = nlohmann::json::array();
+    for (const auto& f : files)
+      j["files"].push_back({{"name", f.name}, {"ps", f.ps}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+    return j;
+  }
+
+  /// Parses a manifest and checks every field (see the file comment); `what` names its file
+  /// in errors. A manifest that passes describes a layout its files' declared bytes hold.
+  static checkpoint_manifest from_json(const nlohmann::json& j, const std::string& what) {
+    using namespace detail::ckpt;
+    checkpoint_manifest m;
+    const auto format = string_at(j, "format", what, "");
+    if (format != manifest_format) corrupt(what, "format", "unknown format '" + format.substr(0, 64) + "'");
+    m.name = string_at(j, "name", what, "");
+    require_confined(m.name, what, "name");
+    m.global_step = count_at(j, "global_step", what, "");
+    m.dtype = string_at(j, "dtype", what, "", 64);
+    if (m.dtype != "float32") corrupt(what, "dtype", "dtype '" + m.dtype + "' (only float32 is supported)");
+    m.rule = string_at(j, "rule", what, "", 64);
+    const int slots = rule_slots(m.rule);
+    if (slots < 0) corrupt(what, "rule", "rule '" + m.rule + "' is not one of " + rule_names());
+    m.num_slots = u64_at(j, "num_slots", what, "");
+    if (m.num_slots != std::size_t(slots))
+      corrupt(what, "num_slots", std::to_string(m.num_slots) + " slots, rule " + m.rule + " has " +
+                                     std::to_string(slots));
+    m.num_ps = u64_at(j, "num_ps", what, "");
+    if (m.num_ps == 0 || m.num_ps > max_num_ps)
+      corrupt(what, "num_ps", std::to_string(m.num_ps) + " is not in [1, " + std::to_string(max_num_ps) + "]");
+    m.parse_files(j, what);
+    m.parse_variables(j, what);
+    m.parse_shards(j, what);
+    return m;
+  }
+
+ private:
+  void parse_files(const nlohmann::json& j, const std::string& what) {
+    using namespace detail::ckpt;
+    const auto& fs = array_at(j, "files", what, "");
+    if (fs.size() != num_ps)
+      corrupt(what, "files", std::to_string(fs.size()) + " shard files for " + std::to_string(num_ps) + " ps");
+    std::vector<bool> seen(num_ps, false);
+    std::set<std::string> names;
+    for (std::size_t i = 0; i < fs.size(); ++i) {
+      const auto path = item("files", i);
+      checkpoint_file f;
+      f.name = string_at(fs[i], "name", what, path);
+      require_confined(f.name, what, path + ".name");
+      if (!names.insert(f.name).second) corrupt(what, path + ".name", "'" + f.name + "' is named twice");
+      f.ps = u64_at(fs[i], "ps", what, path);
+      if (f.ps >= num_ps || seen[f.ps])
+        corrupt(what, path + ".ps", "ps " + std::to_string(f.ps) + " is out of range or has two files");
+      seen[f.ps] = true;
+      f.bytes = u64_at(fs[i], "bytes", what, path);
+      if (f.bytes < shard_prefix_bytes) corrupt(what, path + ".bytes", std::to_string(f.bytes) + " bytes is too short");
+      f.sha256 = string_at(fs[i], "sha256", what, path, 64);
+      if (!is_sha256_hex(f.sha256)) corrupt(what, path + ".sha256", "is not 64 lowercase hex digits");
+      files.push_back(std::move(f));
+    }
+  }
+
+  void parse_variables(const nlohmann::json& j, const std::string& what) {
+    using namespace detail::ckpt;
+    const auto& vs = array_at(j, "variables", what, "");
+    std::set<std::string> names;
+    std::uint64_t file_bytes = 0;
+    for (const auto& f : files)
+      if (!checked_add(file_bytes, f.bytes, file_bytes)) corrupt(what, "files", "the byte counts overflow");
+    const std::uint64_t tensor_bytes = sizeof(float) * (1 + num_slots);
+    for (std::size_t i = 0; i < vs.size(); ++i) {
+      const auto path = item("variables", i);
+      checkpoint_variable v;
+      v.name = string_at(vs[i], "name", what, path);
+      if (v.name.empty() || !names.insert(v.name).second)
+        corrupt(what, path + ".name", "'" + v.name + "' is empty or named twice");
+      const auto& shape = array_at(vs[i], "shape", what, path);
+      if (shape.size() > max_rank) corrupt(what, path + ".shape", "rank " + std::to_string(shape.size()) + " > 32");
+      std::uint64_t elements = 1, bytes = 0, end = 0;
+      for (std::size_t d = 0; d < shape.size(); ++d) {
+        v.shape.push_back(as_u64(shape[d], what, path + ".shape" + "[" + std::to_string(d) + "]"));
+        if (!checked_mul(elements, v.shape.back(), elements))
+          corrupt(what, path + ".shape", to_string(v.shape) + ": the element count overflows size_t");
+      }
+      if (!checked_mul(elements, tensor_bytes, bytes))
+        corrupt(what, path + ".shape", to_string(v.shape) + ": the byte count overflows size_t");
+      v.offset = u64_at(vs[i], "offset", what, path);
+      if (!checked_add(v.offset, elements, end) || !checked_mul(end, tensor_bytes, bytes))
+        corrupt(what, path + ".offset", std::to_string(v.offset) + " + " + std::to_string(elements) +
+                                            " elements wraps around");
+      // The whole layout (values and slots) must fit in what the files declare (and, once
+      // opened, hold): no reader allocates for a layout that no file backs.
+      if (bytes > file_bytes)
+        corrupt(what, path + ".offset", "the layout up to element " + std::to_string(end) + " needs " +
+                                            std::to_string(bytes) + " bytes, more than the files' total of " +
+                                            std::to_string(file_bytes));
+      v.iterations = count_at(vs[i], "iterations", what, path);
+      variables.push_back(std::move(v));
+    }
+    // Variables never overlap in the flat buffer.
+    std::vector<std::size_t> order(variables.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return variables[a].offset < variables[b].offset; });
+    std::size_t reach = 0, widest = 0;  // the furthest end so far, and whose
+    for (auto k : order) {
+      const auto& v = variables[k];
+      if (v.size() == 0) continue;
+      if (v.offset < reach) corrupt(what, item("variables", k) + ".offset", "overlaps variable '" + variables[widest].name + "'");
+      reach = v.offset + v.size();
+      widest = k;
+    }
+  }
+
+  void parse_shards(const nlohmann::json& j, const std::string& what) {
+    using namespace detail::ckpt;
+    const auto& ss = array_at(j, "shards", what, "");
+    std::set<std::uint32_t> ids;
+    for (std::size_t i = 0; i < ss.size(); ++i) {
+      const auto path = item("shards", i);
+      checkpoint_shard s;
+      s.id = std::uint32_t(u64_at_most(ss[i], "id", std::numeric_limits<std::uint32_t>::max(), what, path));
+      if (!ids.insert(s.id).second) corrupt(what, path + ".id", "shard id " + std::to_string(s.id) + " appears twice");
+      s.variable = u64_at(ss[i], "variable", what, path);
+      if (s.variable >= variables.size())
+        corrupt(what, path + ".variable", std::to_string(s.variable) + " of " + std::to_string(variables.size()) +
+                                              " variables");
+      s.part = u64_at(ss[i], "part", what, path);
+      s.ps = u64_at(ss[i], "ps", what, path);
+      if (s.ps >= num_ps) corrupt(what, path + ".ps", "ps " + std::to_string(s.ps) + " of " + std::to_string(num_ps));
+      s.row_begin = u64_at(ss[i], "row_begin", what, path);
+      s.row_end = u64_at(ss[i], "row_end", what, path);
+      s.offset = u64_at(ss[i], "offset", what, path);
+      s.size = u64_at(ss[i], "size", what, path);
+      // Rows of its variable: a rank-0 variable is one row of one element. Every product is
+      // bounded by the variable's size, which did not overflow.
+      const auto& v = variables[s.variable];
+      const std::size_t rows = v.shape.empty() ? 1 : v.shape[0];
+      const std::size_t row_elements = v.shape.empty() ? 1 : num_elements(dims(v.shape.begin() + 1, v.shape.end()));
+      if (s.row_begin > s.row_end || s.row_end > rows)
+        corrupt(what, path + ".row_end", "rows [" + std::to_string(s.row_begin) + ", " + std::to_string(s.row_end) +
+                                             ") of a variable of " + std::to_string(rows));
+      if (rows != 0 && row_elements != 0 &&
+          (s.size != (s.row_end - s.row_begin) * row_elements || s.offset != v.offset + s.row_begin * row_elements))
+        corrupt(what, path + ".offset", "offset " + std::to_string(s.offset) + " and size " + std::to_string(s.size) +
+                                            " are not rows [" + std::to_string(s.row_begin) + ", " +
+                                            std::to_string(s.row_end) + ") of variable '" + v.name + "'");
+      if (s.offset < v.offset || s.size > v.size() || s.offset - v.offset > v.size() - s.size)
+        corrupt(what, path + ".offset", "shard " + std::to_string(s.id) + " lies outside variable '" + v.name + "'");
+      shards.push_back(s);
+    }
+    // The shards of each variable tile it exactly: no gap, no overlap.
+    std::vector<std::size_t> order(shards.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) {
+      return std::pair(shards[a].variable, shards[a].offset) < std::pair(shards[b].variable, shards[b].offset);
+    });
+    std::vector<std::size_t> cursor(variables.size());
+    for (std::size_t v = 0; v < variables.size(); ++v) cursor[v] = variables[v].offset;
+    for (auto k : order) {
+      const auto& s = shards[k];
+      if (s.offset != cursor[s.variable])
+        corrupt(what, item("shards", k) + ".offset", "shard " + std::to_string(s.id) + " of '" +
+                                                         variables[s.variable].name + "' overlaps another or leaves a gap");
+      cursor[s.variable] += s.size;
+    }
+    for (std::size_t v = 0; v < variables.size(); ++v)
+      if (cursor[v] != variables[v].offset + variables[v].size())
+        corrupt(what, item("variables", v), "its shards cover " + std::to_string(cursor[v] - variables[v].offset) +
+                                                " of " + std::to_string(variables[v].size()) + " elements");
+  }
+};
+
+/// The state file: the latest checkpoint and every kept one (oldest first).
+struct checkpoint_state {
+  std::string latest;
+  std::vector<std::string> all;
+
+  /// Parses and checks a state file (every name confined to the directory; "latest" may be
+  /// empty: no checkpoint yet); `what` names its file in errors.
+  static checkpoint_state from_json(const nlohmann::json& j, const std::string& what) {
+    using namespace detail::ckpt;
+    checkpoint_state s;
+    s.latest = string_at(j, "latest", what, "", max_name_bytes + 1);
+    if (!s.latest.empty()) require_confined(s.latest, what, "latest");
+    const auto& all = array_at(j, "all", what, "");
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (!all[i].is_string()) corrupt(what, item("all", i), "is not a string");
+      s.all.push_back(all[i].get<std::string>());
+      require_confined(s.all.back(), what, item("all", i));
+    }
+    return s;
+  }
+};
+
+}  // namespace dtf

@@ -1,0 +1,91 @@
+// dtf/checkpoint/shard_header.hpp — a shard file's first bytes: magic, header length and the
+// JSON header describing its entries, checked against the file's size and the manifest
+// (layout in dtf/checkpoint.hpp). Errors: errc::corrupt_data naming the file and the field.
+#pragma once
+
+#include <dtf/checkpoint/format.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dtf {
+
+namespace detail::ckpt {
+
+/// A shard file's parsed header and where its tensor bytes start.
+struct shard_header {
+  std::size_t ps = 0, num_ps = 0, num_slots = 0;
+  std::int64_t global_step = 0;
+  struct entry {
+    std::uint32_t id;
+    std::uint64_t size;
+    std::int64_t iterations;
+  };
+  std::vector<entry> entries;
+  std::uint64_t data_offset = 0;
+};
+
+/// Checks a shard file's first 16 bytes (magic, header length) against its size; returns the
+/// header length.
+inline std::uint64_t parse_shard_prefix(const char (&prefix)[shard_prefix_bytes], std::uint64_t file_bytes,
+                                        const std::string& what) {
+  if (file_bytes < shard_prefix_bytes || std::memcmp(prefix, shard_magic, sizeof shard_magic) != 0)
+    corrupt(what, "", "not a dtf shard file (bad magic)");
+  std::uint64_t len = 0;
+  std::memcpy(&len, prefix + 8, sizeof len);
+  if (len > file_bytes - shard_prefix_bytes || len > max_header_bytes)
+    corrupt(what, "header length", std::to_string(len) + " bytes exceeds the file of " + std::to_string(file_bytes) +
+                                       " bytes (or " + std::to_string(max_header_bytes) + ")");
+  return len;
+}
+
+/// Parses a shard file's JSON header `text` (of a file of file_bytes bytes, for ps `ps` of a
+/// manifest with num_ps tasks and num_slots slots) and checks that its entries, without
+/// wrap-around, describe exactly the bytes after it.
+inline shard_header parse_shard_header(std::string_view text, std::uint64_t file_bytes, std::size_t ps,
+                                       std::size_t num_ps, std::size_t num_slots, const std::string& what) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::exception& e) {
+    corrupt(what, "header", std::string("malformed JSON: ") + e.what());
+  }
+  shard_header h;
+  if (u64_at(j, "format", what, "header") != 1) corrupt(what, "header.format", "unknown shard format");
+  h.ps = u64_at(j, "ps", what, "header");
+  if (h.ps != ps) corrupt(what, "header.ps", "ps " + std::to_string(h.ps) + ", the manifest says ps " + std::to_string(ps));
+  h.num_ps = u64_at(j, "num_ps", what, "header");
+  if (h.num_ps != num_ps)
+    corrupt(what, "header.num_ps", std::to_string(h.num_ps) + ", the manifest says " + std::to_string(num_ps));
+  h.num_slots = u64_at_most(j, "num_slots", 2, what, "header");
+  h.global_step = count_at(j, "global_step", what, "header");
+  const auto& entries = array_at(j, "entries", what, "header");
+  if (!entries.empty() && h.num_slots != num_slots)  // a ps holding no shard knows no rule
+    corrupt(what, "header.num_slots", std::to_string(h.num_slots) + " slots, the manifest says " +
+                                          std::to_string(num_slots));
+  h.data_offset = shard_prefix_bytes + text.size();
+  const std::uint64_t data_bytes = file_bytes - h.data_offset;
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto path = "header." + item("entries", i);
+    h.entries.push_back({std::uint32_t(u64_at_most(entries[i], "shard", std::numeric_limits<std::uint32_t>::max(),
+                                                   what, path)),
+                         u64_at(entries[i], "size", what, path), count_at(entries[i], "iterations", what, path)});
+    std::uint64_t entry_bytes = 0;
+    if (!checked_mul(h.entries.back().size, sizeof(float) * (1 + h.num_slots), entry_bytes) ||
+        !checked_add(bytes, entry_bytes, bytes) || bytes > data_bytes)
+      corrupt(what, path + ".size", std::to_string(h.entries.back().size) + " floats exceed the file's " +
+                                        std::to_string(data_bytes) + " data bytes");
+  }
+  if (bytes != data_bytes)
+    corrupt(what, "header.entries", std::to_string(file_bytes) + " bytes, the header describes " +
+                                        std::to_string(h.data_offset + bytes));
+  return h;
+}
+
+}  // namespace detail::ckpt
+}  // namespace dtf
