@@ -65,17 +65,23 @@ std::optional<std::int64_t> restore_and_broadcast(communicator& comm, const std:
   if (model_dir.empty()) return std::nullopt;
   // header: found (1), none (0) or failed (-1); global step; update count; slots
   std::int64_t header[4] = {0, 0, 0, 0};
-  std::optional<checkpoint_tensors> t;
+  std::optional<checkpoint_reader> ck;
   std::string name;
   if (comm.rank() == 0) {
     try {
-      if (auto latest = latest_checkpoint(model_dir)) {
-        name = *latest;
-        t = read_checkpoint(model_dir, name);
+      // The latest checkpoint that verifies (a damaged latest is logged and the newest kept one
+      // that verifies is used, as for the parameter servers).
+      ck = open_latest_checkpoint(model_dir, checkpoint_fallback::newest_valid, [&me](const std::string& line) {
+        std::printf("%s: %s\n", me.c_str(), line.c_str());
+        std::fflush(stdout);
+      });
+      if (ck) {
+        name = ck->manifest().name;
         header[0] = 1;
-        header[1] = t->manifest.global_step;
-        header[2] = t->manifest.variables.empty() ? 0 : t->manifest.variables.front().iterations;
-        header[3] = std::int64_t(t->slots.size());
+        header[1] = ck->manifest().global_step;
+        header[2] = ck->manifest().variables.empty() ? 0 : ck->manifest().variables.front().iterations;
+        header[3] = std::int64_t(ck->manifest().num_slots);
+        for (const auto& v : variables) ck->match(v);  // every model variable, same shape
       }
     } catch (...) {
       header[0] = -1;
@@ -90,8 +96,13 @@ std::optional<std::int64_t> restore_and_broadcast(communicator& comm, const std:
   std::vector<float> values(n);
   std::vector<std::vector<float>> slots(static_cast<std::size_t>(header[3]), std::vector<float>(n));
   if (comm.rank() == 0) {
-    copy_into_layout(*t, variables, values);
-    for (std::size_t k = 0; k < slots.size(); ++k) copy_into_layout(*t, variables, slots[k], int(k));
+    // Variables land at the model's offsets, whatever layout saved them.
+    for (const auto& v : variables) {
+      const auto& saved = ck->match(v);
+      ck->read(0, saved.offset, std::span<float>(values).subspan(v.offset, v.size()));
+      for (std::size_t k = 0; k < slots.size(); ++k)
+        ck->read(k + 1, saved.offset, std::span<float>(slots[k]).subspan(v.offset, v.size()));
+    }
   }
   comm.broadcast("session/restore_values", std::span<float>(values), 0);
   for (auto& s : slots) comm.broadcast("session/restore_slot", std::span<float>(s), 0);
