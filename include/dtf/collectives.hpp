@@ -43,6 +43,7 @@
 #include <dtf/cluster.hpp>
 #include <dtf/config.hpp>
 #include <dtf/detail/archive.hpp>
+#include <dtf/detail/ring_acceptor.hpp>
 #include <dtf/detail/ring_engine.hpp>
 #include <dtf/detail/ring_schedule.hpp>
 #include <dtf/detail/ring_socket.hpp>
@@ -88,6 +89,11 @@ struct collective_options {
   /// halving + doubling (large) over extra connections to the hypercube partners: log2(n)
   /// and 2·log2(n) sequential steps instead of n-1 and 2(n-1). Every rank must agree.
   bool hypercube = true;
+  /// Set-up: each accepted connection must finish its handshake within this, so a silent
+  /// socket on a rank's port holds only itself, never the ring's set-up.
+  std::uint32_t handshake_timeout_ms = 10000;
+  /// Set-up: at most this many handshakes in progress on a rank's port; more are refused.
+  std::size_t max_pending_connections = 64;
 };
 
 /// A bound, listening socket for one rank; port 0 picks a free port (tests, rendezvous).
@@ -310,32 +316,11 @@ class communicator {
     std::thread acceptor([&] {
       // Setup only: the data path never leaves the calling thread.
       try {
-        std::string last;
-        for (;;) {
-          const auto missing = std::find_if(in.begin(), in.end(), [](const incoming& i) { return !*i.slot; });
-          if (missing == in.end()) return;
-          detail::unique_fd fd;
-          try {
-            fd = detail::accept_one(listener_.native_handle(), deadline, "'" + missing->identity + "'");
-          } catch (const error& e) {
-            if (e.code() == make_error_code(errc::timeout) && !last.empty())
-              throw error(errc::timeout, e.message() + " (refused meanwhile: " + last + ")");
-            throw;
-          }
-          try {
-            const std::string identity =
-                detail::server_handshake(fd.get(), server_me, deadline, "connection for rank " + std::to_string(rank_));
-            const auto it = std::find_if(in.begin(), in.end(),
-                                         [&](const incoming& i) { return !*i.slot && i.identity == identity; });
-            if (it == in.end()) {
-              last = "'" + identity + "' connected, not an expected neighbour of rank " + std::to_string(rank_);
-              continue;
-            }
-            *it->slot = std::move(fd);
-          } catch (const error& e) {
-            last = e.message();  // a stranger or a misconfigured peer: keep waiting for the neighbours
-          }
-        }
+        std::vector<std::string> expected;
+        for (const auto& i : in) expected.push_back(i.identity);
+        auto fds = detail::accept_neighbours(listener_.native_handle(), server_me, expected, deadline,
+                                             {options_.handshake_timeout_ms, options_.max_pending_connections});
+        for (std::size_t i = 0; i < in.size(); ++i) *in[i].slot = std::move(fds[i]);
       } catch (...) {
         accept_failure = std::current_exception();
       }

@@ -91,7 +91,7 @@ class rpc_client {
   /// Adds a peer ("ps.0" at "host:port"); returns its index.
   std::size_t add_peer(std::string name, std::string address);
   std::size_t num_peers() const noexcept { return peers_.size(); }
-  const std::string& peer_name(std::size_t i) const { return peers_.at(i)->name; }
+  const std::string& peer_name(std::size_t i) const;
 
   /// Connects to every peer not yet connected and performs the handshake, retrying refused
   /// connections until connect_timeout_ms. Errors: errc::timeout naming the peer that never
@@ -212,13 +212,14 @@ class rpc_server {
 
   Handler& handler_;
   transport_options options_;
+  // Before io_: sessions still queued in io_ decrement open_ when io_ destroys them.
+  std::atomic<std::size_t> rejected_{0}, open_{0};
   asio::io_context io_;
   detail::tcp_acceptor acceptor_;
   detail::steady_timer_on<detail::io_executor> accept_backoff_;
   std::chrono::milliseconds accept_pause_{0};
   detail::log_limiter accept_log_, cap_log_;
   int threads_;
-  std::atomic<std::size_t> rejected_{0}, open_{0};
 };
 
 }  // namespace dtf

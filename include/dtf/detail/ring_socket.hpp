@@ -326,6 +326,14 @@ inline unique_fd accept_one(int listener, ring_clock::time_point deadline, const
     unique_fd fd(::accept4(listener, reinterpret_cast<sockaddr*>(&s), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (fd) return fd;
     if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      // The connection stays in the backlog: pause (bounded) rather than fail or spin.
+      if (ring_clock::now() >= deadline)
+        throw error(errc::timeout, "timed out waiting for " + what + " to connect (accept: " + errno_text(errno) + ")");
+      pollfd none{-1, 0, 0};
+      ::poll(&none, 1, std::min(remaining_ms(deadline), 100));
+      continue;
+    }
     if (errno != EAGAIN && errno != EWOULDBLOCK) throw error(errc::io_error, "accept: " + errno_text(errno));
     if (!wait_fd(listener, POLLIN, deadline)) throw error(errc::timeout, "timed out waiting for " + what + " to connect");
   }

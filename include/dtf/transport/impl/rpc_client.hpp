@@ -74,6 +74,8 @@ inline std::size_t rpc_client::add_peer(std::string name, std::string address) {
   return peers_.size() - 1;
 }
 
+inline const std::string& rpc_client::peer_name(std::size_t i) const { return peers_.at(i)->name; }
+
 namespace detail {
 inline void throw_if(std::optional<error>& e) {
   if (e) throw std::move(*e);
