@@ -42,14 +42,15 @@ namespace dtf::detail {
 /// The largest control message a handshake frame may carry (a hello with a long identity).
 inline constexpr std::uint32_t max_handshake_meta = 4096;
 
-/// Peer-supplied text made safe to log: printable ASCII kept, anything else as \xNN, quotes and
-/// backslashes escaped, at most `max_chars` characters of input (then "...").
+/// Peer-supplied text made safe to log: printable ASCII kept, anything else (newlines, terminal
+/// escapes, bytes >= 0x80) as \xNN, backslashes doubled, at most `max_chars` characters of input
+/// (then "...").
 inline std::string printable(std::string_view text, std::size_t max_chars = 128) {
   static constexpr char hex[] = "0123456789abcdef";
   std::string out;
   for (std::size_t i = 0; i < text.size() && i < max_chars; ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
-    if (c == '\\' || c == '\'' || c == '"') {
+    if (c == '\\') {
       out += '\\';
       out += char(c);
     } else if (c >= 0x20 && c < 0x7f) {
