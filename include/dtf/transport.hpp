@@ -33,6 +33,7 @@
 #include <dtf/error.hpp>
 #include <dtf/transport/address.hpp>
 #include <dtf/transport/handshake.hpp>
+#include <dtf/transport/impl/io.hpp>
 #include <dtf/transport/options.hpp>
 
 #include <asio.hpp>
@@ -50,25 +51,6 @@
 
 namespace dtf {
 
-namespace detail {
-
-// Asio I/O objects bound to io_context's concrete executor rather than the polymorphic
-// any_io_executor: nvcc's front end cannot compile any_io_executor's property machinery, and
-// the concrete type also saves an indirection per operation.
-using io_executor = asio::io_context::executor_type;
-using tcp_socket = asio::basic_stream_socket<asio::ip::tcp, io_executor>;
-using tcp_acceptor = asio::basic_socket_acceptor<asio::ip::tcp, io_executor>;
-using tcp_resolver = asio::ip::basic_resolver<asio::ip::tcp, io_executor>;
-using io_strand = asio::strand<io_executor>;
-template <class Executor>
-using steady_timer_on = asio::basic_waitable_timer<std::chrono::steady_clock,
-                                                   asio::wait_traits<std::chrono::steady_clock>, Executor>;
-
-/// Resolves "host:port" (dtf/transport/address.hpp). Errors: errc::invalid_config.
-asio::ip::tcp::endpoint resolve_endpoint(asio::io_context& io, const std::string& address,
-                                         transport::address_use use = transport::address_use::connect);
-
-}  // namespace detail
 
 /// One request to one peer inside rpc_client::call_all.
 struct rpc_call {
