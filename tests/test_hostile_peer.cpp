@@ -108,7 +108,7 @@ TEST_CASE("a server refuses connections past max_connections and logs why", "[tr
   CHECK(ps0.ps->rejected_connections() >= 1);
 }
 
-TEST_CASE("an authenticated peer silent between frames is dropped after idle_timeout_ms; heartbeats keep it",
+TEST_CASE("an authenticated peer silent between frames is dropped after idle_timeout_ms, one sending heartbeats is kept",
           "[transport][hostile]") {
   log_sink log;
   auto o = opts("ps.0", "s3cret", &log);
