@@ -46,24 +46,31 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
   }
 
  private:
+  // One deadline at a time (handshake, idle between frames, or the rest of a frame), kept in
+  // fields; the Asio timer is re-armed only when a deadline is earlier than its expiry. Setting
+  // a deadline per frame is then two stores, not a cancel and a new wait per frame (which cost
+  // ~5% of a 4 KiB request's latency).
   void arm(std::uint32_t ms, const char* what) {
-    const std::uint64_t generation = ++timer_generation_;
-    if (ms == 0) {
-      timer_.cancel();
-      return;
-    }
-    timer_.expires_after(std::chrono::milliseconds(ms));
-    timer_.async_wait(asio::bind_executor(strand_, [self = this->shared_from_this(), what, ms,
-                                                    generation](std::error_code ec) {
-      // Cancelled, or superseded: a completion already queued when the awaited bytes
-      // arrived must not drop the healthy connection.
-      if (ec || generation != self->timer_generation_) return;
-      self->drop(std::string(what) + " within " + std::to_string(ms) + " ms");
-    }));
+    if (ms == 0) return disarm();
+    deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    deadline_what_ = what;
+    deadline_ms_ = ms;
+    if (!timer_waiting_ || timer_.expiry() > deadline_) wait_for_deadline();
   }
-  void disarm() {
-    timer_.cancel();
-    ++timer_generation_;
+  void disarm() { deadline_ = std::chrono::steady_clock::time_point::max(); }
+
+  void wait_for_deadline() {
+    const std::uint64_t generation = ++timer_generation_;
+    timer_waiting_ = true;
+    timer_.expires_at(deadline_);
+    timer_.async_wait(asio::bind_executor(strand_, [self = this->shared_from_this(), generation](std::error_code ec) {
+      // Superseded by an earlier deadline (its own wait is pending), or the session closed.
+      if (generation != self->timer_generation_) return;
+      self->timer_waiting_ = false;
+      if (ec || self->closed_ || self->deadline_ == std::chrono::steady_clock::time_point::max()) return;
+      if (std::chrono::steady_clock::now() < self->deadline_) return self->wait_for_deadline();  // moved later
+      self->drop(std::string(self->deadline_what_) + " within " + std::to_string(self->deadline_ms_) + " ms");
+    }));
   }
 
   void notify_disconnected() {
@@ -214,6 +221,10 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
   rpc_peer peer_;
   bool authenticated_ = false, closed_ = false;
   std::uint64_t timer_generation_ = 0;
+  bool timer_waiting_ = false;
+  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
+  const char* deadline_what_ = "";
+  std::uint32_t deadline_ms_ = 0;
   std::array<std::byte, detail::frame_header_size> in_header_{}, out_header_{};
   detail::frame_header header_{};
   std::vector<std::byte> in_, out_, meta_, payload_, scratch_;
