@@ -44,6 +44,8 @@
 #include <utility>
 #include <vector>
 
+#include <dtf/transport/address.hpp>
+
 #include "dtfrun/common.hpp"
 #include "dtfrun/sweep.hpp"
 #include "dtfrun/view.hpp"
@@ -415,8 +417,7 @@ class port_picker {
     }
     const in_port_t port = family_ == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
                                               : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port;
-    const bool bracket = host_.find(':') != std::string::npos;
-    return (bracket ? "[" + host_ + "]" : host_) + ":" + std::to_string(ntohs(port));
+    return dtf::transport::format_address(host_, ntohs(port));
   }
 
  private:
@@ -487,12 +488,18 @@ int print_tf_config(const options& opts) {
   std::vector<task> tasks = list_tasks(opts);
   std::size_t members = 0;
   for (const task& t : tasks) members += t.job != "evaluator";
-  // host:port or [v6]:port; a bare IPv6 address has several colons and no brackets.
+  // host:port or [v6]:port (dtf's one address parser); a bare IPv6 address has several colons
+  // and no brackets, so it is a plain host. An entry meant with a port that does not parse is
+  // an error naming why.
   const auto has_port = [](const std::string& h) {
-    const auto colon = h.rfind(':');
-    if (colon == std::string::npos || colon + 1 == h.size()) return false;
-    if (h.front() == '[' ? h[colon - 1] != ']' : std::count(h.begin(), h.end(), ':') != 1) return false;
-    return h.find_first_not_of("0123456789", colon + 1) == std::string::npos;
+    const bool meant = (h.starts_with('[') && h.find("]:") != std::string::npos) ||
+                       std::count(h.begin(), h.end(), ':') == 1;
+    if (!meant) return false;
+    std::string why;
+    if (!dtf::transport::parse_address(h, dtf::transport::address_use::connect, why)) {
+      throw usage_error("--hosts entry '" + h + "': " + why);
+    }
+    return true;
   };
   const bool with_ports = std::all_of(opts.hosts.begin(), opts.hosts.end(), has_port);
   if (!with_ports && std::any_of(opts.hosts.begin(), opts.hosts.end(), has_port)) {
@@ -519,8 +526,7 @@ int print_tf_config(const options& opts) {
     const long long port = base + used[h]++;
     if (port > 65535) throw usage_error("--port-base leaves too few ports below 65536");
     const std::string& host = opts.hosts[h];
-    const bool bracket = host.find(':') != std::string::npos && host.front() != '[';
-    t.address = (bracket ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    t.address = dtf::transport::format_address(host, static_cast<std::uint16_t>(port));
   }
   std::string out;
   bool found = opts.only_task.empty();

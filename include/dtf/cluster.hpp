@@ -38,6 +38,7 @@
 #pragma once
 
 #include <dtf/error.hpp>
+#include <dtf/transport/address.hpp>
 #include <dtf/flags.hpp>
 
 #include <nlohmann/json.hpp>
@@ -400,36 +401,10 @@ inline void check_has_workers(std::size_t num_ps, std::size_t num_tasks, const s
 /// holds characters a host name or address cannot, an IPv6 address is not in brackets, or
 /// the port is missing, not a number or outside 1..65535.
 inline std::pair<std::string, std::uint16_t> split_host_port(std::string_view addr, std::string_view field) {
-  const auto fail = [&](const std::string& why) {
-    detail::config_error(std::string(field) + ": bad address '" + std::string(addr) + "' (" + why + ")");
-  };
-  std::string_view host, port;
-  if (addr.starts_with('[')) {
-    const std::size_t close = addr.find(']');
-    if (close == std::string_view::npos) fail("unbalanced '['; expected [host]:port");
-    host = addr.substr(1, close - 1);
-    if (host.empty()) fail("empty host; expected [host]:port");
-    for (const char c : host)
-      if (!detail::is_alnum(c) && c != ':' && c != '.' && c != '%' && c != '-' && c != '_')
-        fail("unexpected character '" + std::string(1, c) + "' in the host");
-    if (addr.substr(close + 1, 1) != ":") fail("expected [host]:port");
-    port = addr.substr(close + 2);
-  } else {
-    const std::size_t colon = addr.rfind(':');
-    if (colon == std::string_view::npos) fail("expected host:port");
-    host = addr.substr(0, colon);
-    port = addr.substr(colon + 1);
-    if (host.empty()) fail("empty host; expected host:port");
-    if (host.find(':') != std::string_view::npos) fail("write an IPv6 address in brackets: [host]:port");
-    for (const char c : host)
-      if (!detail::is_alnum(c) && c != '-' && c != '.' && c != '_')
-        fail("unexpected character '" + std::string(1, c) + "' in the host");
-  }
-  if (port.empty()) fail("missing port; expected host:port");
-  const auto value = port.size() <= 5 ? detail::parse_decimal(port) : std::nullopt;
-  if (!value && !std::all_of(port.begin(), port.end(), detail::is_digit)) fail("port '" + std::string(port) + "' is not a number");
-  if (!value || *value < 1 || *value > 65535) fail("port " + std::string(port) + " is outside 1..65535");
-  return {std::string(host), std::uint16_t(*value)};
+  std::string why;
+  auto parsed = transport::parse_address(addr, transport::address_use::connect, why);
+  if (!parsed) detail::config_error(std::string(field) + ": bad address '" + std::string(addr) + "' (" + why + ")");
+  return {std::move(parsed->host), parsed->port};
 }
 
 /// Expands a Slurm node list: "n[1-3],m5" -> n1 n2 n3 m5; "node[01-03,7]" -> node01 node02

@@ -13,6 +13,12 @@
 // dtf/transport.hpp (protocol version, cluster id, identity, HMAC-SHA256 when a secret is
 // set), and keeps both connections for the communicator's lifetime.
 //
+// Layout: this header declares and documents; dtf/collectives/dispatch.hpp picks the allreduce
+// algorithm by world and message size; each algorithm has its own header in dtf/collectives/
+// (two_rank, small_message, ring, recursive, broadcast, allgather, fusion); set-up (concurrent
+// handshakes on a rank's port) is dtf/collectives/setup.hpp, the MPI rendezvous
+// dtf/collectives/make_communicator.hpp.
+//
 // Algorithms and communication volume (n ranks, B bytes per rank):
 //   allreduce, B > small_bytes: reduce-scatter then allgather around the ring, 2(n-1) steps;
 //     each rank sends and receives 2(n-1)/n·B. Every chunk is split into segments of
@@ -43,6 +49,7 @@
 #include <dtf/cluster.hpp>
 #include <dtf/config.hpp>
 #include <dtf/detail/archive.hpp>
+#include <dtf/detail/ring_acceptor.hpp>
 #include <dtf/detail/ring_engine.hpp>
 #include <dtf/detail/ring_schedule.hpp>
 #include <dtf/detail/ring_socket.hpp>
@@ -88,6 +95,11 @@ struct collective_options {
   /// halving + doubling (large) over extra connections to the hypercube partners: log2(n)
   /// and 2·log2(n) sequential steps instead of n-1 and 2(n-1). Every rank must agree.
   bool hypercube = true;
+  /// Set-up: each accepted connection must finish its handshake within this, so a silent
+  /// socket on a rank's port holds only itself, never the ring's set-up.
+  std::uint32_t handshake_timeout_ms = 10000;
+  /// Set-up: at most this many handshakes in progress on a rank's port; more are refused.
+  std::size_t max_pending_connections = 64;
 };
 
 /// A bound, listening socket for one rank; port 0 picks a free port (tests, rendezvous).
@@ -280,410 +292,31 @@ class communicator {
   }
   static std::string partner_identity(const std::string& name, std::size_t d) { return name + "/xor" + std::to_string(d); }
 
-  void connect() {
-    if (size_ == 1) return;
-    using namespace std::chrono;
-    const auto deadline = detail::ring_clock::now() + milliseconds(options_.connect_timeout_ms);
-    struct incoming {
-      std::string identity;
-      detail::unique_fd* slot;
-    };
-    struct outgoing {
-      std::size_t to;
-      std::string identity;
-      detail::unique_fd* slot;
-    };
-    std::vector<incoming> in{{names_[left_rank()], &left_}};
-    std::vector<outgoing> out{{right_rank(), names_[rank_], &right_}};
-    if (uses_hypercube()) {
-      partners_.resize(std::size_t(std::countr_zero(size_)));
-      for (std::size_t k = 0; k < partners_.size(); ++k) {
-        const std::size_t d = std::size_t(1) << k, p = rank_ ^ d;
-        if (rank_ & d)
-          in.push_back({partner_identity(names_[p], d), &partners_[k]});
-        else
-          out.push_back({p, partner_identity(names_[rank_], d), &partners_[k]});
-      }
-    }
-    const detail::handshake_identity server_me{options_.cluster_id, names_[rank_], options_.secret};
-    std::exception_ptr accept_failure;
-    std::thread acceptor([&] {
-      // Setup only: the data path never leaves the calling thread.
-      try {
-        std::string last;
-        for (;;) {
-          const auto missing = std::find_if(in.begin(), in.end(), [](const incoming& i) { return !*i.slot; });
-          if (missing == in.end()) return;
-          detail::unique_fd fd;
-          try {
-            fd = detail::accept_one(listener_.native_handle(), deadline, "'" + missing->identity + "'");
-          } catch (const error& e) {
-            if (e.code() == make_error_code(errc::timeout) && !last.empty())
-              throw error(errc::timeout, e.message() + " (refused meanwhile: " + last + ")");
-            throw;
-          }
-          try {
-            const std::string identity =
-                detail::server_handshake(fd.get(), server_me, deadline, "connection for rank " + std::to_string(rank_));
-            const auto it = std::find_if(in.begin(), in.end(),
-                                         [&](const incoming& i) { return !*i.slot && i.identity == identity; });
-            if (it == in.end()) {
-              last = "'" + identity + "' connected, not an expected neighbour of rank " + std::to_string(rank_);
-              continue;
-            }
-            *it->slot = std::move(fd);
-          } catch (const error& e) {
-            last = e.message();  // a stranger or a misconfigured peer: keep waiting for the neighbours
-          }
-        }
-      } catch (...) {
-        accept_failure = std::current_exception();
-      }
-    });
-    try {
-      for (auto& o : out) {
-        const std::string who = describe(o.to);
-        *o.slot = detail::connect_with_retry(addresses_[o.to], who, deadline);
-        detail::client_handshake(o.slot->get(), {options_.cluster_id, o.identity, options_.secret}, deadline, who);
-      }
-    } catch (...) {
-      right_.reset();
-      for (auto& p : partners_) p.reset();
-      acceptor.join();
-      throw;
-    }
-    acceptor.join();
-    if (accept_failure) std::rethrow_exception(accept_failure);
-    detail::tune_stream_socket(right_.get(), options_.socket_buffer_bytes);
-    detail::tune_stream_socket(left_.get(), options_.socket_buffer_bytes);
-    for (auto& p : partners_) detail::tune_stream_socket(p.get(), options_.socket_buffer_bytes);
-    link_.right = right_.get();
-    link_.left = left_.get();
-    link_.right_name = describe(right_rank());
-    link_.left_name = describe(left_rank());
-    link_.timeout_ms = options_.timeout_ms;
-    link_.spin_us = options_.spin_us;
-    link_.segment_bytes = options_.segment_bytes;
-  }
-
-  // The link to hypercube partner rank ^ 2^k (one bidirectional connection).
-  detail::ring_link partner_link(std::size_t k) const {
-    detail::ring_link l = link_;
-    l.right = l.left = partners_[k].get();
-    l.right_name = l.left_name = describe(rank_ ^ (std::size_t(1) << k));
-    return l;
-  }
-
+  // Set-up and per-collective framing: dtf/collectives/setup.hpp.
+  void connect();
+  detail::ring_link partner_link(std::size_t k) const;
   detail::collective_descriptor descriptor(detail::collective_kind kind, const std::string& name,
-                                           std::uint64_t name_hash, dtype type, std::size_t count) {
-    detail::collective_descriptor d;
-    d.sequence = sequence_++;
-    d.origin = std::uint32_t(rank_);
-    d.world = std::uint32_t(size_);
-    d.kind = kind;
-    d.type = type;
-    d.count = count;
-    d.name = name;
-    d.name_hash = name_hash;
-    return d;
-  }
-
-  // A step that sends our descriptor and receives the left neighbour's, then checks it.
-  detail::ring_step header_step(const detail::collective_descriptor& mine, std::uint64_t payload) {
-    return header_step(mine, payload, left_rank(), link_.left_name);
-  }
+                                           std::uint64_t name_hash, dtype type, std::size_t count);
+  detail::ring_step header_step(const detail::collective_descriptor& mine, std::uint64_t payload);
   detail::ring_step header_step(const detail::collective_descriptor& mine, std::uint64_t payload, std::size_t from,
-                                const std::string& from_name) {
-    out_header_ = detail::encode_descriptor(mine, payload);
-    detail::ring_step s;
-    s.send = out_header_.data();
-    s.send_bytes = out_header_.size();
-    s.recv = in_header_.data();
-    s.recv_bytes = in_header_.size();
-    s.on_received = [this, &mine, from, from_name] {
-      const auto theirs = detail::decode_descriptor(in_header_, from_name);
-      detail::check_descriptor(mine, theirs, describe(from));
-    };
-    return s;
-  }
+                                const std::string& from_name);
+  void check_type(dtype type, std::size_t bytes, const std::string& name) const;
 
-  void check_type(dtype type, std::size_t bytes, const std::string& name) const {
-    if (dtf::size_of(type) == 0 || bytes % size_of(type) != 0)
-      throw error(errc::invalid_argument, "collective on '" + name + "': " + std::to_string(bytes) +
-                                              " bytes is not a whole number of " + std::string(name_of(type)));
-  }
-
+  // Allreduce: the dispatch (dtf/collectives/dispatch.hpp) and one header per algorithm.
   void do_allreduce(const std::string& name, std::uint64_t name_hash, dtype type, std::span<std::byte> data,
-                    reduce_op op) {
-    check_type(type, data.size(), name);
-    const std::size_t esize = size_of(type);
-    const std::size_t count = data.size() / esize;
-    auto d = descriptor(detail::collective_kind::allreduce, name, name_hash, type, count);
-    d.op = op;
-    if (size_ == 1) return;  // the sum, min, max and average of one rank's values are its values
-    const auto reduce = detail::reduce_for(type, op);
-    const auto scale = detail::scale_for(type);
-    const std::string context = "rank " + std::to_string(rank_) + ": " + d.describe();
-    const std::size_t n = size_;
-    std::vector<detail::ring_step> steps;
-    if (uses_hypercube()) return hypercube_allreduce(d, data, reduce, scale, context);
-    if (n == 2 && data.size() <= options_.small_bytes) {
-      // Two ranks: one exchange straight from and into the caller's buffer (a + b == b + a,
-      // so both ranks end with the same bits).
-      d.algorithm = detail::ring_algorithm::small;
-      staging_.resize(data.size());
-      steps.push_back(header_step(d, data.size()));
-      detail::ring_step st;
-      st.send = data.data();
-      st.send_bytes = data.size();
-      st.recv = staging_.data();
-      st.recv_bytes = data.size();
-      steps.push_back(std::move(st));
-      detail::run_ring(link_, steps, reduce, scale, context);
-      if (!data.empty()) {
-        reduce(data.data(), staging_.data(), data.size());
-        if (op == reduce_op::average) scale(data.data(), data.size(), n);
-      }
-      return;
-    }
-    if (data.size() <= options_.small_bytes) {
-      // Every rank's [header|data] goes around the ring; each received slot is checked.
-      d.algorithm = detail::ring_algorithm::small;
-      const std::size_t slot = detail::collective_header_size + data.size();
-      slots_.resize(slot * n);
-      const auto h = detail::encode_descriptor(d, data.size());
-      std::memcpy(slots_.data(), h.data(), h.size());
-      if (!data.empty()) std::memcpy(slots_.data() + h.size(), data.data(), data.size());
-      for (std::size_t g = 0; g + 1 < n; ++g) {
-        detail::ring_step s;
-        s.send = slots_.data() + g * slot;
-        s.send_bytes = slot;
-        s.recv = slots_.data() + (g + 1) * slot;
-        s.recv_bytes = slot;
-        s.gated = true;
-        const std::size_t origin = (rank_ + n - g - 1) % n;
-        s.on_received = [this, &d, slot, g, origin] {
-          const auto theirs = detail::decode_descriptor(
-              std::span<const std::byte, detail::collective_header_size>(slots_.data() + (g + 1) * slot,
-                                                                         detail::collective_header_size),
-              link_.left_name);
-          detail::check_descriptor(d, theirs, describe(origin));
-          if (theirs.origin != origin)
-            throw error(errc::peer_failure, link_.left_name + " forwarded rank " + std::to_string(theirs.origin) +
-                                                "'s data where rank " + std::to_string(origin) + "'s was due");
-        };
-        steps.push_back(std::move(s));
-      }
-      detail::run_ring(link_, steps, reduce, scale, context);
-      // Reduce in rank order 0..n-1 on every rank: identical bits everywhere.
-      const auto slot_data = [&](std::size_t k) {
-        return slots_.data() + ((rank_ + n - k) % n) * slot + detail::collective_header_size;
-      };
-      if (!data.empty()) {
-        std::memcpy(data.data(), slot_data(0), data.size());
-        for (std::size_t k = 1; k < n; ++k) reduce(data.data(), slot_data(k), data.size());
-        if (op == reduce_op::average) scale(data.data(), data.size(), n);
-      }
-      return;
-    }
-    d.algorithm = detail::ring_algorithm::ring;
-    std::size_t max_chunk = 0;
-    for (std::size_t i = 0; i < n; ++i) max_chunk = std::max(max_chunk, detail::chunk_of(count, n, i).size());
-    const std::size_t window = 2 * detail::ring_segment(options_.segment_bytes);
-    staging_.resize(std::min(max_chunk * esize, window));
-    std::byte* base = data.data();
-    const auto chunk_ptr = [&](std::size_t i) { return base + detail::chunk_of(count, n, i).begin * esize; };
-    const auto chunk_bytes = [&](std::size_t i) { return detail::chunk_of(count, n, i).size() * esize; };
-    steps.push_back(header_step(d, data.size()));
-    for (std::size_t s = 0; s + 1 < n; ++s) {  // reduce-scatter
-      const std::size_t send_chunk = (rank_ + n - s) % n, recv_chunk = (rank_ + 2 * n - s - 1) % n;
-      detail::ring_step st;
-      st.send = chunk_ptr(send_chunk);
-      st.send_bytes = chunk_bytes(send_chunk);
-      st.recv = staging_.data();
-      st.recv_bytes = chunk_bytes(recv_chunk);
-      st.reduce_into = chunk_ptr(recv_chunk);
-      st.windowed = true;
-      st.gated = s > 0;
-      if (s + 2 == n && op == reduce_op::average) st.divide_by = n;  // this rank's final chunk
-      steps.push_back(std::move(st));
-    }
-    for (std::size_t s = 0; s + 1 < n; ++s) {  // allgather
-      const std::size_t send_chunk = (rank_ + 1 + n - s) % n, recv_chunk = (rank_ + n - s) % n;
-      detail::ring_step st;
-      st.send = chunk_ptr(send_chunk);
-      st.send_bytes = chunk_bytes(send_chunk);
-      st.recv = chunk_ptr(recv_chunk);
-      st.recv_bytes = chunk_bytes(recv_chunk);
-      st.gated = true;
-      steps.push_back(std::move(st));
-    }
-    detail::run_ring(link_, steps, reduce, scale, context);
-  }
-
-  // Power-of-two worlds. Small: recursive doubling, log2(n) exchanges of the whole buffer
-  // with partner rank ^ 2^k. Large: recursive halving (reduce-scatter: keep half the range,
-  // send the other half, d = n/2 .. 1) then recursive doubling (allgather, d = 1 .. n/2).
-  // Every pairwise sum is commutative, so all ranks end with the same bits.
+                    reduce_op op);
+  void two_rank_allreduce(detail::collective_descriptor& d, std::span<std::byte> data, detail::reduce_fn reduce,
+                          detail::scale_fn scale, const std::string& context);
+  void small_allreduce(detail::collective_descriptor& d, std::span<std::byte> data, detail::reduce_fn reduce,
+                       detail::scale_fn scale, const std::string& context);
+  void ring_allreduce(detail::collective_descriptor& d, std::span<std::byte> data, detail::reduce_fn reduce,
+                      detail::scale_fn scale, const std::string& context);
   void hypercube_allreduce(detail::collective_descriptor& d, std::span<std::byte> data, detail::reduce_fn reduce,
-                           detail::scale_fn scale, const std::string& context) {
-    const std::size_t esize = size_of(d.type), count = data.size() / esize, stages = partners_.size();
-    std::vector<detail::ring_step> steps;
-    if (data.size() <= options_.hypercube_small_bytes) {
-      d.algorithm = detail::ring_algorithm::recursive_doubling;
-      staging_.resize(data.size());
-      for (std::size_t k = 0; k < stages; ++k) {
-        const auto link = partner_link(k);
-        steps.clear();
-        steps.push_back(header_step(d, data.size(), rank_ ^ (std::size_t(1) << k), link.left_name));
-        detail::ring_step st;
-        st.send = data.data();
-        st.send_bytes = data.size();
-        st.recv = staging_.data();
-        st.recv_bytes = data.size();
-        steps.push_back(std::move(st));
-        detail::run_ring(link, steps, reduce, scale, context);
-        if (!data.empty()) reduce(data.data(), staging_.data(), data.size());
-      }
-      if (d.op == reduce_op::average && !data.empty()) scale(data.data(), data.size(), size_);
-      return;
-    }
-    d.algorithm = detail::ring_algorithm::halving_doubling;
-    staging_.resize(std::min((count / 2 + 1) * esize, 2 * detail::ring_segment(options_.segment_bytes)));
-    std::vector<std::pair<std::size_t, std::size_t>> before(stages);
-    std::size_t b = 0, e = count;
-    for (std::size_t k = stages; k-- > 0;) {  // reduce-scatter by recursive halving
-      const std::size_t dist = std::size_t(1) << k, mid = b + (e - b) / 2;
-      const bool lower = (rank_ & dist) == 0;
-      const std::size_t sb = lower ? mid : b, se = lower ? e : mid, kb = lower ? b : mid, ke = lower ? mid : e;
-      const auto link = partner_link(k);
-      steps.clear();
-      steps.push_back(header_step(d, data.size(), rank_ ^ dist, link.left_name));
-      detail::ring_step st;
-      st.send = data.data() + sb * esize;
-      st.send_bytes = (se - sb) * esize;
-      st.recv = staging_.data();
-      st.recv_bytes = (ke - kb) * esize;
-      st.reduce_into = data.data() + kb * esize;
-      st.windowed = true;
-      if (k == 0 && d.op == reduce_op::average) st.divide_by = size_;  // this rank's final block
-      steps.push_back(std::move(st));
-      detail::run_ring(link, steps, reduce, scale, context);
-      before[k] = {b, e};
-      b = kb;
-      e = ke;
-    }
-    for (std::size_t k = 0; k < stages; ++k) {  // allgather by recursive doubling
-      const auto [ob, oe] = before[k];
-      const bool lower = (rank_ & (std::size_t(1) << k)) == 0;  // we kept the lower half at this stage
-      const std::size_t pb = lower ? e : ob, pe = lower ? oe : b;
-      steps.clear();
-      detail::ring_step st;
-      st.send = data.data() + b * esize;
-      st.send_bytes = (e - b) * esize;
-      st.recv = data.data() + pb * esize;
-      st.recv_bytes = (pe - pb) * esize;
-      steps.push_back(std::move(st));
-      detail::run_ring(partner_link(k), steps, reduce, scale, context);
-      b = ob;
-      e = oe;
-    }
-  }
-
-  void do_broadcast(const std::string& name, dtype type, std::span<std::byte> data, std::size_t root) {
-    check_type(type, data.size(), name);
-    auto d = descriptor(detail::collective_kind::broadcast, name, detail::fnv1a(name), type, data.size() / size_of(type));
-    d.root = std::uint32_t(root);
-    if (size_ == 1) return;
-    const std::size_t n = size_, distance = (rank_ + n - root) % n;
-    std::vector<detail::ring_step> steps;
-    steps.push_back(header_step(d, data.size()));
-    detail::ring_step first;
-    if (distance == 0) {
-      first.send = data.data();
-      first.send_bytes = data.size();
-    } else {
-      first.recv = data.data();
-      first.recv_bytes = data.size();
-    }
-    steps.push_back(std::move(first));
-    if (distance != 0 && distance + 1 < n) {  // forward what arrives, segment by segment
-      detail::ring_step forward;
-      forward.send = data.data();
-      forward.send_bytes = data.size();
-      forward.gated = true;
-      steps.push_back(std::move(forward));
-    }
-    detail::run_ring(link_, steps, detail::reduce_for(type, reduce_op::sum), detail::scale_for(type),
-                     "rank " + std::to_string(rank_) + ": " + d.describe());
-  }
-
-  void do_allgather(const std::string& name, dtype type, std::span<const std::byte> in, std::span<std::byte> out) {
-    check_type(type, in.size(), name);
-    auto d = descriptor(detail::collective_kind::allgather, name, detail::fnv1a(name), type, in.size() / size_of(type));
-    const std::size_t n = size_, block = in.size();
-    if (block) std::memmove(out.data() + rank_ * block, in.data(), block);
-    if (n == 1) return;
-    std::vector<detail::ring_step> steps;
-    steps.push_back(header_step(d, block * (n - 1)));
-    for (std::size_t s = 0; s + 1 < n; ++s) {
-      detail::ring_step st;
-      st.send = out.data() + ((rank_ + n - s) % n) * block;
-      st.send_bytes = block;
-      st.recv = out.data() + ((rank_ + 2 * n - s - 1) % n) * block;
-      st.recv_bytes = block;
-      st.gated = s > 0;
-      steps.push_back(std::move(st));
-    }
-    detail::run_ring(link_, steps, detail::reduce_for(type, reduce_op::sum), detail::scale_for(type),
-                     "rank " + std::to_string(rank_) + ": " + d.describe());
-  }
-
-  void do_fused(std::span<const named_tensor> tensors, reduce_op op) {
-    std::size_t i = 0;
-    while (i < tensors.size()) {
-      const named_tensor& first = tensors[i];
-      if (!first.value) throw error(errc::invalid_argument, "allreduce: tensor '" + first.name + "' is null");
-      const dtype type = first.value->type();
-      std::size_t j = i, bytes = 0;
-      std::uint64_t hash = detail::fnv1a("fused");
-      while (j < tensors.size() && tensors[j].value && tensors[j].value->type() == type &&
-             (j == i || bytes + tensors[j].value->size_bytes() <= options_.fusion_threshold_bytes)) {
-        bytes += tensors[j].value->size_bytes();
-        hash = detail::fnv1a(tensors[j].name, hash);
-        hash = detail::fnv1a(std::to_string(tensors[j].value->size()) + ";", hash);
-        ++j;
-      }
-      if (j == i + 1) {
-        tensor& t = *first.value;
-        if constexpr (device_memory_is_host_accessible) {
-          do_allreduce(first.name, detail::fnv1a(first.name), type, t.bytes(), op);
-        } else {
-          fusion_.resize(t.size_bytes());
-          copy_to_host(t, fusion_);
-          do_allreduce(first.name, detail::fnv1a(first.name), type, fusion_, op);
-          copy_from_host(fusion_, t);
-        }
-      } else {
-        fusion_.resize(bytes);
-        std::size_t at = 0;
-        for (std::size_t k = i; k < j; ++k) {
-          const tensor& t = *tensors[k].value;
-          copy_to_host(t, std::span<std::byte>(fusion_.data() + at, t.size_bytes()));
-          at += t.size_bytes();
-        }
-        const std::string name = first.name + " + " + std::to_string(j - i - 1) + " more (fused)";
-        do_allreduce(name, hash, type, fusion_, op);
-        at = 0;
-        for (std::size_t k = i; k < j; ++k) {
-          tensor& t = *tensors[k].value;
-          copy_from_host(std::span<const std::byte>(fusion_.data() + at, t.size_bytes()), t);
-          at += t.size_bytes();
-        }
-      }
-      i = j;
-    }
-  }
+                           detail::scale_fn scale, const std::string& context);
+  // dtf/collectives/broadcast.hpp, allgather.hpp, fusion.hpp.
+  void do_broadcast(const std::string& name, dtype type, std::span<std::byte> data, std::size_t root);
+  void do_allgather(const std::string& name, dtype type, std::span<const std::byte> in, std::span<std::byte> out);
+  void do_fused(std::span<const named_tensor> tensors, reduce_op op);
 
   collective_options options_;
   std::size_t rank_ = 0, size_ = 1;
@@ -698,115 +331,24 @@ class communicator {
   std::vector<std::byte> staging_, slots_, fusion_;
 };
 
-namespace detail {
-
-struct rendezvous_register_msg {
-  std::uint32_t rank = 0;
-  std::uint16_t port = 0;
-  template <class A>
-  void serialize(A& ar) {
-    ar(rank, port);
-  }
-};
-struct rendezvous_table_msg {
-  std::vector<std::string> addresses;
-  template <class A>
-  void serialize(A& ar) {
-    ar(addresses);
-  }
-};
-
-/// The training ranks of a cluster in ring order: the chief (if a chief job exists), then the
-/// workers by index.
-inline std::vector<task_id> ring_tasks(const cluster& c) {
-  std::vector<task_id> out;
-  for (const auto& t : c.spec.tasks("chief")) out.push_back(t);
-  for (const auto& t : c.spec.tasks("worker")) out.push_back(t);
-  return out;
-}
-
-}  // namespace detail
-
 /// Builds the communicator of the training tasks (chief, workers) of `c`; this process must be
 /// one of them. Under mpirun (c.source == "mpi", addresses not known yet) the ranks first meet
 /// at c.rendezvous: rank 0 listens there, every other rank listens on a free port and reports
 /// it (with the address it reaches rank 0 from), and rank 0 sends everyone the table, which is
 /// written into c.spec. The rendezvous uses the same handshake as the ring. Errors: those of
 /// the communicator's constructor; errc::invalid_config when this task is not a training task.
-inline communicator make_communicator(cluster& c, collective_options options = {}) {
-  const auto tasks = detail::ring_tasks(c);
-  std::size_t rank = tasks.size();
-  for (std::size_t i = 0; i < tasks.size(); ++i)
-    if (tasks[i] == c.self) rank = i;
-  if (rank == tasks.size())
-    throw error(errc::invalid_config, "make_communicator: " + c.self.str() + " is not a chief or worker task");
-  std::vector<std::string> names;
-  for (const auto& t : tasks) names.push_back(t.str());
-  const std::size_t n = tasks.size();
-  const detail::handshake_identity me{options.cluster_id, names[rank], options.secret};
-  const auto deadline =
-      detail::ring_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
-
-  if (c.source == "mpi" && !c.rendezvous.empty()) {
-    std::vector<std::string> addresses(n);
-    if (rank == 0) {
-      ring_listener listener(c.rendezvous);
-      addresses[0] = c.rendezvous;
-      std::vector<detail::unique_fd> peers;
-      std::size_t registered = 1;
-      std::string last;
-      while (registered < n) {
-        detail::unique_fd fd = detail::accept_one(listener.native_handle(), deadline,
-                                                  std::to_string(n - registered) + " more ranks at the rendezvous " +
-                                                      c.rendezvous + (last.empty() ? "" : " (refused: " + last + ")"));
-        try {
-          const std::string who = "rendezvous peer";
-          const std::string identity = detail::server_handshake(fd.get(), me, deadline, who);
-          auto [h, meta] = detail::read_control(fd.get(), deadline, identity);
-          if (h.kind != detail::message_kind::rendezvous_register)
-            throw error(errc::peer_failure, identity + ": expected a rendezvous registration");
-          const auto reg = detail::decode_message<detail::rendezvous_register_msg>(meta, "rendezvous registration");
-          if (reg.rank == 0 || reg.rank >= n || !addresses[reg.rank].empty() || identity != names[reg.rank])
-            throw error(errc::peer_failure, "'" + identity + "' registered as rank " + std::to_string(reg.rank));
-          sockaddr_storage s{};
-          socklen_t len = sizeof s;
-          ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&s), &len);
-          std::string host = detail::address_text(s);
-          host = host.substr(0, host.rfind(':'));
-          addresses[reg.rank] = host + ":" + std::to_string(reg.port);
-          peers.push_back(std::move(fd));
-          ++registered;
-        } catch (const error& e) {
-          last = e.message();
-        }
-      }
-      const auto table = detail::encode_message(detail::rendezvous_table_msg{addresses});
-      for (auto& p : peers) detail::write_control(p.get(), detail::message_kind::rendezvous_table, table, deadline, "rank");
-      for (std::size_t r = 0; r < n; ++r) c.spec.jobs[tasks[r].job][tasks[r].index] = addresses[r];
-      return communicator(std::move(listener), rank, std::move(addresses), std::move(names), std::move(options));
-    }
-    ring_listener listener("0.0.0.0:0");
-    const std::string who = "rank 0 (" + names[0] + ") at the rendezvous " + c.rendezvous;
-    detail::unique_fd fd = detail::connect_with_retry(c.rendezvous, who, deadline);
-    detail::client_handshake(fd.get(), me, deadline, who);
-    detail::write_control(fd.get(), detail::message_kind::rendezvous_register,
-                          detail::encode_message(detail::rendezvous_register_msg{std::uint32_t(rank), listener.port()}),
-                          deadline, who);
-    auto [h, meta] = detail::read_control(fd.get(), deadline, who);
-    if (h.kind != detail::message_kind::rendezvous_table)
-      throw error(errc::peer_failure, who + ": expected the rendezvous table");
-    auto table = detail::decode_message<detail::rendezvous_table_msg>(meta, "rendezvous table");
-    if (table.addresses.size() != n)
-      throw error(errc::peer_failure, who + ": table of " + std::to_string(table.addresses.size()) + " ranks, expected " +
-                                          std::to_string(n));
-    for (std::size_t r = 0; r < n; ++r) c.spec.jobs[tasks[r].job][tasks[r].index] = table.addresses[r];
-    return communicator(std::move(listener), rank, std::move(table.addresses), std::move(names), std::move(options));
-  }
-
-  std::vector<std::string> addresses;
-  for (const auto& t : tasks) addresses.push_back(c.spec.address(t));
-  ring_listener listener(addresses[rank]);
-  return communicator(std::move(listener), rank, std::move(addresses), std::move(names), std::move(options));
-}
+communicator make_communicator(cluster& c, collective_options options = {});
 
 }  // namespace dtf
+
+// Bodies: set-up, the dispatch and one header per algorithm (Gloo's layout).
+#include <dtf/collectives/allgather.hpp>
+#include <dtf/collectives/broadcast.hpp>
+#include <dtf/collectives/dispatch.hpp>
+#include <dtf/collectives/fusion.hpp>
+#include <dtf/collectives/make_communicator.hpp>
+#include <dtf/collectives/recursive.hpp>
+#include <dtf/collectives/ring.hpp>
+#include <dtf/collectives/setup.hpp>
+#include <dtf/collectives/small_message.hpp>
+#include <dtf/collectives/two_rank.hpp>

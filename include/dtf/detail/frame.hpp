@@ -36,6 +36,7 @@ enum class message_kind : std::uint16_t {
   auth = 3,
   welcome = 4,
   refused = 5,
+  heartbeat = 6,  ///< after the handshake: keeps an idle connection alive (answered by a reply)
   // parameter server
   ps_init = 16,
   ps_ready = 17,
@@ -57,7 +58,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 5) || (k >= 16 && k <= 26) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 6) || (k >= 16 && k <= 26) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

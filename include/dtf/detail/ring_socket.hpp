@@ -15,6 +15,8 @@
 #include <dtf/detail/hmac.hpp>
 #include <dtf/detail/messages.hpp>
 #include <dtf/error.hpp>
+#include <dtf/transport/address.hpp>
+#include <dtf/transport/handshake.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -84,16 +86,6 @@ inline void tune_stream_socket(int fd, int buffer_bytes) {
   }
 }
 
-/// "host:port" or "[v6]:port" -> (host, port). Errors name the address.
-inline std::pair<std::string, std::string> split_address(const std::string& address) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size())
-    throw error(errc::invalid_config, "address '" + address + "' is not host:port");
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return {host, address.substr(colon + 1)};
-}
-
 struct resolved_address {
   sockaddr_storage storage{};
   socklen_t length = 0;
@@ -101,7 +93,12 @@ struct resolved_address {
 };
 
 inline resolved_address resolve_address(const std::string& address, bool passive) {
-  auto [host, port] = split_address(address);
+  std::string why;
+  const auto parsed = transport::parse_address(address, passive ? transport::address_use::bind
+                                                                : transport::address_use::connect, why);
+  if (!parsed) throw error(errc::invalid_config, "address '" + address + "': " + why);
+  const std::string& host = parsed->host;
+  const std::string port = std::to_string(parsed->port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -279,79 +276,46 @@ struct handshake_identity {
   std::string cluster_id, identity, secret;
 };
 
-/// Client side of the dtf handshake (see dtf/transport.hpp). Throws errc::peer_failure when
-/// the server refuses or fails to authenticate itself.
+/// Runs the handshake machine (dtf/transport/handshake.hpp) over a non-blocking socket until it
+/// ends or the deadline passes; a refusal is sent (best effort) before the error is thrown.
+inline handshake run_handshake(int fd, handshake::role role, const handshake_identity& me,
+                               ring_clock::time_point deadline, const std::string& who) {
+  handshake h(role, {me.cluster_id, me.identity, me.secret});
+  std::vector<std::byte> in;
+  for (;;) {
+    const auto out = h.take_output();
+    if (!out.empty()) {
+      try {
+        write_all(fd, out, deadline, who);
+      } catch (const error&) {
+        if (h.status() != handshake::state::failed) throw;
+      }
+    }
+    if (h.status() == handshake::state::done) return h;
+    if (h.status() == handshake::state::failed) {
+      const std::string peer = h.peer_identity().empty() ? "" : " ('" + h.peer_identity() + "')";
+      throw error(errc::peer_failure, who + peer + ": " + h.failure());
+    }
+    in.resize(h.bytes_wanted());
+    read_all(fd, in, deadline, who);
+    h.receive(in);
+  }
+}
+
+/// Client side of the dtf handshake. Throws errc::peer_failure when the server refuses or fails
+/// to authenticate itself, errc::timeout at the deadline.
 inline void client_handshake(int fd, const handshake_identity& me, ring_clock::time_point deadline,
                              const std::string& who) {
-  hello_msg hello;
-  hello.cluster_id = me.cluster_id;
-  hello.identity = me.identity;
-  hello.nonce = random_nonce();
-  hello.authenticate = !me.secret.empty();
-  write_control(fd, message_kind::hello, encode_message(hello), deadline, who);
-  auto [h, meta] = read_control(fd, deadline, who);
-  const auto refused = [&](const std::vector<std::byte>& m) {
-    return error(errc::peer_failure, who + " refused the connection: " + decode_message<refused_msg>(m, "refusal").reason);
-  };
-  if (h.kind == message_kind::refused) throw refused(meta);
-  if (h.kind == message_kind::challenge) {
-    if (me.secret.empty()) throw error(errc::peer_failure, who + ": challenged but no secret is set");
-    const auto challenge = decode_message<challenge_msg>(meta, "challenge");
-    auth_msg auth{hmac_sha256(me.secret, {"dtf-client", as_view(challenge.nonce), as_view(hello.nonce), me.cluster_id,
-                                          "|", me.identity})};
-    write_control(fd, message_kind::auth, encode_message(auth), deadline, who);
-    auto [h2, meta2] = read_control(fd, deadline, who);
-    if (h2.kind == message_kind::refused) throw refused(meta2);
-    if (h2.kind != message_kind::welcome) throw error(errc::peer_failure, who + ": unexpected handshake message");
-    const auto welcome = decode_message<welcome_msg>(meta2, "welcome");
-    const auto expected =
-        hmac_sha256(me.secret, {"dtf-server", as_view(hello.nonce), as_view(challenge.nonce), me.cluster_id});
-    if (!digests_equal(welcome.mac, expected))
-      throw error(errc::peer_failure, who + ": failed to prove it knows the cluster secret");
-    return;
-  }
-  if (h.kind != message_kind::welcome) throw error(errc::peer_failure, who + ": unexpected handshake message");
-  if (!me.secret.empty()) throw error(errc::peer_failure, who + ": did not authenticate (it has no secret)");
+  run_handshake(fd, handshake::role::client, me, deadline, who);
 }
 
 /// Server side of the dtf handshake on an accepted connection. Returns the identity the
-/// client presented; throws errc::peer_failure (after telling the client why, best effort)
-/// when it speaks another protocol, belongs to another cluster or fails authentication.
+/// client presented (unescaped: compare it, do not log it); throws errc::peer_failure (after
+/// telling the client why, best effort) when it speaks another protocol, belongs to another
+/// cluster or fails authentication.
 inline std::string server_handshake(int fd, const handshake_identity& me, ring_clock::time_point deadline,
                                     const std::string& who) {
-  auto [h, meta] = read_control(fd, deadline, who);
-  if (h.kind != message_kind::hello) throw error(errc::peer_failure, who + ": first frame is not a hello");
-  const auto hello = decode_message<hello_msg>(meta, "hello");
-  const auto refuse = [&](const std::string& reason) {
-    try {
-      write_control(fd, message_kind::refused, encode_message(refused_msg{reason}), deadline, who);
-    } catch (const error&) {
-    }
-    return error(errc::peer_failure, who + " (" + hello.identity + ") refused: " + reason);
-  };
-  if (hello.protocol != protocol_version)
-    throw refuse("protocol version " + std::to_string(hello.protocol) + " (this task speaks " +
-                 std::to_string(protocol_version) + ")");
-  if (!me.cluster_id.empty() && hello.cluster_id != me.cluster_id)
-    throw refuse("cluster id '" + hello.cluster_id + "' is not this cluster's '" + me.cluster_id + "'");
-  if (me.secret.empty()) {
-    if (hello.authenticate) throw refuse("this task has no cluster secret configured");
-    write_control(fd, message_kind::welcome, encode_message(welcome_msg{me.identity, {}}), deadline, who);
-    return hello.identity;
-  }
-  if (!hello.authenticate) throw refuse("authentication required");
-  challenge_msg challenge{random_nonce()};
-  write_control(fd, message_kind::challenge, encode_message(challenge), deadline, who);
-  auto [h2, meta2] = read_control(fd, deadline, who);
-  if (h2.kind != message_kind::auth) throw error(errc::peer_failure, who + ": expected an auth frame");
-  const auto auth = decode_message<auth_msg>(meta2, "auth");
-  const auto expected = hmac_sha256(me.secret, {"dtf-client", as_view(challenge.nonce), as_view(hello.nonce),
-                                                hello.cluster_id, "|", hello.identity});
-  if (!digests_equal(auth.mac, expected)) throw refuse("wrong cluster secret");
-  const auto proof =
-      hmac_sha256(me.secret, {"dtf-server", as_view(hello.nonce), as_view(challenge.nonce), me.cluster_id});
-  write_control(fd, message_kind::welcome, encode_message(welcome_msg{me.identity, proof}), deadline, who);
-  return hello.identity;
+  return run_handshake(fd, handshake::role::server, me, deadline, who).peer_identity_raw();
 }
 
 /// Accepts one connection before the deadline (listening socket is non-blocking).
@@ -362,6 +326,14 @@ inline unique_fd accept_one(int listener, ring_clock::time_point deadline, const
     unique_fd fd(::accept4(listener, reinterpret_cast<sockaddr*>(&s), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (fd) return fd;
     if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      // The connection stays in the backlog: pause (bounded) rather than fail or spin.
+      if (ring_clock::now() >= deadline)
+        throw error(errc::timeout, "timed out waiting for " + what + " to connect (accept: " + errno_text(errno) + ")");
+      pollfd none{-1, 0, 0};
+      ::poll(&none, 1, std::min(remaining_ms(deadline), 100));
+      continue;
+    }
     if (errno != EAGAIN && errno != EWOULDBLOCK) throw error(errc::io_error, "accept: " + errno_text(errno));
     if (!wait_fd(listener, POLLIN, deadline)) throw error(errc::timeout, "timed out waiting for " + what + " to connect");
   }

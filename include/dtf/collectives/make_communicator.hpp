@@ -1,0 +1,119 @@
+// dtf/collectives/make_communicator.hpp — a communicator from a resolved
+// cluster, with the MPI rendezvous (rank 0 collects every rank's listening port
+// and sends the table back).
+#pragma once
+
+#include <dtf/collectives.hpp>
+
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace dtf {
+
+namespace detail {
+
+struct rendezvous_register_msg {
+  std::uint32_t rank = 0;
+  std::uint16_t port = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(rank, port);
+  }
+};
+struct rendezvous_table_msg {
+  std::vector<std::string> addresses;
+  template <class A>
+  void serialize(A& ar) {
+    ar(addresses);
+  }
+};
+
+/// The training ranks of a cluster in ring order: the chief (if a chief job
+/// exists), then the workers by index.
+inline std::vector<task_id> ring_tasks(const cluster& c) {
+  std::vector<task_id> out;
+  for (const auto& t : c.spec.tasks("chief")) out.push_back(t);
+  for (const auto& t : c.spec.tasks("worker")) out.push_back(t);
+  return out;
+}
+
+}  // namespace detail
+
+inline communicator make_communicator(cluster& c, collective_options options) {
+  const auto tasks = detail::ring_tasks(c);
+  std::size_t rank = tasks.size();
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    if (tasks[i] == c.self) rank = i;
+  if (rank == tasks.size())
+    throw error(errc::invalid_config, "make_communicator: " + c.self.str() + " is not a chief or worker task");
+  std::vector<std::string> names;
+  for (const auto& t : tasks) names.push_back(t.str());
+  const std::size_t n = tasks.size();
+  const detail::handshake_identity me{options.cluster_id, names[rank], options.secret};
+  const auto deadline = detail::ring_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+
+  if (c.source == "mpi" && !c.rendezvous.empty()) {
+    std::vector<std::string> addresses(n);
+    if (rank == 0) {
+      ring_listener listener(c.rendezvous);
+      addresses[0] = c.rendezvous;
+      std::vector<detail::unique_fd> peers;
+      std::size_t registered = 1;
+      std::string last;
+      while (registered < n) {
+        detail::unique_fd fd = detail::accept_one(listener.native_handle(), deadline,
+                                                  std::to_string(n - registered) + " more ranks at the rendezvous " +
+                                                      c.rendezvous + (last.empty() ? "" : " (refused: " + last + ")"));
+        try {
+          const std::string who = "rendezvous peer";
+          const std::string identity = detail::server_handshake(fd.get(), me, deadline, who);
+          auto [h, meta] = detail::read_control(fd.get(), deadline, identity);
+          if (h.kind != detail::message_kind::rendezvous_register)
+            throw error(errc::peer_failure, identity + ": expected a rendezvous registration");
+          const auto reg = detail::decode_message<detail::rendezvous_register_msg>(meta, "rendezvous registration");
+          if (reg.rank == 0 || reg.rank >= n || !addresses[reg.rank].empty() || identity != names[reg.rank])
+            throw error(errc::peer_failure, "'" + identity + "' registered as rank " + std::to_string(reg.rank));
+          sockaddr_storage s{};
+          socklen_t len = sizeof s;
+          ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&s), &len);
+          std::string host = detail::address_text(s);
+          host = host.substr(0, host.rfind(':'));
+          addresses[reg.rank] = host + ":" + std::to_string(reg.port);
+          peers.push_back(std::move(fd));
+          ++registered;
+        } catch (const error& e) {
+          last = e.message();
+        }
+      }
+      const auto table = detail::encode_message(detail::rendezvous_table_msg{addresses});
+      for (auto& p : peers)
+        detail::write_control(p.get(), detail::message_kind::rendezvous_table, table, deadline, "rank");
+      for (std::size_t r = 0; r < n; ++r) c.spec.jobs[tasks[r].job][tasks[r].index] = addresses[r];
+      return communicator(std::move(listener), rank, std::move(addresses), std::move(names), std::move(options));
+    }
+    ring_listener listener("0.0.0.0:0");
+    const std::string who = "rank 0 (" + names[0] + ") at the rendezvous " + c.rendezvous;
+    detail::unique_fd fd = detail::connect_with_retry(c.rendezvous, who, deadline);
+    detail::client_handshake(fd.get(), me, deadline, who);
+    detail::write_control(fd.get(), detail::message_kind::rendezvous_register,
+                          detail::encode_message(detail::rendezvous_register_msg{std::uint32_t(rank), listener.port()}),
+                          deadline, who);
+    auto [h, meta] = detail::read_control(fd.get(), deadline, who);
+    if (h.kind != detail::message_kind::rendezvous_table)
+      throw error(errc::peer_failure, who + ": expected the rendezvous table");
+    auto table = detail::decode_message<detail::rendezvous_table_msg>(meta, "rendezvous table");
+    if (table.addresses.size() != n)
+      throw error(errc::peer_failure, who + ": table of " + std::to_string(table.addresses.size()) +
+                                          " ranks, expected " + std::to_string(n));
+    for (std::size_t r = 0; r < n; ++r) c.spec.jobs[tasks[r].job][tasks[r].index] = table.addresses[r];
+    return communicator(std::move(listener), rank, std::move(table.addresses), std::move(names), std::move(options));
+  }
+
+  std::vector<std::string> addresses;
+  for (const auto& t : tasks) addresses.push_back(c.spec.address(t));
+  ring_listener listener(addresses[rank]);
+  return communicator(std::move(listener), rank, std::move(addresses), std::move(names), std::move(options));
+}
+
+}  // namespace dtf

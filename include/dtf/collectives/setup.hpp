@@ -1,0 +1,129 @@
+// dtf/collectives/setup.hpp — connection set-up of a communicator (concurrent handshakes on its
+// port) and the per-collective descriptor step.
+#pragma once
+
+#include <dtf/collectives.hpp>
+#include <dtf/detail/ring_acceptor.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <exception>
+#include <thread>
+
+namespace dtf {
+
+inline void communicator::connect() {
+  if (size_ == 1) return;
+  using namespace std::chrono;
+  const auto deadline = detail::ring_clock::now() + milliseconds(options_.connect_timeout_ms);
+  struct incoming {
+    std::string identity;
+    detail::unique_fd* slot;
+  };
+  struct outgoing {
+    std::size_t to;
+    std::string identity;
+    detail::unique_fd* slot;
+  };
+  std::vector<incoming> in{{names_[left_rank()], &left_}};
+  std::vector<outgoing> out{{right_rank(), names_[rank_], &right_}};
+  if (uses_hypercube()) {
+    partners_.resize(std::size_t(std::countr_zero(size_)));
+    for (std::size_t k = 0; k < partners_.size(); ++k) {
+      const std::size_t d = std::size_t(1) << k, p = rank_ ^ d;
+      if (rank_ & d)
+        in.push_back({partner_identity(names_[p], d), &partners_[k]});
+      else
+        out.push_back({p, partner_identity(names_[rank_], d), &partners_[k]});
+    }
+  }
+  const detail::handshake_identity server_me{options_.cluster_id, names_[rank_], options_.secret};
+  std::exception_ptr accept_failure;
+  std::thread acceptor([&] {
+    // Setup only: the data path never leaves the calling thread.
+    try {
+      std::vector<std::string> expected;
+      for (const auto& i : in) expected.push_back(i.identity);
+      auto fds = detail::accept_neighbours(listener_.native_handle(), server_me, expected, deadline,
+                                           {options_.handshake_timeout_ms, options_.max_pending_connections});
+      for (std::size_t i = 0; i < in.size(); ++i) *in[i].slot = std::move(fds[i]);
+    } catch (...) {
+      accept_failure = std::current_exception();
+    }
+  });
+  try {
+    for (auto& o : out) {
+      const std::string who = describe(o.to);
+      *o.slot = detail::connect_with_retry(addresses_[o.to], who, deadline);
+      detail::client_handshake(o.slot->get(), {options_.cluster_id, o.identity, options_.secret}, deadline, who);
+    }
+  } catch (...) {
+    right_.reset();
+    for (auto& p : partners_) p.reset();
+    acceptor.join();
+    throw;
+  }
+  acceptor.join();
+  if (accept_failure) std::rethrow_exception(accept_failure);
+  detail::tune_stream_socket(right_.get(), options_.socket_buffer_bytes);
+  detail::tune_stream_socket(left_.get(), options_.socket_buffer_bytes);
+  for (auto& p : partners_) detail::tune_stream_socket(p.get(), options_.socket_buffer_bytes);
+  link_.right = right_.get();
+  link_.left = left_.get();
+  link_.right_name = describe(right_rank());
+  link_.left_name = describe(left_rank());
+  link_.timeout_ms = options_.timeout_ms;
+  link_.spin_us = options_.spin_us;
+  link_.segment_bytes = options_.segment_bytes;
+}
+
+// The link to hypercube partner rank ^ 2^k (one bidirectional connection).
+inline detail::ring_link communicator::partner_link(std::size_t k) const {
+  detail::ring_link l = link_;
+  l.right = l.left = partners_[k].get();
+  l.right_name = l.left_name = describe(rank_ ^ (std::size_t(1) << k));
+  return l;
+}
+
+inline detail::collective_descriptor communicator::descriptor(detail::collective_kind kind, const std::string& name,
+                                                              std::uint64_t name_hash, dtype type, std::size_t count) {
+  detail::collective_descriptor d;
+  d.sequence = sequence_++;
+  d.origin = std::uint32_t(rank_);
+  d.world = std::uint32_t(size_);
+  d.kind = kind;
+  d.type = type;
+  d.count = count;
+  d.name = name;
+  d.name_hash = name_hash;
+  return d;
+}
+
+// A step that sends our descriptor and receives the left neighbour's, then
+// checks it.
+inline detail::ring_step communicator::header_step(const detail::collective_descriptor& mine, std::uint64_t payload) {
+  return header_step(mine, payload, left_rank(), link_.left_name);
+}
+
+inline detail::ring_step communicator::header_step(const detail::collective_descriptor& mine, std::uint64_t payload,
+                                                   std::size_t from, const std::string& from_name) {
+  out_header_ = detail::encode_descriptor(mine, payload);
+  detail::ring_step s;
+  s.send = out_header_.data();
+  s.send_bytes = out_header_.size();
+  s.recv = in_header_.data();
+  s.recv_bytes = in_header_.size();
+  s.on_received = [this, &mine, from, from_name] {
+    const auto theirs = detail::decode_descriptor(in_header_, from_name);
+    detail::check_descriptor(mine, theirs, describe(from));
+  };
+  return s;
+}
+
+inline void communicator::check_type(dtype type, std::size_t bytes, const std::string& name) const {
+  if (dtf::size_of(type) == 0 || bytes % size_of(type) != 0)
+    throw error(errc::invalid_argument, "collective on '" + name + "': " + std::to_string(bytes) +
+                                            " bytes is not a whole number of " + std::string(name_of(type)));
+}
+
+}  // namespace dtf

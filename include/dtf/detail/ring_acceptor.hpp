@@ -1,0 +1,172 @@
+// dtf/detail/ring_acceptor.hpp — accepts a rank's expected neighbours on its listening socket,
+// running the handshakes of every connection that has arrived at once (one poll() loop over
+// the listener and each half-finished handshake).
+//
+// Why concurrent: handshaking one connection at a time lets a single silent socket on a
+// rank's port (a port scanner, a stuck peer) stall the whole ring's set-up until the set-up
+// deadline. Here a connection that says nothing only holds its own slot, for at most
+// handshake_timeout_ms; at most max_pending connections handshake at once (more are closed at
+// accept, with the reason kept for the error); accept failures such as EMFILE pause the
+// listener (10 ms doubling to 1 s) instead of spinning.
+//
+// Errors: errc::timeout naming the first neighbour that never completed a handshake, with the
+// last refusal seen meanwhile (peer text escaped); errc::io_error for poll/accept faults other
+// than running out of descriptors or memory.
+#pragma once
+
+#include <dtf/detail/ring_socket.hpp>
+#include <dtf/transport/handshake.hpp>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace dtf::detail {
+
+struct ring_accept_limits {
+  std::uint32_t handshake_timeout_ms = 10000;  ///< per connection, from its accept
+  std::size_t max_pending = 64;                ///< handshakes in progress at once
+};
+
+/// Accepts one connection for each of `expected` (identities, matched exactly) on the
+/// non-blocking `listener`; returns them in the order of `expected`. Strangers, peers of
+/// another cluster and unexpected identities are refused and counted in `refused`.
+inline std::vector<unique_fd> accept_neighbours(int listener, const handshake_identity& me,
+                                                const std::vector<std::string>& expected, ring_clock::time_point deadline,
+                                                const ring_accept_limits& limits, std::size_t* refused = nullptr) {
+  using namespace std::chrono;
+  struct pending {
+    unique_fd fd;
+    handshake hs;
+    ring_clock::time_point deadline;
+    std::string remote;
+  };
+  std::vector<unique_fd> out(expected.size());
+  std::vector<pending> conns;
+  std::string last;
+  std::size_t filled = 0;
+  ring_clock::time_point listener_paused_until{};
+  milliseconds pause{0};
+  const auto note = [&](std::string why) {
+    last = std::move(why);
+    if (refused) ++*refused;
+  };
+  // Sends the machine's output (a few hundred bytes at most: the socket buffer takes it).
+  const auto flush = [&](pending& p) {
+    const auto bytes = p.hs.take_output();
+    if (bytes.empty()) return true;
+    try {
+      write_all(p.fd.get(), bytes, std::min(p.deadline, ring_clock::now() + milliseconds(100)), p.remote);
+      return true;
+    } catch (const error&) {
+      return false;
+    }
+  };
+  while (filled < expected.size()) {
+    const auto now = ring_clock::now();
+    // Expired handshakes go first: they must not hold slots.
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (now >= it->deadline) {
+        note(it->remote + (it->hs.peer_identity().empty() ? "" : " ('" + it->hs.peer_identity() + "')") +
+             ": did not complete the handshake within " + std::to_string(limits.handshake_timeout_ms) + " ms");
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (now >= deadline) {
+      std::size_t missing = 0;
+      while (out[missing]) ++missing;
+      throw error(errc::timeout, "timed out waiting for '" + expected[missing] + "' to connect" +
+                                     (last.empty() ? "" : " (refused meanwhile: " + last + ")"));
+    }
+    std::vector<pollfd> fds;
+    const bool listen_now = conns.size() < limits.max_pending && now >= listener_paused_until;
+    if (listen_now) fds.push_back({listener, POLLIN, 0});
+    for (auto& p : conns) fds.push_back({p.fd.get(), POLLIN, 0});
+    auto wake = deadline;
+    for (auto& p : conns) wake = std::min(wake, p.deadline);
+    if (!listen_now && conns.size() < limits.max_pending) wake = std::min(wake, listener_paused_until);
+    const int rc = ::poll(fds.data(), nfds_t(fds.size()), remaining_ms(wake) + (wake > now ? 1 : 0));
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      throw error(errc::io_error, "poll: " + errno_text(errno));
+    }
+    std::size_t first_conn = 0;
+    if (listen_now) {
+      first_conn = 1;
+      while (fds[0].revents != 0 && conns.size() < limits.max_pending) {
+        sockaddr_storage s{};
+        socklen_t len = sizeof s;
+        unique_fd fd(::accept4(listener, reinterpret_cast<sockaddr*>(&s), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!fd) {
+          if (errno == EINTR || errno == ECONNABORTED) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            pause = std::clamp(pause * 2, milliseconds(10), milliseconds(1000));
+            listener_paused_until = ring_clock::now() + pause;
+            note("accept: " + errno_text(errno) + " (pausing " + std::to_string(pause.count()) + " ms)");
+            break;
+          }
+          throw error(errc::io_error, "accept: " + errno_text(errno));
+        }
+        pause = milliseconds(0);
+        const auto remote = address_text(s);
+        conns.push_back(pending{std::move(fd), handshake(handshake::role::server, {me.cluster_id, me.identity, me.secret}),
+                                std::min(deadline, ring_clock::now() + milliseconds(limits.handshake_timeout_ms)),
+                                remote});
+      }
+      if (conns.size() >= limits.max_pending && fds[0].revents != 0) {
+        // Over the cap: take the next connection off the backlog and close it at once.
+        sockaddr_storage s{};
+        socklen_t len = sizeof s;
+        unique_fd extra(::accept4(listener, reinterpret_cast<sockaddr*>(&s), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (extra)
+          note(address_text(s) + ": refused, " + std::to_string(limits.max_pending) +
+               " handshakes already in progress (max_pending)");
+      }
+    }
+    // Feed each connection that has bytes; a connection sees only its own bytes, so a silent
+    // one delays nobody.
+    std::vector<bool> finished(conns.size(), false);
+    for (std::size_t i = 0; i < conns.size() && first_conn + i < fds.size(); ++i) {
+      if (fds[first_conn + i].revents == 0) continue;
+      pending& p = conns[i];
+      std::array<std::byte, 512> buf;
+      const ssize_t n = ::recv(p.fd.get(), buf.data(), std::min(buf.size(), p.hs.bytes_wanted()), 0);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      if (n <= 0) {
+        note(p.remote + ": closed during the handshake");
+        finished[i] = true;
+        continue;
+      }
+      p.hs.receive(std::span<const std::byte>(buf.data(), std::size_t(n)));
+      const bool sent = flush(p);
+      if (p.hs.status() == handshake::state::failed) {
+        note(p.remote + (p.hs.peer_identity().empty() ? "" : " ('" + p.hs.peer_identity() + "')") + ": " +
+             p.hs.failure());
+        finished[i] = true;
+      } else if (!sent) {
+        note(p.remote + ": connection lost during the handshake");
+        finished[i] = true;
+      } else if (p.hs.status() == handshake::state::done) {
+        finished[i] = true;
+        std::size_t slot = 0;
+        while (slot < expected.size() && (out[slot] || expected[slot] != p.hs.peer_identity_raw())) ++slot;
+        if (slot == expected.size()) {
+          note("'" + p.hs.peer_identity() + "' connected, not an expected neighbour of '" + printable(me.identity) + "'");
+        } else {
+          out[slot] = std::move(p.fd);
+          ++filled;
+        }
+      }
+    }
+    for (std::size_t i = conns.size(); i-- > 0;)
+      if (finished[i]) conns.erase(conns.begin() + std::ptrdiff_t(i));
+  }
+  return out;
+}
+
+}  // namespace dtf::detail

@@ -1,0 +1,80 @@
+// dtf/transport/options.hpp — the knobs of a request/reply connection (dtf/transport.hpp) and
+// the logging helpers both socket kinds share.
+#pragma once
+
+#include <dtf/detail/frame.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace dtf {
+
+/// Options of an rpc_client or rpc_server. Durations in milliseconds; 0 disables a deadline
+/// only where said.
+struct transport_options {
+  std::string cluster_id;  ///< peers must present the same id (empty: not checked by a server)
+  std::string identity;    ///< this task, e.g. "worker.0"
+  std::string secret;      ///< shared secret; empty disables authentication
+  std::uint32_t timeout_ms = 30000;            ///< a request's reply must arrive within this
+  std::uint32_t connect_timeout_ms = 60000;    ///< keep retrying a peer that is not listening yet
+  std::uint32_t handshake_timeout_ms = 10000;  ///< server: a new peer must finish the handshake
+  std::uint32_t frame_timeout_ms = 10000;      ///< server: a frame, once started, must complete
+  /// Server: an authenticated peer must start its next frame within this after the last one
+  /// was answered (a request, or rpc_client::heartbeat()); 0 waits forever. A request whose
+  /// reply the handler defers is not idle.
+  std::uint32_t idle_timeout_ms = 600000;
+  /// Server: at most this many connections (handshaking or authenticated) at once; the next
+  /// ones are closed at accept with a logged reason.
+  std::size_t max_connections = 1024;
+  detail::frame_limits limits{};
+  /// Where logged reasons go (a line without newline); default: stderr.
+  std::function<void(const std::string&)> log{};
+};
+
+namespace detail {
+
+inline void log_line(const transport_options& o, const std::string& line) {
+  if (o.log) {
+    o.log(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+/// Lets through one line per `period` and counts the others, so that a flood (a connection
+/// storm, accept failing again and again) costs a line a second, not a disk. Thread-safe.
+class log_limiter {
+ public:
+  explicit log_limiter(std::chrono::milliseconds period = std::chrono::seconds(1)) : period_(period) {}
+  /// Returns the number of suppressed lines to mention (>= 0) when this line may be logged.
+  template <class Emit>
+  void operator()(Emit emit) {
+    std::size_t suppressed = 0;
+    {
+      std::lock_guard g(mu_);
+      const auto now = std::chrono::steady_clock::now();
+      if (now < next_) {
+        ++suppressed_;
+        return;
+      }
+      next_ = now + period_;
+      suppressed = std::exchange(suppressed_, 0);
+    }
+    emit(suppressed == 0 ? std::string() : " (" + std::to_string(suppressed) + " similar lines suppressed)");
+  }
+
+ private:
+  std::mutex mu_;
+  std::chrono::milliseconds period_;
+  std::chrono::steady_clock::time_point next_{};
+  std::size_t suppressed_ = 0;
+};
+
+}  // namespace detail
+}  // namespace dtf
