@@ -219,3 +219,4 @@ int main(int argc, char** argv) {
   MPI_Finalize();
   return worst;
 }
+template class dtf::basic_communicator<dtf::mpi_backend>;
