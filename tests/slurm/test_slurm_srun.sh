@@ -4,7 +4,8 @@
 # and slurmd with their own configuration, state, spool, pid and log files, on free ports.
 # Then `srun -n 4` runs the downpour example as 1 ps + 3 workers, each task resolving the
 # cluster from Slurm's variables (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST),
-# on a reduced setting (one epoch of 6,000 examples) that must reach 0.70 test accuracy.
+# on the full run (five epochs of the 60,000 training examples, about 12 s here) that must
+# reach 0.80 test accuracy (it reaches about 0.85; asynchronous updates make it vary).
 # Skipped (exit 77) with the reason where it cannot start: not root, no slurmctld/slurmd/srun/
 # munged, or the daemons do not come up.
 # Usage: test_slurm_srun.sh <downpour example>
@@ -99,8 +100,8 @@ node_idle() { scontrol show node "$node" 2>/dev/null | grep -q "State=IDLE"; }
 wait_until 30 node_idle || skip "the Slurm node did not become idle: $(scontrol show node "$node" 2>&1 | grep -m1 State; tail -3 "$work/slurmd.log")"
 echo "slurm: one-node cluster '$node' up (slurmctld :$ctld_port, slurmd :$slurmd_port)"
 
-cmd=(srun -n 4 --time=5 "$example" --num_ps 1 --base_port "$base_port" --epochs 1 --train_examples 6000
-     --log_every 50 --target_accuracy 0.70)
+cmd=(srun -n 4 --time=5 "$example" --num_ps 1 --base_port "$base_port" --epochs 5
+     --log_every 100 --target_accuracy 0.80)
 echo "running: ${cmd[*]}"
 start=$SECONDS
 timeout 240 "${cmd[@]}" >"$work/srun.log" 2>&1
