@@ -13,6 +13,12 @@
 // dtf/transport.hpp (protocol version, cluster id, identity, HMAC-SHA256 when a secret is
 // set), and keeps both connections for the communicator's lifetime.
 //
+// Backends: dtf::communicator is basic_communicator<tcp_backend>, the API below over dtf's TCP
+// ring. The same API runs over MPI (basic_communicator<mpi_backend>,
+// dtf/collectives/backends/mpi.hpp, where MPI is found) and NCCL (basic_communicator<
+// nccl_backend>, dtf/collectives/backends/nccl.hpp, CUDA builds; compiled, never yet run on a
+// GPU); every backend models collective_backend and keeps the descriptor check below.
+//
 // Layout: this header declares and documents; dtf/collectives/dispatch.hpp picks the allreduce
 // algorithm by world and message size; each algorithm has its own header in dtf/collectives/
 // (two_rank, small_message, ring, recursive, broadcast, allgather, fusion); set-up (concurrent
