@@ -45,7 +45,25 @@ PY
 
 node=$(hostname -s)
 getent hosts "$node" >/dev/null || skip "this host's name '$node' does not resolve (the tasks address each other by it)"
-read -r ctld_port slurmd_port base_port < <(free_ports 3)
+read -r ctld_port slurmd_port < <(free_ports 2)
+# The node's 4 tasks listen on base_port .. base_port+3: a run of 4 free ports.
+base_port=$(python3 - <<'PY'
+import socket
+for _ in range(200):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+    if p + 3 > 65535: continue
+    socks = []
+    try:
+        for q in range(p, p + 4):
+            t = socket.socket(); t.bind(("127.0.0.1", q)); socks.append(t)
+        print(p); break
+    except OSError:
+        pass
+    finally:
+        for t in socks: t.close()
+PY
+)
+[[ -n $base_port ]] || skip "no run of 4 free ports for the tasks"
 mkdir -p "$work"/{state,spool,munge}
 chmod 700 "$work/munge"
 
