@@ -17,7 +17,8 @@ pkgs=(
   catch2                                        # tests (Catch2 v2)
   clang-14 libclang-rt-14-dev                   # libFuzzer for the frame-decoder fuzz target
   libbenchmark-dev                              # benchmarks
-  libgloo-dev openmpi-bin libopenmpi-dev iperf3 # peers measured beside dtf
+  libgloo-dev openmpi-bin libopenmpi-dev iperf3 # peers measured beside dtf; MPI backend and its tests
+  slurm-wlm munge                               # the one-node Slurm cluster test (tests/slurm)
   python3-venv                                  # the TensorBoard reader test (tensorboard from PyPI)
   gnuplot-nox                                   # allreduce benchmark plot
 )

@@ -13,5 +13,25 @@ export CCACHE_NOHASHDIR=1
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTF_BUILD_TESTS=ON -DDTF_BUILD_EXAMPLES=ON \
   -DDTF_BUILD_BENCHMARKS=ON "$@"
 cmake --build "$build" -j "$jobs"
-cd "$build"
-ctest --output-on-failure -j "$jobs" --timeout 900
+(cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900)
+
+# The CUDA build compiles too, without a GPU to run it: nvcc builds every header (one
+# translation unit each, the MPI and NCCL backends' included), dtf_tests, the MPI and NCCL
+# backend checks, the tools and every example, in a build directory of its own under ccache.
+# Skipped where nvcc is absent, when the build above is already the CUDA build, or with
+# DTF_CI_CUDA=0. Build directory: $DTF_CUDA_BUILD_DIR or build-cuda/.
+nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+if [[ ${DTF_CI_CUDA:-1} == 0 ]]; then
+  echo "test.sh: DTF_CI_CUDA=0: the CUDA build is not compiled"
+elif [[ " $* " == *"DTF_CUDA=ON"* ]]; then
+  echo "test.sh: the build above is the CUDA build"
+elif [[ ! -x "$nvcc" ]]; then
+  echo "test.sh: nvcc not found: the CUDA build is not compiled"
+else
+  cuda_build=${DTF_CUDA_BUILD_DIR:-build-cuda}
+  start=$SECONDS
+  cmake -S . -B "$cuda_build" -DCMAKE_BUILD_TYPE=Release -DDTF_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" \
+    -DDTF_BUILD_TESTS=ON -DDTF_BUILD_EXAMPLES=ON -DDTF_BUILD_BENCHMARKS=OFF
+  cmake --build "$cuda_build" -j "$jobs"
+  echo "test.sh: the CUDA build (nvcc) compiled in $((SECONDS - start)) s; its tests need a GPU to run"
+fi

@@ -13,6 +13,12 @@
 // dtf/transport.hpp (protocol version, cluster id, identity, HMAC-SHA256 when a secret is
 // set), and keeps both connections for the communicator's lifetime.
 //
+// Backends: dtf::communicator is basic_communicator<tcp_backend>, the API below over dtf's TCP
+// ring. The same API runs over MPI (basic_communicator<mpi_backend>,
+// dtf/collectives/backends/mpi.hpp, where MPI is found) and NCCL (basic_communicator<
+// nccl_backend>, dtf/collectives/backends/nccl.hpp, CUDA builds; compiled, never yet run on a
+// GPU); every backend models collective_backend and keeps the descriptor check below.
+//
 // Layout: this header declares and documents; dtf/collectives/dispatch.hpp picks the allreduce
 // algorithm by world and message size; each algorithm has its own header in dtf/collectives/
 // (two_rank, small_message, ring, recursive, broadcast, allgather, fusion); set-up (concurrent
@@ -112,7 +118,7 @@ class ring_listener {
   int native_handle() const noexcept { return fd_.get(); }
 
  private:
-  friend class communicator;
+  friend class tcp_backend;
   ring_listener() = default;  // listens nowhere: the communicator of a single process
   detail::unique_fd fd_;
 };
@@ -123,16 +129,36 @@ struct named_tensor {
   tensor* value = nullptr;
 };
 
-/// The ranks of a ring and this process's place among them. See the file comment.
-class communicator {
+namespace detail {
+// Device tensors of a CUDA build reach a host-memory backend through host copies.
+inline void copy_tensor_to_host(const tensor& t, std::span<std::byte> dst) {
+  const auto src = t.bytes();
+  auto p = thrust::device_pointer_cast(reinterpret_cast<const unsigned char*>(src.data()));
+  thrust::copy(p, p + src.size(), reinterpret_cast<unsigned char*>(dst.data()));
+}
+inline void copy_tensor_from_host(std::span<const std::byte> src, tensor& t) {
+  auto dst = thrust::device_pointer_cast(reinterpret_cast<unsigned char*>(t.bytes().data()));
+  const auto* s = reinterpret_cast<const unsigned char*>(src.data());
+  thrust::copy(s, s + src.size(), dst);
+}
+}  // namespace detail
+
+/// Where a backend's buffers live: host memory (TCP ring, MPI) or device memory (NCCL).
+enum class buffer_memory : std::uint8_t { host, device };
+
+/// dtf's own backend: the ranks of a TCP ring and this process's place among them (see the
+/// file comment). Users normally name it through dtf::communicator.
+class tcp_backend {
  public:
+  static constexpr buffer_memory memory = buffer_memory::host;
+
   /// Connects rank `rank` of addresses.size() ranks: listens on `listener`, connects to
   /// addresses[rank+1] and accepts addresses[rank-1]'s connection (identities are `names`,
   /// e.g. "worker.1"; empty: "rank K"). Errors: errc::timeout naming the neighbour that did
   /// not appear within connect_timeout_ms; errc::peer_failure when a neighbour refuses (other
   /// cluster, wrong secret); errc::invalid_argument for rank >= size or mismatched lists.
-  communicator(ring_listener listener, std::size_t rank, std::vector<std::string> addresses,
-               std::vector<std::string> names = {}, collective_options options = {})
+  tcp_backend(ring_listener listener, std::size_t rank, std::vector<std::string> addresses,
+              std::vector<std::string> names = {}, collective_options options = {})
       : options_(std::move(options)), rank_(rank), size_(addresses.size()), addresses_(std::move(addresses)),
         names_(std::move(names)), listener_(std::move(listener)) {
     if (size_ == 0) throw error(errc::invalid_argument, "communicator: no ranks");
@@ -147,15 +173,15 @@ class communicator {
     connect();
   }
 
-  /// The communicator of one process alone (size 1): every collective returns at once.
-  static communicator single(collective_options options = {}) {
-    return communicator(ring_listener{}, 0, {"local"}, {"rank 0"}, std::move(options));
+  /// The backend of one process alone (size 1): every collective returns at once.
+  static tcp_backend single(collective_options options = {}) {
+    return tcp_backend(ring_listener{}, 0, {"local"}, {"rank 0"}, std::move(options));
   }
 
-  communicator(const communicator&) = delete;
-  communicator& operator=(const communicator&) = delete;
-  communicator(communicator&&) noexcept = default;
-  communicator& operator=(communicator&&) noexcept = default;
+  tcp_backend(const tcp_backend&) = delete;
+  tcp_backend& operator=(const tcp_backend&) = delete;
+  tcp_backend(tcp_backend&&) noexcept = default;
+  tcp_backend& operator=(tcp_backend&&) noexcept = default;
 
   std::size_t rank() const noexcept { return rank_; }
   std::size_t size() const noexcept { return size_; }
@@ -167,39 +193,27 @@ class communicator {
     return rank_text + " (" + names_.at(r) + " at " + addresses_.at(r) + ")";
   }
 
-  /// In place: data becomes op over every rank's data. All ranks pass the same name, size and
-  /// element type. Errors: see the file comment.
-  template <tensor_element T>
-  void allreduce(std::string_view name, std::span<T> data, reduce_op op = reduce_op::sum) {
-    allreduce_bytes(name, dtype_v<T>, std::as_writable_bytes(data), op);
-  }
-
-  /// allreduce on raw bytes of dtype `type` (host memory).
+  /// In place on host bytes of dtype `type`. Errors: see the file comment.
   void allreduce_bytes(std::string_view name, dtype type, std::span<std::byte> data, reduce_op op = reduce_op::sum) {
     check_usable();
     guard([&] { do_allreduce(std::string(name), detail::fnv1a(name), type, data, op); });
   }
 
-  /// In place: every rank's data becomes root's. Errors: see the file comment.
-  template <tensor_element T>
-  void broadcast(std::string_view name, std::span<T> data, std::size_t root = 0) {
+  /// In place: every rank's bytes become root's.
+  void broadcast_bytes(std::string_view name, dtype type, std::span<std::byte> bytes, std::size_t root) {
     check_usable();
-    if (root >= size_)
-      throw error(errc::invalid_argument, "broadcast of '" + std::string(name) + "': root " + std::to_string(root) +
-                                              " of " + std::to_string(size_) + " ranks");
-    guard([&] { do_broadcast(std::string(name), dtype_v<T>, std::as_writable_bytes(data), root); });
+    if (root >= size_) throw error(errc::invalid_argument, "broadcast: root " + std::to_string(root));
+    guard([&] { do_broadcast(std::string(name), type, bytes, root); });
   }
 
-  /// out[k*in.size() .. (k+1)*in.size()) = rank k's in, on every rank (out.size() must be
-  /// size() * in.size()).
-  template <tensor_element T>
-  void allgather(std::string_view name, std::span<const T> in, std::span<T> out) {
+  /// out[k*in.size() .. (k+1)*in.size()) = rank k's in (out.size() == size() * in.size()).
+  void allgather_bytes(std::string_view name, dtype type, std::span<const std::byte> in, std::span<std::byte> out) {
     check_usable();
     if (out.size() != in.size() * size_)
       throw error(errc::shape_mismatch, "allgather of '" + std::string(name) + "': output of " +
-                                            std::to_string(out.size()) + " elements for " + std::to_string(size_) +
+                                            std::to_string(out.size()) + " bytes for " + std::to_string(size_) +
                                             " ranks of " + std::to_string(in.size()));
-    guard([&] { do_allgather(std::string(name), dtype_v<T>, std::as_bytes(in), std::as_writable_bytes(out)); });
+    guard([&] { do_allgather(std::string(name), type, in, out); });
   }
 
   /// Returns once every rank has called barrier().
@@ -208,53 +222,17 @@ class communicator {
     guard([&] { do_allreduce("<barrier>", detail::fnv1a("<barrier>"), dtype::uint8, {}, reduce_op::sum); });
   }
 
-  /// Fused allreduce of several tensors (any dtypes): consecutive tensors of one dtype are
-  /// packed into one buffer of at most fusion_threshold_bytes, reduced together and unpacked;
-  /// a tensor larger than the threshold is reduced in place. Every rank passes the same list.
-  void allreduce(std::span<const named_tensor> tensors, reduce_op op = reduce_op::sum) {
+  /// Fused allreduce (see basic_communicator::allreduce of a list): tensors of one dtype are
+  /// packed into buffers of at most fusion_threshold_bytes.
+  void allreduce_fused(std::span<const named_tensor> tensors, reduce_op op) {
     check_usable();
     guard([&] { do_fused(tensors, op); });
-  }
-
-  /// allreduce of one tensor (staged through host memory on CUDA builds).
-  void allreduce(std::string_view name, tensor& t, reduce_op op = reduce_op::sum) {
-    named_tensor one{std::string(name), &t};
-    allreduce(std::span<const named_tensor>(&one, 1), op);
-  }
-
-  /// broadcast of one tensor from root (staged through host memory on CUDA builds).
-  void broadcast(std::string_view name, tensor& t, std::size_t root = 0) {
-    if constexpr (device_memory_is_host_accessible) {
-      broadcast_bytes(name, t.type(), t.bytes(), root);
-    } else {
-      std::vector<std::byte> host(t.size_bytes());
-      copy_to_host(t, host);
-      broadcast_bytes(name, t.type(), host, root);
-      copy_from_host(host, t);
-    }
   }
 
   /// Collectives completed (or started) on this communicator.
   std::uint64_t sequence() const noexcept { return sequence_; }
 
  private:
-  void broadcast_bytes(std::string_view name, dtype type, std::span<std::byte> bytes, std::size_t root) {
-    check_usable();
-    if (root >= size_) throw error(errc::invalid_argument, "broadcast: root " + std::to_string(root));
-    guard([&] { do_broadcast(std::string(name), type, bytes, root); });
-  }
-
-  static void copy_to_host(const tensor& t, std::span<std::byte> dst) {
-    const auto src = t.bytes();
-    auto p = thrust::device_pointer_cast(reinterpret_cast<const unsigned char*>(src.data()));
-    thrust::copy(p, p + src.size(), reinterpret_cast<unsigned char*>(dst.data()));
-  }
-  static void copy_from_host(std::span<const std::byte> src, tensor& t) {
-    auto dst = thrust::device_pointer_cast(reinterpret_cast<unsigned char*>(t.bytes().data()));
-    const auto* s = reinterpret_cast<const unsigned char*>(src.data());
-    thrust::copy(s, s + src.size(), dst);
-  }
-
   void check_usable() const {
     if (failed_) throw error(errc::peer_failure, "communicator failed earlier: " + *failed_);
   }
@@ -330,6 +308,172 @@ class communicator {
   std::array<std::byte, detail::collective_header_size> out_header_{}, in_header_{};
   std::vector<std::byte> staging_, slots_, fusion_;
 };
+
+/// What a collective backend provides (the policy of basic_communicator). Required expressions,
+/// for `B& b`, `const B& cb`:
+///   B::memory                              buffer_memory: where the byte spans below live
+///   cb.rank(), cb.size()                   this rank and the world size (std::size_t)
+///   cb.describe(r)                         "rank r (...)", the text errors name a rank by
+///   cb.sequence()                          collectives started so far (std::uint64_t)
+///   b.allreduce_bytes(name, type, bytes, op)      in place, every rank's bytes reduced by op
+///   b.broadcast_bytes(name, type, bytes, root)    in place, root's bytes everywhere
+///   b.allgather_bytes(name, type, in, out)        out = every rank's in, in rank order
+///   b.barrier()
+/// Each one exchanges dtf's collective descriptor first, so a mismatch fails every rank with
+/// errc::invalid_argument naming the other rank and both tensors. Optional: b.allreduce_fused
+/// (tensors, op) (else the communicator reduces tensor by tensor), b.options(), B::single(options).
+template <class B>
+concept collective_backend =
+    std::move_constructible<B> &&
+    requires(B& b, const B& cb, std::string_view name, dtype type, std::span<std::byte> bytes,
+             std::span<const std::byte> in, reduce_op op, std::size_t r) {
+      { B::memory } -> std::convertible_to<buffer_memory>;
+      { cb.rank() } -> std::convertible_to<std::size_t>;
+      { cb.size() } -> std::convertible_to<std::size_t>;
+      { cb.describe(r) } -> std::convertible_to<std::string>;
+      { cb.sequence() } -> std::convertible_to<std::uint64_t>;
+      b.allreduce_bytes(name, type, bytes, op);
+      b.broadcast_bytes(name, type, bytes, r);
+      b.allgather_bytes(name, type, in, bytes);
+      b.barrier();
+    };
+
+static_assert(collective_backend<tcp_backend>, "tcp_backend must model dtf::collective_backend");
+
+/// The collectives API over a backend policy: tcp_backend (dtf's TCP ring, the default, named
+/// dtf::communicator), mpi_backend (dtf/collectives/backends/mpi.hpp, on the user's MPI) or
+/// nccl_backend (dtf/collectives/backends/nccl.hpp, device buffers on CUDA builds). Span
+/// arguments live where Backend::memory says; tensor arguments are staged through host memory
+/// when the backend wants host memory and the tensor lives on a device.
+/// Thread safety: one thread at a time per communicator; every rank calls the same
+/// collectives in the same order. Errors: see the file comment and the backend's header.
+template <collective_backend Backend>
+class basic_communicator {
+ public:
+  using backend_type = Backend;
+
+  explicit basic_communicator(Backend backend) : backend_(std::move(backend)) {}
+
+  /// dtf's TCP ring: see tcp_backend's constructor.
+  basic_communicator(ring_listener listener, std::size_t rank, std::vector<std::string> addresses,
+                     std::vector<std::string> names = {}, collective_options options = {})
+    requires std::same_as<Backend, tcp_backend>
+      : backend_(std::move(listener), rank, std::move(addresses), std::move(names), std::move(options)) {}
+
+  /// The communicator of one process alone (size 1): every collective returns at once.
+  static basic_communicator single(collective_options options = {})
+    requires requires { Backend::single(std::move(options)); }
+  {
+    return basic_communicator(Backend::single(std::move(options)));
+  }
+
+  std::size_t rank() const noexcept { return backend_.rank(); }
+  std::size_t size() const noexcept { return backend_.size(); }
+  std::string describe(std::size_t r) const { return backend_.describe(r); }
+  /// Collectives completed (or started) on this communicator.
+  std::uint64_t sequence() const noexcept { return backend_.sequence(); }
+  decltype(auto) options() const
+    requires requires(const Backend& b) { b.options(); }
+  {
+    return backend_.options();
+  }
+  Backend& backend() noexcept { return backend_; }
+  const Backend& backend() const noexcept { return backend_; }
+
+  /// In place: data becomes op over every rank's data. All ranks pass the same name, size and
+  /// element type.
+  template <tensor_element T>
+  void allreduce(std::string_view name, std::span<T> data, reduce_op op = reduce_op::sum) {
+    backend_.allreduce_bytes(name, dtype_v<T>, std::as_writable_bytes(data), op);
+  }
+
+  /// allreduce on raw bytes of dtype `type`.
+  void allreduce_bytes(std::string_view name, dtype type, std::span<std::byte> data, reduce_op op = reduce_op::sum) {
+    backend_.allreduce_bytes(name, type, data, op);
+  }
+
+  /// In place: every rank's data becomes root's.
+  template <tensor_element T>
+  void broadcast(std::string_view name, std::span<T> data, std::size_t root = 0) {
+    check_root(name, root);
+    backend_.broadcast_bytes(name, dtype_v<T>, std::as_writable_bytes(data), root);
+  }
+
+  /// out[k*in.size() .. (k+1)*in.size()) = rank k's in, on every rank (out.size() must be
+  /// size() * in.size()).
+  template <tensor_element T>
+  void allgather(std::string_view name, std::span<const T> in, std::span<T> out) {
+    if (out.size() != in.size() * size())
+      throw error(errc::shape_mismatch, "allgather of '" + std::string(name) + "': output of " +
+                                            std::to_string(out.size()) + " elements for " + std::to_string(size()) +
+                                            " ranks of " + std::to_string(in.size()));
+    backend_.allgather_bytes(name, dtype_v<T>, std::as_bytes(in), std::as_writable_bytes(out));
+  }
+
+  /// Returns once every rank has called barrier().
+  void barrier() { backend_.barrier(); }
+
+  /// Fused allreduce of several tensors (any dtypes). With the TCP backend, consecutive
+  /// tensors of one dtype are packed into one buffer of at most fusion_threshold_bytes,
+  /// reduced together and unpacked; a backend without fusion reduces them one by one. Every
+  /// rank passes the same list.
+  void allreduce(std::span<const named_tensor> tensors, reduce_op op = reduce_op::sum) {
+    if constexpr (requires { backend_.allreduce_fused(tensors, op); }) {
+      backend_.allreduce_fused(tensors, op);
+    } else {
+      for (const auto& t : tensors) {
+        if (!t.value) throw error(errc::invalid_argument, "allreduce: tensor '" + t.name + "' is null");
+        allreduce(t.name, *t.value, op);
+      }
+    }
+  }
+
+  /// allreduce of one tensor (staged through host memory when the tensor is on a device and
+  /// the backend wants host memory).
+  void allreduce(std::string_view name, tensor& t, reduce_op op = reduce_op::sum) {
+    if constexpr (requires { backend_.allreduce_fused(std::span<const named_tensor>{}, op); }) {
+      named_tensor one{std::string(name), &t};
+      backend_.allreduce_fused(std::span<const named_tensor>(&one, 1), op);
+    } else if constexpr (direct_tensor_access) {
+      backend_.allreduce_bytes(name, t.type(), t.bytes(), op);
+    } else {
+      std::vector<std::byte> host(t.size_bytes());
+      detail::copy_tensor_to_host(t, host);
+      backend_.allreduce_bytes(name, t.type(), host, op);
+      detail::copy_tensor_from_host(host, t);
+    }
+  }
+
+  /// broadcast of one tensor from root (staged like allreduce of a tensor).
+  void broadcast(std::string_view name, tensor& t, std::size_t root = 0) {
+    check_root(name, root);
+    if constexpr (direct_tensor_access) {
+      backend_.broadcast_bytes(name, t.type(), t.bytes(), root);
+    } else {
+      std::vector<std::byte> host(t.size_bytes());
+      detail::copy_tensor_to_host(t, host);
+      backend_.broadcast_bytes(name, t.type(), host, root);
+      detail::copy_tensor_from_host(host, t);
+    }
+  }
+
+ private:
+  // A tensor's bytes go to the backend as they are when the backend reads the memory they
+  // live in: host tensors to a host backend, device tensors (CUDA builds) to a device backend.
+  static constexpr bool direct_tensor_access =
+      (Backend::memory == buffer_memory::host) == device_memory_is_host_accessible;
+
+  void check_root(std::string_view name, std::size_t root) const {
+    if (root >= size())
+      throw error(errc::invalid_argument, "broadcast of '" + std::string(name) + "': root " + std::to_string(root) +
+                                              " of " + std::to_string(size()) + " ranks");
+  }
+
+  Backend backend_;
+};
+
+/// dtf's TCP ring: the communicator every strategy and example uses.
+using communicator = basic_communicator<tcp_backend>;
 
 /// Builds the communicator of the training tasks (chief, workers) of `c`; this process must be
 /// one of them. Under mpirun (c.source == "mpi", addresses not known yet) the ranks first meet

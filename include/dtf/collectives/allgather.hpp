@@ -7,7 +7,7 @@
 
 namespace dtf {
 
-inline void communicator::do_allgather(const std::string& name, dtype type, std::span<const std::byte> in,
+inline void tcp_backend::do_allgather(const std::string& name, dtype type, std::span<const std::byte> in,
                                        std::span<std::byte> out) {
   check_type(type, in.size(), name);
   auto d = descriptor(detail::collective_kind::allgather, name, detail::fnv1a(name), type, in.size() / size_of(type));

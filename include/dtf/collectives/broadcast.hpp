@@ -7,7 +7,7 @@ namespace dtf {
 
 // Each rank receives from its left neighbour and forwards segment by segment,
 // so the whole broadcast costs one pass of B plus (n-1) segment latencies.
-inline void communicator::do_broadcast(const std::string& name, dtype type, std::span<std::byte> data,
+inline void tcp_backend::do_broadcast(const std::string& name, dtype type, std::span<std::byte> data,
                                        std::size_t root) {
   check_type(type, data.size(), name);
   auto d = descriptor(detail::collective_kind::broadcast, name, detail::fnv1a(name), type, data.size() / size_of(type));

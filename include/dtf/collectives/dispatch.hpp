@@ -15,7 +15,7 @@ namespace dtf {
 //   one exchange (two_rank.hpp) B <= small_bytes -> small-message ring
 //   (small_message.hpp) otherwise                                       -> ring
 //   reduce-scatter + allgather (ring.hpp)
-inline void communicator::do_allreduce(const std::string& name, std::uint64_t name_hash, dtype type,
+inline void tcp_backend::do_allreduce(const std::string& name, std::uint64_t name_hash, dtype type,
                                        std::span<std::byte> data, reduce_op op) {
   check_type(type, data.size(), name);
   const std::size_t esize = size_of(type);

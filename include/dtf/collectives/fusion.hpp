@@ -8,7 +8,7 @@ namespace dtf {
 // Packing amortises the per-collective latency (descriptor, n-1 or 2(n-1)
 // steps) over many small tensors; tensors of a CUDA build are staged through
 // host memory here.
-inline void communicator::do_fused(std::span<const named_tensor> tensors, reduce_op op) {
+inline void tcp_backend::do_fused(std::span<const named_tensor> tensors, reduce_op op) {
   std::size_t i = 0;
   while (i < tensors.size()) {
     const named_tensor& first = tensors[i];
@@ -29,16 +29,16 @@ inline void communicator::do_fused(std::span<const named_tensor> tensors, reduce
         do_allreduce(first.name, detail::fnv1a(first.name), type, t.bytes(), op);
       } else {
         fusion_.resize(t.size_bytes());
-        copy_to_host(t, fusion_);
+        detail::copy_tensor_to_host(t, fusion_);
         do_allreduce(first.name, detail::fnv1a(first.name), type, fusion_, op);
-        copy_from_host(fusion_, t);
+        detail::copy_tensor_from_host(fusion_, t);
       }
     } else {
       fusion_.resize(bytes);
       std::size_t at = 0;
       for (std::size_t k = i; k < j; ++k) {
         const tensor& t = *tensors[k].value;
-        copy_to_host(t, std::span<std::byte>(fusion_.data() + at, t.size_bytes()));
+        detail::copy_tensor_to_host(t, std::span<std::byte>(fusion_.data() + at, t.size_bytes()));
         at += t.size_bytes();
       }
       const std::string name = first.name + " + " + std::to_string(j - i - 1) + " more (fused)";
@@ -46,7 +46,7 @@ inline void communicator::do_fused(std::span<const named_tensor> tensors, reduce
       at = 0;
       for (std::size_t k = i; k < j; ++k) {
         tensor& t = *tensors[k].value;
-        copy_from_host(std::span<const std::byte>(fusion_.data() + at, t.size_bytes()), t);
+        detail::copy_tensor_from_host(std::span<const std::byte>(fusion_.data() + at, t.size_bytes()), t);
         at += t.size_bytes();
       }
     }

@@ -13,7 +13,7 @@ namespace dtf {
 // (reduce-scatter: keep half the range, send the other half, d = n/2 .. 1) then
 // recursive doubling (allgather, d = 1 .. n/2). Every pairwise sum is
 // commutative, so all ranks end with the same bits.
-inline void communicator::hypercube_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
+inline void tcp_backend::hypercube_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
                                               detail::reduce_fn reduce, detail::scale_fn scale,
                                               const std::string& context) {
   const std::size_t esize = size_of(d.type), count = data.size() / esize, stages = partners_.size();

@@ -11,7 +11,7 @@ namespace dtf {
 // each rank sends and receives 2(n-1)/n·B. Chunks are split into segments of
 // segment_bytes, so a segment is forwarded as soon as it has been received and
 // reduced.
-inline void communicator::ring_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
+inline void tcp_backend::ring_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
                                          detail::reduce_fn reduce, detail::scale_fn scale, const std::string& context) {
   const std::size_t n = size_, esize = size_of(d.type), count = data.size() / esize;
   const reduce_op op = d.op;

@@ -12,7 +12,7 @@
 
 namespace dtf {
 
-inline void communicator::connect() {
+inline void tcp_backend::connect() {
   if (size_ == 1) return;
   using namespace std::chrono;
   const auto deadline = detail::ring_clock::now() + milliseconds(options_.connect_timeout_ms);
@@ -78,14 +78,14 @@ inline void communicator::connect() {
 }
 
 // The link to hypercube partner rank ^ 2^k (one bidirectional connection).
-inline detail::ring_link communicator::partner_link(std::size_t k) const {
+inline detail::ring_link tcp_backend::partner_link(std::size_t k) const {
   detail::ring_link l = link_;
   l.right = l.left = partners_[k].get();
   l.right_name = l.left_name = describe(rank_ ^ (std::size_t(1) << k));
   return l;
 }
 
-inline detail::collective_descriptor communicator::descriptor(detail::collective_kind kind, const std::string& name,
+inline detail::collective_descriptor tcp_backend::descriptor(detail::collective_kind kind, const std::string& name,
                                                               std::uint64_t name_hash, dtype type, std::size_t count) {
   detail::collective_descriptor d;
   d.sequence = sequence_++;
@@ -101,11 +101,11 @@ inline detail::collective_descriptor communicator::descriptor(detail::collective
 
 // A step that sends our descriptor and receives the left neighbour's, then
 // checks it.
-inline detail::ring_step communicator::header_step(const detail::collective_descriptor& mine, std::uint64_t payload) {
+inline detail::ring_step tcp_backend::header_step(const detail::collective_descriptor& mine, std::uint64_t payload) {
   return header_step(mine, payload, left_rank(), link_.left_name);
 }
 
-inline detail::ring_step communicator::header_step(const detail::collective_descriptor& mine, std::uint64_t payload,
+inline detail::ring_step tcp_backend::header_step(const detail::collective_descriptor& mine, std::uint64_t payload,
                                                    std::size_t from, const std::string& from_name) {
   out_header_ = detail::encode_descriptor(mine, payload);
   detail::ring_step s;
@@ -120,7 +120,7 @@ inline detail::ring_step communicator::header_step(const detail::collective_desc
   return s;
 }
 
-inline void communicator::check_type(dtype type, std::size_t bytes, const std::string& name) const {
+inline void tcp_backend::check_type(dtype type, std::size_t bytes, const std::string& name) const {
   if (dtf::size_of(type) == 0 || bytes % size_of(type) != 0)
     throw error(errc::invalid_argument, "collective on '" + name + "': " + std::to_string(bytes) +
                                             " bytes is not a whole number of " + std::string(name_of(type)));

@@ -11,7 +11,7 @@ namespace dtf {
 // around the ring (n-1 steps, (n-1)·B per rank) and every rank reduces in rank
 // order 0..n-1, so all ranks end with the same bits at half the latency of
 // reduce-scatter + allgather.
-inline void communicator::small_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
+inline void tcp_backend::small_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
                                           detail::reduce_fn reduce, detail::scale_fn scale,
                                           const std::string& context) {
   const std::size_t n = size_;

@@ -8,7 +8,7 @@ namespace dtf {
 // Two ranks: one exchange straight from and into the caller's buffer (a + b ==
 // b + a, so both ranks end with the same bits). Each rank sends and receives B
 // once.
-inline void communicator::two_rank_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
+inline void tcp_backend::two_rank_allreduce(detail::collective_descriptor& d, std::span<std::byte> data,
                                              detail::reduce_fn reduce, detail::scale_fn scale,
                                              const std::string& context) {
   const std::size_t n = size_;
