@@ -15,9 +15,9 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTF_BUILD_TESTS=ON -DDTF_BUI
 cmake --build "$build" -j "$jobs"
 (cd "$build" && ctest --output-on-failure -j "$jobs" --timeout 900)
 
-# The CUDA build compiles too, without a GPU to run it: nvcc builds every header (one
-# translation unit each, the MPI and NCCL backends' included), dtf_tests, the MPI and NCCL
-# backend checks, the tools and every example, in a build directory of its own under ccache.
+# The CUDA build compiles too, without a GPU to run it: nvcc builds every header (all
+# in one translation unit; the MPI and NCCL backends' each in its own), dtf_tests, the
+# tools and every example, in a build directory of its own under ccache.
 # Skipped where nvcc is absent, when the build above is already the CUDA build, or with
 # DTF_CI_CUDA=0. Build directory: $DTF_CUDA_BUILD_DIR or build-cuda/.
 nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
