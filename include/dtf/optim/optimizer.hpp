@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -55,6 +56,14 @@ struct apply_at {
   float* s1;
   DTF_HD void operator()(std::size_t i) const { k(p[i], g[i], s0, s1, i); }
 };
+
+// The update in one pass over host memory (the buffers never overlap). Note: GCC vectorises
+// the loop only where sqrtf needs no errno (-fno-math-errno); without it the pass is scalar.
+template <class Kernel>
+void host_apply(Kernel k, float* __restrict p, const float* __restrict g, float* __restrict s0,
+                float* __restrict s1, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) k(p[i], g[i], s0, s1, i);
+}
 }  // namespace detail
 
 template <class Space = device_space>
@@ -146,8 +155,15 @@ class optimizer {
  private:
   template <class Kernel>
   void run(Kernel k, std::span<float> params, std::span<const float> grads, float* s0, float* s1) {
-    thrust::for_each_n(Space::policy(), thrust::counting_iterator<std::size_t>(0), size_,
-                       detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1});
+    if constexpr (!DTF_CUDA || std::is_same_v<Space, host_space>) {
+      // Host memory: one fused pass in a plain loop (no Thrust dispatch per call).
+      float* p = params.data();
+      const float* g = grads.data();
+      detail::host_apply(k, params.data(), grads.data(), s0, s1, size_);
+    } else {
+      thrust::for_each_n(Space::policy(), thrust::counting_iterator<std::size_t>(0), size_,
+                         detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1});
+    }
   }
 
   rule rule_;
