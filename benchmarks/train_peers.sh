@@ -28,16 +28,17 @@ DTF=$BUILD/benchmarks/bench_train_peers_dtf
 [ -x "$DTF" ] || cmake --build "$BUILD" --target bench_train_peers_dtf
 
 # Peers.
-if ! python3 -c 'import torch' 2>/dev/null; then
+# Debian's torch lives in the system interpreter (python3 on PATH may be another one).
+TORCH_PY=/usr/bin/python3
+if ! $TORCH_PY -c 'import torch' 2>/dev/null; then
   if pgrep -x apt-get >/dev/null || pgrep -x apt >/dev/null; then echo "apt is running; try again later" >&2; exit 1; fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y python3-torch >/dev/null
 fi
 VENV=$BUILD/peers-venv
 if ! "$VENV/bin/python" -c 'import tensorflow' 2>/dev/null; then
-  python3 -m venv "$VENV"
+  $TORCH_PY -m venv "$VENV"
   "$VENV/bin/pip" install -q tensorflow-cpu
 fi
-TORCH_PY=python3
 TF_PY=$VENV/bin/python
 
 OUT=$(mktemp)
