@@ -1,8 +1,8 @@
 // dtf/nn/layers.hpp — Dense and ReLU layers over device memory.
 //
 // Layers own no parameters: they read their slice of the model's flat parameter buffer and
-// write their slice of the flat gradient buffer. They do own workspace (a ones vector for
-// bias gradients), so an instance serves one thread at a time.
+// write their slice of the flat gradient buffer. On CUDA builds they own workspace (a ones
+// vector for the bias), so an instance serves one thread at a time.
 // GEMM goes through dtf::detail::gemm (CBLAS on CPU builds, cuBLAS on CUDA builds). On CPU
 // builds everything else is one plain loop per layer, fused around the GEMMs: the bias (and
 // a following ReLU) is added in one pass over the GEMM's output, and the ReLU mask and the
