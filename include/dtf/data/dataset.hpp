@@ -13,7 +13,10 @@
 // shard() and take() select examples and compose in call order; shuffle, normalize, batch,
 // repeat and prefetch are settings of the pipeline whose effect does not depend on the order
 // of the calls: each epoch permutes the selected examples (seed + epoch), then cuts them into
-// batches. Datasets are values: each call returns a new dataset sharing the examples.
+// batches. Datasets are values: each call returns a new dataset sharing the examples, except
+// shard(), which keeps a compact copy of its examples only (so that a worker holds its shard,
+// not the whole set). Examples read from IDX files stay the file's bytes (uint8) in memory;
+// normalize() and the conversion to float32 happen per batch, into the batch's buffer.
 // Thread safety: a dataset is immutable and may be shared; a batch_stream serves one thread.
 #pragma once
 
@@ -23,6 +26,7 @@
 
 #include <xtensor/xtensor.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -51,21 +55,13 @@ class dataset {
   /// Examples as rows of `features` with one label each. value_min/value_max give the range
   /// of the raw feature values, used by normalize() (e.g. 0 and 255 for 8-bit pixels).
   dataset(xt::xtensor<float, 2> features, xt::xtensor<std::int32_t, 1> labels, float value_min, float value_max)
-      : src_(std::make_shared<source>(source{std::move(features), std::move(labels), value_min, value_max})) {
-    if (src_->features.shape(0) != src_->labels.shape(0))
-      throw error(errc::shape_mismatch, "data::dataset: " + std::to_string(src_->features.shape(0)) +
-                                            " feature rows but " + std::to_string(src_->labels.shape(0)) + " labels");
-    if (!(value_max > value_min))
-      throw error(errc::invalid_argument, "data::dataset: value_max must exceed value_min");
-    indices_.resize(src_->labels.shape(0));
-    std::iota(indices_.begin(), indices_.end(), std::uint32_t{0});
-  }
+      : dataset(make_source(std::move(features), std::move(labels), value_min, value_max)) {}
 
   /// Images (IDX, [N, ...] unsigned bytes) flattened to [N, features], and labels (IDX, [N]).
   /// Errors: those of read_idx(), errc::corrupt_data when the label file is not one-dimensional
   /// u8 or its count differs from the image count.
   static dataset from_idx(const std::string& images_path, const std::string& labels_path) {
-    const idx_array images = read_idx(images_path);
+    idx_array images = read_idx(images_path);
     const idx_array labels = read_idx(labels_path);
     if (images.type != idx_type::u8 || images.shape.size() < 2)
       throw error(errc::corrupt_data, images_path + ": expected unsigned-byte images [N, ...], got a rank-" +
@@ -76,11 +72,15 @@ class dataset {
       throw error(errc::corrupt_data, labels_path + ": " + std::to_string(labels.shape[0]) + " labels for " +
                                           std::to_string(images.shape[0]) + " images in " + images_path);
     const std::size_t n = images.shape[0], width = images.size() / std::max<std::size_t>(n, 1);
-    xt::xtensor<float, 2> x = xt::xtensor<float, 2>::from_shape({n, width});
-    for (std::size_t i = 0; i < images.bytes.size(); ++i) x.data()[i] = float(images.bytes[i]);
     xt::xtensor<std::int32_t, 1> y = xt::xtensor<std::int32_t, 1>::from_shape({n});
     for (std::size_t i = 0; i < n; ++i) y(i) = std::int32_t(labels.bytes[i]);
-    return dataset(std::move(x), std::move(y), 0.0f, 255.0f);
+    auto src = std::make_shared<source>();
+    src->bytes = std::move(images.bytes);
+    src->width = width;
+    src->labels = std::move(y);
+    src->value_min = 0.0f;
+    src->value_max = 255.0f;
+    return dataset(std::move(src), n);
   }
 
   /// Keeps every num_shards-th selected example starting at `index` (tf.data's shard), so
@@ -90,9 +90,31 @@ class dataset {
       throw error(errc::invalid_argument, "data::dataset::shard(num_shards=" + std::to_string(num_shards) +
                                               ", index=" + std::to_string(index) +
                                               "): index must be in [0, num_shards)");
+    std::vector<std::uint32_t> picked;
+    for (std::size_t i = index; i < indices_.size(); i += num_shards) picked.push_back(indices_[i]);
+    // A compact copy of the picked examples, in selection order (indices 0..k-1 then name
+    // the same examples in the same order, so shuffles and batches are unchanged).
+    const source& from = *src_;
+    auto kept = std::make_shared<source>();
+    kept->width = from.width;
+    kept->value_min = from.value_min;
+    kept->value_max = from.value_max;
+    kept->labels = xt::xtensor<std::int32_t, 1>::from_shape({picked.size()});
+    const std::size_t w = from.width;
+    if (from.is_bytes()) kept->bytes.resize(picked.size() * w);
+    else kept->features = xt::xtensor<float, 2>::from_shape({picked.size(), w});
+    for (std::size_t r = 0; r < picked.size(); ++r) {
+      const std::size_t e = picked[r];
+      if (from.is_bytes())
+        std::copy_n(from.bytes.data() + e * w, w, kept->bytes.data() + r * w);
+      else
+        std::copy_n(from.features.data() + e * w, w, kept->features.data() + r * w);
+      kept->labels(r) = from.labels(e);
+    }
     dataset d = *this;
-    d.indices_.clear();
-    for (std::size_t i = index; i < indices_.size(); i += num_shards) d.indices_.push_back(indices_[i]);
+    d.src_ = std::move(kept);
+    d.indices_.resize(picked.size());
+    std::iota(d.indices_.begin(), d.indices_.end(), std::uint32_t{0});
     return d;
   }
 
@@ -145,7 +167,11 @@ class dataset {
 
   /// Number of selected examples.
   std::size_t size() const noexcept { return indices_.size(); }
-  std::size_t num_features() const noexcept { return src_->features.shape(1); }
+  std::size_t num_features() const noexcept { return src_->width; }
+  /// Bytes the examples this dataset refers to occupy in memory (features and labels).
+  std::size_t memory_bytes() const noexcept {
+    return src_->bytes.size() + src_->features.size() * sizeof(float) + src_->labels.size() * sizeof(std::int32_t);
+  }
   std::size_t batch_size() const noexcept { return batch_size_; }
   std::size_t batches_per_epoch() const noexcept {
     return drop_remainder_ ? size() / batch_size_ : (size() + batch_size_ - 1) / batch_size_;
@@ -159,11 +185,40 @@ class dataset {
 
  private:
   friend class batch_stream;
+  // Features as float32 rows (the constructor) or as the file's bytes (from_idx): one of
+  // the two is empty.
   struct source {
     xt::xtensor<float, 2> features;
+    std::vector<std::uint8_t> bytes;
+    std::size_t width = 0;
     xt::xtensor<std::int32_t, 1> labels;
-    float value_min, value_max;
+    float value_min = 0.0f, value_max = 1.0f;
+    bool is_bytes() const noexcept { return features.size() == 0 && !bytes.empty(); }
   };
+
+  static std::pair<std::shared_ptr<const source>, std::size_t> make_source(xt::xtensor<float, 2> features,
+                                                                          xt::xtensor<std::int32_t, 1> labels,
+                                                                          float value_min, float value_max) {
+    const std::size_t rows = features.shape(0), width = features.shape(1);
+    auto src = std::make_shared<source>();
+    src->features = std::move(features);
+    src->width = width;
+    src->labels = std::move(labels);
+    src->value_min = value_min;
+    src->value_max = value_max;
+    return {std::move(src), rows};
+  }
+  explicit dataset(std::pair<std::shared_ptr<const source>, std::size_t> s) : dataset(std::move(s.first), s.second) {}
+
+  dataset(std::shared_ptr<const source> src, std::size_t rows) : src_(std::move(src)) {
+    if (rows != src_->labels.shape(0))
+      throw error(errc::shape_mismatch, "data::dataset: " + std::to_string(rows) + " feature rows but " +
+                                            std::to_string(src_->labels.shape(0)) + " labels");
+    if (!(src_->value_max > src_->value_min))
+      throw error(errc::invalid_argument, "data::dataset: value_max must exceed value_min");
+    indices_.resize(rows);
+    std::iota(indices_.begin(), indices_.end(), std::uint32_t{0});
+  }
 
   std::shared_ptr<const source> src_;
   std::vector<std::uint32_t> indices_;
@@ -233,11 +288,17 @@ class batch_stream {
     const auto& src = *d_.src_;
     const float lo = d_.normalize_ ? src.value_min : 0.0f;
     const float inv = d_.normalize_ ? 1.0f / (src.value_max - src.value_min) : 1.0f;
+    const bool bytes = src.is_bytes();
     for (std::size_t r = 0; r < rows; ++r) {
       const std::uint32_t e = order_[begin + r];
-      const float* in = src.features.data() + std::size_t(e) * width;
       float* out = b.features.data() + r * width;
-      for (std::size_t c = 0; c < width; ++c) out[c] = (in[c] - lo) * inv;
+      if (bytes) {
+        const std::uint8_t* in = src.bytes.data() + std::size_t(e) * width;
+        for (std::size_t c = 0; c < width; ++c) out[c] = (float(in[c]) - lo) * inv;
+      } else {
+        const float* in = src.features.data() + std::size_t(e) * width;
+        for (std::size_t c = 0; c < width; ++c) out[c] = (in[c] - lo) * inv;
+      }
       b.labels(r) = src.labels(e);
     }
     ++batch_in_epoch_;

@@ -20,6 +20,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -33,7 +34,10 @@ class sequential {
   /// Errors: errc::shape_mismatch when a Dense layer's inputs do not match the features the
   /// previous layers produce; errc::invalid_argument for an empty model or one that does not
   /// end in a Dense layer (its outputs are the logits).
-  sequential(std::initializer_list<layer> layers) : layers_(layers) {
+  sequential(std::initializer_list<layer> layers) : sequential(std::vector<layer>(layers)) {}
+
+  /// The same from a list built at run time (e.g. widths read from flags).
+  explicit sequential(std::vector<layer> layers) : layers_(std::move(layers)) {
     if (layers_.empty()) throw error(errc::invalid_argument, "nn::sequential: no layers");
     std::size_t width = 0, offset = 0, dense_index = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -61,6 +65,7 @@ class sequential {
     classes_ = width;
     num_parameters_ = offset;
     acts_.resize(layers_.size());
+    grads_.resize(layers_.size());
   }
 
   std::vector<variable_spec> variables() const { return variables_; }
@@ -87,15 +92,18 @@ class sequential {
     check_size(p.size(), "parameter");
     check_size(g.size(), "gradient");
     forward(p.data(), x, acts_.back());
-    const float loss = loss_(acts_.back(), y, &delta_[0]);
-    int cur = 0;
+    const float loss = loss_(acts_.back(), y, &grads_.back());
+    // grads_[i] holds d loss / d (output of layer i); each keeps its size from step to step.
     for (std::size_t i = layers_.size(); i-- > 0;) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       if (auto* d = std::get_if<dense>(&layers_[i])) {
-        d->backward(p.data() + offsets_[i], in, delta_[cur], g.data() + offsets_[i], i == 0 ? nullptr : &delta_[1 - cur]);
-        cur = 1 - cur;
-      } else {
-        std::get<relu>(layers_[i]).backward(acts_[i], delta_[cur], delta_[cur]);
+        tensor* dx = i == 0 ? nullptr : &grads_[i - 1];
+        if (relu_follows(i))  // the ReLU's mask is applied in the Dense layer's pass over dy
+          d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i], dx);
+        else
+          d->backward(p.data() + offsets_[i], in, grads_[i], g.data() + offsets_[i], dx);
+      } else if (!relu_follows(i - 1)) {  // layer 0 is always Dense
+        std::get<relu>(layers_[i]).backward(acts_[i], grads_[i], grads_[i - 1]);
       }
     }
     return loss;
@@ -121,14 +129,27 @@ class sequential {
                                             " floats, the model has " + std::to_string(num_parameters_));
   }
 
+  // True when layer i is Dense and layer i + 1 a ReLU: the pair runs as one fused layer
+  // (the Dense output acts_[i] is then not written; acts_[i + 1] holds the ReLU's output).
+  bool relu_follows(std::size_t i) const {
+    return i + 1 < layers_.size() && std::holds_alternative<dense>(layers_[i]) &&
+           std::holds_alternative<relu>(layers_[i + 1]);
+  }
+
   void forward(const float* p, const tensor& x, tensor& out) {
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       tensor& dst = i + 1 == layers_.size() ? out : acts_[i];
-      if (auto* d = std::get_if<dense>(&layers_[i]))
-        d->forward(p + offsets_[i], in, dst);
-      else
+      if (auto* d = std::get_if<dense>(&layers_[i])) {
+        if (relu_follows(i)) {
+          d->forward_relu(p + offsets_[i], in, acts_[i + 1]);
+          ++i;
+        } else {
+          d->forward(p + offsets_[i], in, dst);
+        }
+      } else {
         std::get<relu>(layers_[i]).forward(in, dst);
+      }
     }
   }
 
@@ -137,7 +158,7 @@ class sequential {
   std::vector<variable_spec> variables_;
   std::size_t input_features_ = 0, classes_ = 0, num_parameters_ = 0;
   std::vector<tensor> acts_;  // output of each layer (the last one also holds logits)
-  tensor delta_[2];           // ping-pong buffers for d loss / d activation
+  std::vector<tensor> grads_;  // d loss / d (output of each layer)
   softmax_cross_entropy loss_;
 };
 

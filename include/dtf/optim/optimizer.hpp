@@ -26,8 +26,17 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
+
+#if defined(__SSE2__) && !defined(__CUDACC__) && !defined(__FMA__)
+// Without FMA contraction the scalar kernel and the SSE pass round alike.
+#include <immintrin.h>
+#define DTF_OPTIM_SSE 1
+#else
+#define DTF_OPTIM_SSE 0
+#endif
 
 namespace dtf::optim {
 
@@ -55,6 +64,32 @@ struct apply_at {
   float* s1;
   DTF_HD void operator()(std::size_t i) const { k(p[i], g[i], s0, s1, i); }
 };
+
+// The update in one pass over host memory (the buffers never overlap). GCC does not
+// vectorise sqrtf under errno semantics (the default), so Adam's pass, the one that matters,
+// is written with SSE: the same IEEE operations in the same order as adam_kernel (sqrt and
+// division are correctly rounded either way), so both give the same bits.
+template <class Kernel>
+void host_apply(Kernel k, float* __restrict p, const float* __restrict g, float* __restrict s0,
+                float* __restrict s1, std::size_t n) {
+  std::size_t i = 0;
+#if DTF_OPTIM_SSE
+  if constexpr (std::is_same_v<Kernel, adam_kernel>) {
+    const __m128 b1 = _mm_set1_ps(k.b1), b2 = _mm_set1_ps(k.b2), c1 = _mm_set1_ps(1.0f - k.b1),
+                 c2 = _mm_set1_ps(1.0f - k.b2), lr = _mm_set1_ps(k.lr_t), eps = _mm_set1_ps(k.eps);
+    for (; i + 4 <= n; i += 4) {
+      const __m128 gi = _mm_loadu_ps(g + i);
+      const __m128 mi = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(s0 + i)), _mm_mul_ps(c1, gi));
+      const __m128 vi = _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(s1 + i)), _mm_mul_ps(_mm_mul_ps(c2, gi), gi));
+      _mm_storeu_ps(s0 + i, mi);
+      _mm_storeu_ps(s1 + i, vi);
+      const __m128 step = _mm_div_ps(_mm_mul_ps(lr, mi), _mm_add_ps(_mm_sqrt_ps(vi), eps));
+      _mm_storeu_ps(p + i, _mm_sub_ps(_mm_loadu_ps(p + i), step));
+    }
+  }
+#endif
+  for (; i < n; ++i) k(p[i], g[i], s0, s1, i);
+}
 }  // namespace detail
 
 template <class Space = device_space>
@@ -146,8 +181,15 @@ class optimizer {
  private:
   template <class Kernel>
   void run(Kernel k, std::span<float> params, std::span<const float> grads, float* s0, float* s1) {
-    thrust::for_each_n(Space::policy(), thrust::counting_iterator<std::size_t>(0), size_,
-                       detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1});
+    if constexpr (!DTF_CUDA || std::is_same_v<Space, host_space>) {
+      // Host memory: one fused pass in a plain loop (no Thrust dispatch per call).
+      float* p = params.data();
+      const float* g = grads.data();
+      detail::host_apply(k, params.data(), grads.data(), s0, s1, size_);
+    } else {
+      thrust::for_each_n(Space::policy(), thrust::counting_iterator<std::size_t>(0), size_,
+                         detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1});
+    }
   }
 
   rule rule_;
