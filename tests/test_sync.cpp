@@ -115,7 +115,7 @@ TEST_CASE("a dead worker with N = 2 of 2 ends in a clear error, not a hang", "[s
   a.connect();
   const std::size_t n = proto.num_parameters();
   std::vector<float> p(n, 0.0f), g(n, 0.01f);
-  a.initialize(p, optim::sgd{0.1f}, false, 2);
+  a.initialize(p, {optim::sgd{0.1f}, apply_mode::locked, 2});
   {
     ps_client b({ps0.address()}, layout, opts("worker.1"));
     b.connect();
@@ -133,7 +133,7 @@ TEST_CASE("contributions for a finished step are dropped and reported", "[sync]"
   ps_client a({ps0.address()}, layout, opts("worker.0"));
   a.connect();
   std::vector<float> p(proto.num_parameters(), 0.0f), g(p.size(), 1.0f);
-  a.initialize(p, optim::sgd{0.5f}, false, 1);
+  a.initialize(p, {optim::sgd{0.5f}, apply_mode::locked, 1});
   CHECK(a.push_sync(g, 0).global_step == 1);
   const auto r = a.push_sync(g, 0);
   CHECK(r.dropped);
