@@ -6,7 +6,7 @@ set -eu
 src=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$src/build-tsan}
 mkdir -p "$out"
-flags="-std=gnu++20 -O1 -g -fsanitize=thread -DASIO_NO_DEPRECATED -DASIO_STANDALONE -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -I$src/include -isystem /usr/local/cuda/include/cccl"
+flags="-std=gnu++20 -O1 -g -fsanitize=thread -fopenmp -DASIO_NO_DEPRECATED -DASIO_STANDALONE -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP -I$src/include -isystem /usr/local/cuda/include/cccl"
 for f in main test_ps_concurrency test_ps_hostile; do
   [ "$out/$f.o" -nt "$src/tests/$f.cpp" ] || ${CXX:-c++} $flags -c "$src/tests/$f.cpp" -o "$out/$f.o" &
 done

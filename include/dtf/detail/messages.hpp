@@ -160,9 +160,10 @@ struct ps_status_msg {
   bool dropped = false;            // sync push: the contribution was for a finished step
   std::uint64_t dropped_total = 0; // sync push: this worker's dropped contributions so far
   bool skipped = false;            // push: not applied (non-finite values, policy skip)
+  bool synchronous = false;        // the ps aggregates synchronous steps (its global step is its own)
   template <class A>
   void serialize(A& ar) {
-    ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total, skipped);
+    ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total, skipped, synchronous);
   }
 };
 /// Chief -> ps: write your shards as DIR/NAME.ps-I-of-N.shard (see dtf/checkpoint.hpp), DIR

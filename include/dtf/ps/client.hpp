@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <set>
 #include <span>
@@ -105,20 +106,51 @@ class ps_client {
  private:
   std::int64_t read(std::span<float> params, bool track) {
     check_size(params.size(), "pull");
-    std::vector<rpc_call> calls(layout_.num_ps);
-    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
-      calls[ps] = make_call(ps, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{ids_[ps]}));
+    auto pull_from = [&](std::size_t ps) {
+      auto c = make_call(ps, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{ids_[ps]}));
       for (auto id : ids_[ps])
-        calls[ps].reply_payload.push_back(
+        c.reply_payload.push_back(
             asio::buffer(params.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
-    }
+      return c;
+    };
+    std::vector<rpc_call> calls;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) calls.push_back(pull_from(ps));
     run(calls);
+    // Synchronous training: a ps still completing the step the others finished (its admitted
+    // contributions are on their way) is read again until it has, so the values returned are
+    // all of one step, the tag's. ps 0 cannot start the next step before every ps finished
+    // this one (contributions for it need a pull that saw every ps there), so this ends
+    // within the admitted workers' round trips; bounded by timeout_ms.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(rpc_.options().timeout_ms);
+    for (;;) {
+      std::int64_t most = std::numeric_limits<std::int64_t>::min();
+      bool sync = false;
+      for (const auto& c : calls) {
+        const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
+        sync = sync || st.synchronous;
+        most = std::max(most, st.global_step);
+      }
+      std::vector<std::size_t> behind;
+      for (std::size_t i = 0; sync && i < calls.size(); ++i)
+        if (detail::decode_message<detail::ps_status_msg>(calls[i].reply_meta, "status").global_step < most)
+          behind.push_back(i);
+      if (behind.empty()) break;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw error(errc::timeout, "pull: ps." + std::to_string(calls[behind[0]].peer) + " did not reach step " +
+                                       std::to_string(most) + " within " + std::to_string(rpc_.options().timeout_ms) +
+                                       " ms");
+      std::vector<rpc_call> again;
+      for (auto i : behind) again.push_back(pull_from(calls[i].peer));
+      run(again);
+      for (std::size_t j = 0; j < behind.size(); ++j) calls[behind[j]] = std::move(again[j]);
+    }
     if (track)
       for (const auto& c : calls)
         seen_[c.peer] = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").updates;
     track_done(calls);
     return step_of(calls);
   }
+
 
  public:
   /// Sets the init/restore message's configuration.
@@ -152,22 +184,35 @@ class ps_client {
   sync_result push_sync(std::span<const float> buf, std::int64_t step, std::optional<float> learning_rate = std::nullopt,
                         bool delta = false) {
     check_size(buf.size(), "push_sync");
-    std::vector<rpc_call> calls;
-    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
+    auto call_to = [&](std::size_t ps) {
       detail::ps_sync_push_msg m{ids_[ps], step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
                                  learning_rate};
-      calls.push_back(make_call(ps, detail::message_kind::ps_sync_push, detail::encode_message(m)));
-      gather(calls.back(), ps, buf);
-    }
-    run(calls);
-    sync_result r;
-    for (const auto& c : calls) {
+      auto c = make_call(ps, detail::message_kind::ps_sync_push, detail::encode_message(m));
+      gather(c, ps, buf);
+      return c;
+    };
+    // ps 0 admits: the first N contributions for the step are recorded there and its reply
+    // comes once the N-th arrived and its shards were updated; a dropped one goes nowhere
+    // else. Only then do the admitted contributors send the other ps their parts, so every
+    // ps averages the same N contributions and the dropped counts are ps 0's alone.
+    std::vector<rpc_call> first{call_to(0)};
+    run(first);
+    track_done(first);
+    const auto st0 = detail::decode_message<detail::ps_status_msg>(first[0].reply_meta, "status");
+    sync_result r{st0.global_step, st0.dropped, st0.dropped_total};
+    if (st0.dropped || st0.skipped) return r;
+    std::vector<rpc_call> rest;
+    for (std::size_t ps = 1; ps < layout_.num_ps; ++ps) rest.push_back(call_to(ps));
+    if (rest.empty()) return r;
+    run(rest);
+    track_done(rest);
+    for (const auto& c : rest) {
       const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
-      r.dropped = r.dropped || st.dropped;
-      r.dropped_total = std::max(r.dropped_total, st.dropped_total);
-      if (c.peer == 0) r.global_step = st.global_step;
+      if (st.dropped || st.global_step != r.global_step)
+        throw error(errc::internal, "ps." + std::to_string(c.peer) + " ended synchronous step " +
+                                        std::to_string(step) + " at step " + std::to_string(st.global_step) +
+                                        (st.dropped ? " (dropped)" : "") + ", ps.0 at " + std::to_string(r.global_step));
     }
-    track_done(calls);
     return r;
   }
 
@@ -297,10 +342,19 @@ class ps_client {
     return r;
   }
 
+  // The global step: ps 0's; in synchronous training the least over the ps replying, so a
+  // pull's tag never claims a step a ps whose values it returned has not reached (a
+  // contribution tagged with it is then at worst dropped, never averaged into a later step).
   std::int64_t step_of(const std::vector<rpc_call>& calls) const {
-    for (const auto& c : calls)
-      if (c.peer == 0) return detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").global_step;
-    return -1;
+    std::int64_t step = -1, least = std::numeric_limits<std::int64_t>::max();
+    bool sync = false;
+    for (const auto& c : calls) {
+      const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
+      if (c.peer == 0) step = st.global_step;
+      sync = sync || st.synchronous;
+      least = std::min(least, st.global_step);
+    }
+    return sync ? least : step;
   }
 
   void run(std::vector<rpc_call>& calls) { rpc_.call_all(std::span<rpc_call>(calls)); }

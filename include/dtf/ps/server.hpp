@@ -153,7 +153,8 @@ class parameter_server {
       done = done_.size();
     }
     reply.meta = detail::encode_message(detail::ps_status_msg{global_step_.load(), initialized_.load(), updates,
-                                                              staleness, done, dropped, dropped_total, skipped});
+                                                              staleness, done, dropped, dropped_total, skipped,
+                                                              synchronous_.load()});
   }
   void status(rpc_reply& reply) const { status(reply, updates_.load()); }
 
@@ -204,6 +205,7 @@ class parameter_server {
     }
     store_.init(m.ids, m.sizes, cfg.rule, cfg.mode, payload);
     sync_.configure(cfg.replicas_to_aggregate, store_, 0, "initialised");
+    synchronous_ = cfg.replicas_to_aggregate > 0;
     initialized_ = true;
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": initialised " +
                                              std::to_string(m.ids.size()) + " shards (" +
@@ -322,6 +324,7 @@ class parameter_server {
                     options_.transport.identity + " was restored from checkpoint " + m.checkpoint +
                         " while this step was aggregated");
     global_step_ = m.global_step;
+    synchronous_ = cfg.replicas_to_aggregate > 0;
     initialized_ = true;
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": restored " +
                                              std::to_string(init.ids.size()) + " shards from checkpoint " +
@@ -438,7 +441,7 @@ class parameter_server {
   std::shared_mutex shards_mu_;  // init/restore (exclusive) against everything else (shared)
   ps_detail::shard_store store_;
   ps_detail::sync_aggregator sync_;
-  std::atomic<bool> initialized_{false}, shutdown_{false};
+  std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
   std::atomic<std::int64_t> global_step_{0};
   std::atomic<std::uint64_t> updates_{0};
   mutable std::mutex done_mu_;
