@@ -251,6 +251,50 @@ TEST_CASE("AEASGD's elastic step moves worker and centre by the same E", "[strat
   CHECK(moved > 0.0);
 }
 
+TEST_CASE("EAMSGD equals the paper's update: gradient at the look-ahead theta + mu v, elastic every tau", "[strategies][eamsgd]") {
+  running_ps ps0(opts("ps.0"));
+  auto net = small_net();
+  const auto layout = partitioners::round_robin{}.place(net.variables(), 1);
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  const strategies::eamsgd_config c{.window = 2, .learning_rate = 0.05f, .momentum = 0.9f, .rho = 4.0f};
+  worker_t<strategies::eamsgd> w(strategies::eamsgd(c), net, client, 0, 1);
+  w.initialize_ps(13);
+  w.begin();
+  // Reference (Zhang et al. 2015, Algorithm 2 with one worker).
+  auto ref_net = small_net();
+  std::vector<float> centre(w.params().begin(), w.params().end()), theta = centre, v(theta.size(), 0.0f),
+      ahead(theta.size()), g(theta.size());
+  const float alpha = c.learning_rate * c.rho;
+  tensor x, y;
+  auto s = synthetic(80, 8).batch(16).stream();  // 5 steps: two elastic updates
+  std::int64_t step = 0;
+  while (auto b = s.next()) {
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    for (std::size_t i = 0; i < theta.size(); ++i) ahead[i] = theta[i] + c.momentum * v[i];
+    ref_net.loss_and_gradients(ahead, x, y, g);
+    for (std::size_t i = 0; i < theta.size(); ++i) {
+      v[i] = c.momentum * v[i] - c.learning_rate * g[i];
+      theta[i] += v[i];
+    }
+    if (++step % std::int64_t(c.window) == 0)
+      for (std::size_t i = 0; i < theta.size(); ++i) {
+        const float e = alpha * (theta[i] - centre[i]);
+        theta[i] -= e;
+        centre[i] += e;
+      }
+    w.step(*b);
+  }
+  std::vector<float> got(centre.size());
+  client.pull(got);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(got[i] == Catch::Detail::Approx(centre[i]).margin(1e-6));
+    REQUIRE(w.params()[i] == Catch::Detail::Approx(theta[i]).margin(1e-6));
+  }
+  CHECK(w.staleness().pushes == 2);
+}
+
 TEST_CASE("elastic strategies refuse alpha outside (0, 1) and windows must be positive", "[strategies][errors]") {
   CHECK_THROWS_WITH(strategies::aeasgd({.window = 4, .learning_rate = 0.5f, .rho = 5.0f}), Catch::Contains("alpha"));
   CHECK_THROWS_WITH(strategies::agn({0, optim::sgd{}}), Catch::Contains("window"));

@@ -250,11 +250,13 @@ inline int report_result(const train_options& o, const std::string& me, std::siz
 }
 
 /// The ps role: serve until the chief's shutdown.
+/// threads: its I/O threads (lock-free strategies get one per trainer at least, so updates
+/// from different workers are applied concurrently, as Hogwild means).
 inline train_result serve_ps(const cluster& c, const placement& layout, const transport_options& t,
-                             const train_options& o) {
+                             const train_options& o, int threads) {
   const auto t0 = train_clock::now();
   const std::string me = c.self.str();
-  ps_options po{t, o.ps_threads};
+  ps_options po{t, threads};
   // The ps writes and reads checkpoints only here (never in a directory a peer names).
   po.checkpoint_dir = o.model_dir;
   for (const char* job : {"chief", "worker"})
@@ -299,7 +301,12 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   if (c.num_ps() == 0)
     throw error(errc::invalid_config, o.name + ": a parameter-server strategy needs ps tasks in the cluster");
   const placement layout = partitioner.place(vars, c.num_ps());
-  if (c.self.job == "ps") return serve_ps(c, layout, transport, o);
+  if (c.self.job == "ps") {
+    int threads = o.ps_threads;
+    if constexpr (!sync)
+      if (strategy.lock_free()) threads = std::max(threads, int(num_trainers(c)));
+    return serve_ps(c, layout, transport, o, threads);
+  }
   if (c.self.job != "worker" && c.self.job != "chief")
     throw error(errc::invalid_config, o.name + " runs as ps, worker or chief, not " + c.self.job);
   const std::size_t trainers = num_trainers(c), trainer = trainer_index(c);
