@@ -420,10 +420,11 @@ TEST_CASE("hogwild_threads loses no update: every thread's step lands", "[strate
   std::vector<constant_gradient_model> replicas(4);
   std::vector<float> shared(64, 0.0f);
   const auto ds = synthetic(256, 3);
-  std::vector<data::batch_stream> streams;
-  for (std::size_t k = 0; k < 4; ++k) streams.push_back(ds.shard(4, k).batch(1).repeat(8).stream());
-  std::vector<data::batch_stream*> ptrs;
-  for (auto& s : streams) ptrs.push_back(&s);
+  auto s0 = ds.shard(4, 0).batch(1).repeat(8).stream();
+  auto s1 = ds.shard(4, 1).batch(1).repeat(8).stream();
+  auto s2 = ds.shard(4, 2).batch(1).repeat(8).stream();
+  auto s3 = ds.shard(4, 3).batch(1).repeat(8).stream();
+  std::vector<data::batch_stream*> ptrs{&s0, &s1, &s2, &s3};
   // η = 1 and integer steps: every partial sum is exact in float.
   const auto report = strategies::hogwild_threads(replicas, std::span<float>(shared), ptrs, 1.0f);
   REQUIRE(report.steps == 4 * 64 * 8);

@@ -380,18 +380,12 @@ class parameter_server {
     // is in the values (updates that land during the read make the staleness over-, not under-,
     // counted).
     const std::uint64_t seen = updates_.load();
-    if (store_.mode() == apply_mode::lock_free) {
-      // Hogwild: send straight from the shards (updates may race with the send).
-      for (auto id : m.ids) {
-        auto& s = store_.find(id);
-        reply.payload.push_back(asio::buffer(s.values.data(), s.values.size() * sizeof(float)));
-      }
-    } else {
-      // Locked: a consistent snapshot of each shard, copied under its lock.
-      peer.scratch->resize(bytes);
-      store_.copy_out(m.ids, peer.scratch->data());
-      reply.payload.push_back(asio::buffer(*peer.scratch));
-    }
+    // A copy into the connection's buffer: locked, a consistent snapshot of each shard;
+    // lock-free, read with atomic loads while updates go on (sending straight from the shards'
+    // memory would be a data race with the concurrent fetch_adds).
+    peer.scratch->resize(bytes);
+    store_.copy_out(m.ids, peer.scratch->data());
+    reply.payload.push_back(asio::buffer(*peer.scratch));
     status(reply, seen);
   }
 

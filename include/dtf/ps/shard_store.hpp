@@ -5,7 +5,8 @@
 // gradients go through the rule (dtf::optim), deltas are added (scaled for DynSGD).
 //
 // Modes: locked (the shard's mutex is held for the whole update, and copy_out() takes it, so a
-// pull never sees an update half-applied) and lock-free (Hogwild). Lock-free is allowed only
+// pull never sees an update half-applied) and lock-free (Hogwild; a pull copies with relaxed
+// atomic loads). Lock-free is allowed only
 // for plain SGD, whose only state is the update count: every element is updated with an atomic
 // relaxed fetch_add (updates from several I/O threads interleave element by element, none is
 // lost, and none is a data race) and the count is an atomic. Rules with slots (momentum,
@@ -173,13 +174,22 @@ class shard_store {
     }
   }
 
-  /// Copies shards `ids` (each under its lock) into dst, which holds bytes_of(ids) bytes.
+  /// Copies shards `ids` into dst, which holds bytes_of(ids) bytes: locked, each under its
+  /// lock (no update half-applied in it); lock-free, element by element with relaxed atomic
+  /// loads (updates may land part-way through the copy, as Hogwild allows; no data race).
   void copy_out(const std::vector<std::uint32_t>& ids, std::byte* dst) const {
     for (auto id : ids) {
       auto& s = find(id);
-      std::lock_guard g(s.mu);
-      std::memcpy(dst, s.values.data(), s.values.size() * sizeof(float));
-      dst += s.values.size() * sizeof(float);
+      const std::size_t n = s.values.size();
+      if (mode_ == apply_mode::lock_free) {
+        auto* out = reinterpret_cast<float*>(dst);
+        for (std::size_t i = 0; i < n; ++i)
+          out[i] = std::atomic_ref<float>(s.values[i]).load(std::memory_order_relaxed);
+      } else {
+        std::lock_guard g(s.mu);
+        std::memcpy(dst, s.values.data(), n * sizeof(float));
+      }
+      dst += n * sizeof(float);
     }
   }
 
