@@ -243,14 +243,17 @@ TEST_CASE("a malformed sync contribution is an error to its sender only and reco
   // Neither counted: worker.1's valid contribution and worker.2's complete the step with
   // exactly their average (1 and 3: the step subtracts 2 from every value).
   std::vector<float> v(40);
+  std::vector<sync_result> results(2);  // checked here: Catch's assertions are not thread-safe
   test::run_threads(2, [&](std::size_t k) {
     ps_client w(std::vector<std::string>{ps0.address()}, layout, opts("worker." + std::to_string(k + 1)));
     w.connect();
     std::vector<float> g(40, k == 0 ? 1.0f : 3.0f);
-    const auto r = w.push_sync(g, 0);
+    results[k] = w.push_sync(g, 0);
+  });
+  for (const auto& r : results) {
     CHECK_FALSE(r.dropped);
     CHECK(r.global_step == 1);
-  });
+  }
   chief.pull(v);
   auto expect = iota(40, 0.0f);
   for (auto& x : expect) x -= 2.0f;
