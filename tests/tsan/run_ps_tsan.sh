@@ -11,5 +11,5 @@ for f in main test_ps_concurrency test_ps_hostile test_sync; do
   [ "$out/$f.o" -nt "$src/tests/$f.cpp" ] || ${CXX:-c++} $flags -c "$src/tests/$f.cpp" -o "$out/$f.o" &
 done
 wait
-${CXX:-c++} -fsanitize=thread "$out/main.o" "$out/test_ps_concurrency.o" "$out/test_ps_hostile.o" "$out/test_sync.o" -o "$out/ps_tsan" -lcrypto -lz -lpthread -fopenmp
+${CXX:-c++} -fsanitize=thread "$out/main.o" "$out/test_ps_concurrency.o" "$out/test_ps_hostile.o" "$out/test_sync.o" -o "$out/ps_tsan" -lopenblas -lcrypto -lz -lpthread -fopenmp
 TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" "$out/ps_tsan" "[concurrency],[hostile],[multi_ps]"
