@@ -48,7 +48,7 @@ struct cluster {
   std::vector<std::unique_ptr<dtf::parameter_server>> servers;
   std::vector<std::thread> threads;
   std::unique_ptr<dtf::ps_client> client;
-  cluster(const dtf::placement& layout) {
+  cluster(const std::string& checkpoint_dir, const dtf::placement& layout) {
     std::vector<std::string> addresses;
     for (std::size_t i = 0; i < layout.num_ps; ++i) {
       dtf::ps_options o;
@@ -56,6 +56,7 @@ struct cluster {
       o.transport.identity = "ps." + std::to_string(i);
       o.transport.timeout_ms = 600000;
       o.transport.log = [](const std::string&) {};
+      o.checkpoint_dir = checkpoint_dir;
       servers.push_back(std::make_unique<dtf::parameter_server>("127.0.0.1:0", o));
       threads.emplace_back([p = servers.back().get()] { p->run(); });
       addresses.push_back("127.0.0.1:" + std::to_string(servers.back()->port()));
@@ -126,12 +127,12 @@ int main(int argc, char** argv) try {
     const dtf::checkpoint_options ck{dir, "bench" + std::to_string(num_ps), 2};
     double save = 0, restore = 0, by_ps = 0, reshard = 0;
     {
-      cluster a(layout);
+      cluster a(dir, layout);
       for (std::size_t i = 0; i < total; ++i) restored[i] = float(i % 1000) * 1e-3f;
-      a.client->initialize(restored, rule);
+      a.client->initialize(restored, {rule});
       a.client->push_gradients(restored);  // values (and Adam's slots) change
       std::int64_t step = 0;
-      save = median_secs([&] { a.client->save_checkpoint(ck, vars, ++step); }, repeats);
+      save = median_secs([&] { save_checkpoint(*a.client, ck, vars, ++step); }, repeats);
       a.client->pull(saved);
     }
     // The restored values are the saved ones (a benchmark that verifies what it measures).
@@ -140,24 +141,24 @@ int main(int argc, char** argv) try {
       if (restored != saved) throw dtf::error(dtf::errc::internal, "restored values differ from the saved ones");
     };
     {
-      cluster b(layout);
-      restore = median_secs([&] { (void)b.client->restore_latest(dir, vars, rule); }, repeats);
+      cluster b(dir, layout);
+      restore = median_secs([&] { (void)restore_latest(*b.client, dir, vars, {rule}); }, repeats);
       check(b);
     }
     {
-      cluster b(layout);
+      cluster b(dir, layout);
       const auto name = *dtf::latest_checkpoint(dir);
       by_ps = median_secs(
           [&] {
-            (void)b.client->restore_checkpoint(dir, name, vars, rule, false, 0, {},
+            (void)restore_checkpoint(*b.client, dir, name, vars, {rule}, {},
                                                dtf::restore_transfer::ps_reads_files);
           },
           repeats);
       check(b);
     }
     {
-      cluster c(dtf::partitioners::fixed_size{3}.place(vars, 3));
-      reshard = median_secs([&] { (void)c.client->restore_latest(dir, vars, rule); }, repeats);
+      cluster c(dir, dtf::partitioners::fixed_size{3}.place(vars, 3));
+      reshard = median_secs([&] { (void)restore_latest(*c.client, dir, vars, {rule}); }, repeats);
       check(c);
     }
     std::printf("%-4zu %9.3f %7.2f %7.2f   %10.3f %7.2f %7.2f   %11.3f %7.2f   %12.3f %7.2f\n", num_ps, save,

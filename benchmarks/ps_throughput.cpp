@@ -249,7 +249,7 @@ struct cluster {
     }
     client.emplace(addrs, layout, quiet("worker.0"));
     client->connect();
-    client->initialize(init, rule, lock_free);
+    client->initialize(init, {rule, lock_free ? dtf::apply_mode::lock_free : dtf::apply_mode::locked});
   }
 };
 

@@ -55,7 +55,9 @@ struct cluster_of {
   std::unique_ptr<ps_client> client;
   // patient: timeouts for tens of MiB per message on a loaded machine (the test options'
   // 300 ms frame deadline is for small models).
-  explicit cluster_of(const placement& layout, std::vector<checkpoint_fault> faults = {}, bool patient = false) {
+  // checkpoint_dir: the ps tasks' own checkpoint directory (ps_options::checkpoint_dir).
+  cluster_of(const std::string& checkpoint_dir, const placement& layout, std::vector<checkpoint_fault> faults = {},
+             bool patient = false) {
     auto opts = [patient](const std::string& identity) {
       auto o = dtf::test::opts(identity);
       if (patient) {
@@ -68,6 +70,7 @@ struct cluster_of {
     for (std::size_t i = 0; i < layout.num_ps; ++i) {
       ps_options o{opts("ps." + std::to_string(i))};
       o.transport.log = [](const std::string&) {};
+      o.checkpoint_dir = checkpoint_dir;
       if (i < faults.size()) o.save_fault = faults[i];
       servers.push_back(std::make_unique<parameter_server>("127.0.0.1:0", o));
       threads.emplace_back([p = servers.back().get()] { p->run(); });

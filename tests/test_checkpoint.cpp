@@ -33,11 +33,11 @@ TEST_CASE("a checkpoint restores values, Adam's moments and t, and the global st
   temp_dir dir("roundtrip");
   const auto vars = model_vars();
   const optim::rule rule = optim::adam{.learning_rate = 0.05f};
-  cluster_of a(place_on(2));
-  a.client->initialize(seeded(num_parameters(vars), 1), rule);
+  cluster_of a(dir.path.string(), place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 1), {rule});
   train(*a.client, 5, 100);
   const auto saved = pull_all(*a.client);
-  const auto m = a.client->save_checkpoint({dir.path.string(), "ckpt", 3}, vars);
+  const auto m = save_checkpoint(*a.client, {dir.path.string(), "ckpt", 3}, vars);
   CHECK(m.name == "ckpt-5");
   CHECK(m.global_step == 5);
   CHECK(m.rule == "adam");
@@ -46,9 +46,9 @@ TEST_CASE("a checkpoint restores values, Adam's moments and t, and the global st
   CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-5"));
   for (const auto& v : m.variables) CHECK(v.iterations == 5);
 
-  cluster_of b(place_on(2));
+  cluster_of b(dir.path.string(), place_on(2));
   CHECK_FALSE(b.client->ready());
-  const auto step = b.client->restore_latest(dir.path.string(), vars, rule);
+  const auto step = restore_latest(*b.client, dir.path.string(), vars, {rule});
   REQUIRE(step == std::optional<std::int64_t>(5));
   CHECK(b.client->ready());
   CHECK(b.client->global_step() == 5);
@@ -65,17 +65,17 @@ TEST_CASE("a checkpoint saved by 2 ps restores into 1 and into 3 ps, and 1 into 
   temp_dir dir("reshard");
   const auto vars = model_vars();
   const optim::rule rule = optim::momentum{.learning_rate = 0.1f, .momentum = 0.9f};
-  cluster_of two(place_on(2));
-  two.client->initialize(seeded(num_parameters(vars), 2), rule);
+  cluster_of two(dir.path.string(), place_on(2));
+  two.client->initialize(seeded(num_parameters(vars), 2), {rule});
   train(*two.client, 4, 200);
   const auto saved = pull_all(*two.client);
-  two.client->save_checkpoint({dir.path.string(), "two", 0}, vars);
+  save_checkpoint(*two.client, {dir.path.string(), "two", 0}, vars);
 
-  cluster_of one(partitioners::round_robin{}.place(vars, 1));
-  REQUIRE(one.client->restore_checkpoint(dir.path.string(), "two-4", vars, rule) == 4);
+  cluster_of one(dir.path.string(), partitioners::round_robin{}.place(vars, 1));
+  REQUIRE(restore_checkpoint(*one.client, dir.path.string(), "two-4", vars, {rule}) == 4);
   CHECK(pull_all(*one.client) == saved);
-  cluster_of three(place_on(3, 3));
-  REQUIRE(three.client->restore_checkpoint(dir.path.string(), "two-4", vars, rule) == 4);
+  cluster_of three(dir.path.string(), place_on(3, 3));
+  REQUIRE(restore_checkpoint(*three.client, dir.path.string(), "two-4", vars, {rule}) == 4);
   CHECK(pull_all(*three.client) == saved);
   // The momentum slots were resharded too: training continues identically everywhere.
   train(*two.client, 2, 300);
@@ -86,9 +86,9 @@ TEST_CASE("a checkpoint saved by 2 ps restores into 1 and into 3 ps, and 1 into 
   CHECK(pull_all(*three.client) == reference);
 
   // 1 -> 3.
-  one.client->save_checkpoint({dir.path.string(), "one", 0}, vars);
-  cluster_of three_again(place_on(3, 2));
-  REQUIRE(three_again.client->restore_checkpoint(dir.path.string(), "one-6", vars, rule) == 6);
+  save_checkpoint(*one.client, {dir.path.string(), "one", 0}, vars);
+  cluster_of three_again(dir.path.string(), place_on(3, 2));
+  REQUIRE(restore_checkpoint(*three_again.client, dir.path.string(), "one-6", vars, {rule}) == 6);
   CHECK(pull_all(*three_again.client) == pull_all(*one.client));
   train(*one.client, 1, 400);
   train(*three_again.client, 1, 400);
@@ -99,15 +99,15 @@ TEST_CASE("a ps that holds no shard writes an empty shard file, and Adam's slots
   temp_dir dir("empty");
   const auto vars = model_vars();
   const optim::rule rule = optim::adam{.learning_rate = 0.01f};
-  cluster_of five(partitioners::round_robin{}.place(vars, 5));  // 4 variables: ps.4 holds nothing
-  five.client->initialize(seeded(num_parameters(vars), 8), rule);
+  cluster_of five(dir.path.string(), partitioners::round_robin{}.place(vars, 5));  // 4 variables: ps.4 holds nothing
+  five.client->initialize(seeded(num_parameters(vars), 8), {rule});
   train(*five.client, 3, 1600);
-  const auto m = five.client->save_checkpoint({dir.path.string(), "ckpt", 0}, vars);
+  const auto m = save_checkpoint(*five.client, {dir.path.string(), "ckpt", 0}, vars);
   CHECK(m.files.size() == 5);
   CHECK(m.num_slots == 2);
   CHECK_NOTHROW(verify_checkpoint(dir.path, m.name));
-  cluster_of two(place_on(2));
-  REQUIRE(two.client->restore_latest(dir.path.string(), vars, rule) == std::optional<std::int64_t>(3));
+  cluster_of two(dir.path.string(), place_on(2));
+  REQUIRE(restore_latest(*two.client, dir.path.string(), vars, {rule}) == std::optional<std::int64_t>(3));
   CHECK(pull_all(*two.client) == pull_all(*five.client));
   train(*five.client, 2, 1700);
   train(*two.client, 2, 1700);
@@ -119,21 +119,21 @@ TEST_CASE("a save that dies part-way through a shard file leaves the previous ch
   temp_dir dir("crash");
   const auto vars = model_vars();
   const optim::rule rule = optim::adagrad{.learning_rate = 0.1f};
-  cluster_of a(place_on(2), {checkpoint_fault{}, checkpoint_fault{.abort_after_bytes = 100}});
-  a.client->initialize(seeded(num_parameters(vars), 3), rule);
+  cluster_of a(dir.path.string(), place_on(2), {checkpoint_fault{}, checkpoint_fault{.abort_after_bytes = 100}});
+  a.client->initialize(seeded(num_parameters(vars), 3), {rule});
   train(*a.client, 2, 600);
   // ps.1's file is larger than 100 bytes, so every save of this cluster dies in the middle of
   // it; the first checkpoint comes from a healthy cluster restored from the same state.
-  cluster_of healthy(place_on(2));
-  healthy.client->initialize(seeded(num_parameters(vars), 3), rule);
+  cluster_of healthy(dir.path.string(), place_on(2));
+  healthy.client->initialize(seeded(num_parameters(vars), 3), {rule});
   train(*healthy.client, 2, 600);
   const auto good = pull_all(*healthy.client);
-  healthy.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
+  save_checkpoint(*healthy.client, {dir.path.string(), "ckpt", 5}, vars);
   REQUIRE(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-2"));
 
   train(*a.client, 2, 700);
   try {
-    a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
+    save_checkpoint(*a.client, {dir.path.string(), "ckpt", 5}, vars);
     FAIL("the save should have failed");
   } catch (const error& e) {
     CHECK(std::string(e.what()).find("fault injection") != std::string::npos);
@@ -147,11 +147,11 @@ TEST_CASE("a save that dies part-way through a shard file leaves the previous ch
   CHECK_FALSE(fs::exists(dir.path / "ckpt-4.manifest.json"));
   CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-2"));
   CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-2"));
-  cluster_of b(place_on(2));
-  REQUIRE(b.client->restore_latest(dir.path.string(), vars, rule) == std::optional<std::int64_t>(2));
+  cluster_of b(dir.path.string(), place_on(2));
+  REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {rule}) == std::optional<std::int64_t>(2));
   CHECK(pull_all(*b.client) == good);
   // The next successful save sweeps the debris away.
-  healthy.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars, 6);
+  save_checkpoint(*healthy.client, {dir.path.string(), "ckpt", 5}, vars, 6);
   CHECK(latest_checkpoint(dir.path) == std::optional<std::string>("ckpt-6"));
   CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-6"));
   CHECK_NOTHROW(verify_checkpoint(dir.path, "ckpt-2"));
@@ -162,18 +162,18 @@ TEST_CASE("a save that dies part-way through a shard file leaves the previous ch
 TEST_CASE("restore refuses a damaged checkpoint, naming the file", "[checkpoint][errors]") {
   temp_dir dir("corrupt");
   const auto vars = model_vars();
-  cluster_of a(place_on(2));
-  a.client->initialize(seeded(num_parameters(vars), 4), optim::sgd{});
-  a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars, 1);
+  cluster_of a(dir.path.string(), place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 4), {optim::sgd{}});
+  save_checkpoint(*a.client, {dir.path.string(), "ckpt", 5}, vars, 1);
   const auto shard = dir.path / "ckpt-1.ps-1-of-2.shard";
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-3, std::ios::end);
     f.put('\x7f');
   }
-  cluster_of b(place_on(2));
+  cluster_of b(dir.path.string(), place_on(2));
   try {
-    b.client->restore_latest(dir.path.string(), vars, optim::sgd{});
+    restore_latest(*b.client, dir.path.string(), vars, {optim::sgd{}});
     FAIL("restore should have refused the damaged file");
   } catch (const error& e) {
     CHECK(e.code() == make_error_code(errc::corrupt_data));
@@ -191,33 +191,33 @@ TEST_CASE("restore names a variable the checkpoint lacks, a changed shape and an
           "[checkpoint][errors]") {
   temp_dir dir("mismatch");
   const auto vars = model_vars();
-  cluster_of a(place_on(1));
-  a.client->initialize(seeded(num_parameters(vars), 5), optim::adam{});
+  cluster_of a(dir.path.string(), place_on(1));
+  a.client->initialize(seeded(num_parameters(vars), 5), {optim::adam{}});
   train(*a.client, 1, 50);
-  a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
-  cluster_of b(place_on(1));
+  save_checkpoint(*a.client, {dir.path.string(), "ckpt", 5}, vars);
+  cluster_of b(dir.path.string(), place_on(1));
   auto renamed = vars;
   renamed[1].name = "dense_0/b";
-  CHECK_THROWS_WITH(b.client->restore_latest(dir.path.string(), renamed, optim::adam{}),
+  CHECK_THROWS_WITH(restore_latest(*b.client, dir.path.string(), renamed, {optim::adam{}}),
                     Catch::Contains("has no variable 'dense_0/b'"));
   auto reshaped = vars;
   reshaped[2].shape = {2, 5};
-  CHECK_THROWS_WITH(b.client->restore_latest(dir.path.string(), reshaped, optim::adam{}),
+  CHECK_THROWS_WITH(restore_latest(*b.client, dir.path.string(), reshaped, {optim::adam{}}),
                     Catch::Contains("'dense_1/kernel' is [5, 2] in checkpoint ckpt-1 but [2, 5] in the model"));
-  CHECK_THROWS_WITH(b.client->restore_latest(dir.path.string(), vars, optim::momentum{}),
+  CHECK_THROWS_WITH(restore_latest(*b.client, dir.path.string(), vars, {optim::momentum{}}),
                     Catch::Contains("slots of rule adam"));
   // Plain SGD has no slots: it may start from any checkpoint's values.
-  CHECK(b.client->restore_latest(dir.path.string(), vars, optim::sgd{}) == std::optional<std::int64_t>(1));
+  CHECK(restore_latest(*b.client, dir.path.string(), vars, {optim::sgd{}}) == std::optional<std::int64_t>(1));
 }
 
 TEST_CASE("max_to_keep prunes the oldest checkpoints and their files", "[checkpoint]") {
   temp_dir dir("keep");
   const auto vars = model_vars();
-  cluster_of a(place_on(2));
-  a.client->initialize(seeded(num_parameters(vars), 6), optim::sgd{});
+  cluster_of a(dir.path.string(), place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 6), {optim::sgd{}});
   for (int i = 0; i < 4; ++i) {
     train(*a.client, 1, 800 + std::uint64_t(i));
-    a.client->save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+    save_checkpoint(*a.client, {dir.path.string(), "ckpt", 2}, vars);
   }
   const auto state = read_checkpoint_state(dir.path);
   REQUIRE(state);
@@ -234,7 +234,7 @@ TEST_CASE("max_to_keep prunes the oldest checkpoints and their files", "[checkpo
   // Files of other prefixes, and names that only look alike, are not touched.
   std::ofstream(dir.path / "ckpt-notes.txt") << "mine";
   std::ofstream(dir.path / "other-1.manifest.json") << "{}";
-  a.client->save_checkpoint({dir.path.string(), "ckpt", 2}, vars, 9);
+  save_checkpoint(*a.client, {dir.path.string(), "ckpt", 2}, vars, 9);
   CHECK(fs::exists(dir.path / "ckpt-notes.txt"));
   CHECK(fs::exists(dir.path / "other-1.manifest.json"));
   CHECK_FALSE(fs::exists(dir.path / "ckpt-3.manifest.json"));
@@ -243,13 +243,13 @@ TEST_CASE("max_to_keep prunes the oldest checkpoints and their files", "[checkpo
 TEST_CASE("a restored synchronous ps continues at the saved global step", "[checkpoint][sync]") {
   temp_dir dir("sync");
   const auto vars = model_vars();
-  cluster_of a(place_on(2));
-  a.client->initialize(seeded(num_parameters(vars), 7), optim::sgd{.learning_rate = 0.5f}, false, 1);
+  cluster_of a(dir.path.string(), place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 7), {optim::sgd{.learning_rate = 0.5f}, apply_mode::locked, 1});
   const auto n = num_parameters(vars);
   for (std::int64_t s = 0; s < 3; ++s) a.client->push_sync(seeded(n, 900 + std::uint64_t(s)), s);
-  a.client->save_checkpoint({dir.path.string(), "ckpt", 5}, vars);
-  cluster_of b(place_on(1));
-  REQUIRE(b.client->restore_latest(dir.path.string(), vars, optim::sgd{.learning_rate = 0.5f}, false, 1) ==
+  save_checkpoint(*a.client, {dir.path.string(), "ckpt", 5}, vars);
+  cluster_of b(dir.path.string(), place_on(1));
+  REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {optim::sgd{.learning_rate = 0.5f}, apply_mode::locked, 1}) ==
           std::optional<std::int64_t>(3));
   const auto r = b.client->push_sync(seeded(n, 903), 3);
   CHECK_FALSE(r.dropped);
@@ -293,14 +293,14 @@ TEST_CASE("checkpoint_saver saves at start, every N steps and at the end, and th
   int begun = 0, ended = 0;
   std::vector<float> final_values;
   {
-    cluster_of a(place_on(2));
+    cluster_of a(dir.path.string(), place_on(2));
     bool initialised = false;
     monitored_training_session s({.is_chief = true,
                                   .scaffold = ps_scaffold(*a.client, {.checkpoint_dir = dir.path.string(),
                                                                       .variables = vars,
-                                                                      .rule = rule,
+                                                                      .config = {rule},
                                                                       .init = [&] {
-                                                                        a.client->initialize(seeded(n, 11), rule);
+                                                                        a.client->initialize(seeded(n, 11), {rule});
                                                                         initialised = true;
                                                                       }})});
     s.add_hook(hooks::stop_at_step({.last_step = 10}));
@@ -333,12 +333,12 @@ TEST_CASE("checkpoint_saver saves at start, every N steps and at the end, and th
   CHECK(state->all == std::vector<std::string>{"model-4", "model-8", "model-10"});
 
   // A new run (one ps now) resumes at step 10 from the checkpoint and stops at once.
-  cluster_of b(place_on(1));
+  cluster_of b(dir.path.string(), place_on(1));
   std::vector<float> restored;
   monitored_training_session s({.is_chief = true,
                                 .scaffold = ps_scaffold(*b.client, {.checkpoint_dir = dir.path.string(),
                                                                     .variables = vars,
-                                                                    .rule = rule,
+                                                                    .config = {rule},
                                                                     .init = [] { FAIL("init despite a checkpoint"); },
                                                                     .restored = [&](std::span<const float> v) {
                                                                       restored.assign(v.begin(), v.end());
@@ -368,9 +368,10 @@ TEST_CASE("after a ps restart the chief restores it from the latest checkpoint w
   const auto n = num_parameters(vars);
   const optim::rule rule = optim::adagrad{.learning_rate = 0.1f};
   const auto layout = place_on(1);
-  auto start_ps = [](std::uint16_t port) {
+  auto start_ps = [checkpoint_dir = dir.path.string()](std::uint16_t port) {
     ps_options o{test::opts("ps.0")};
     o.transport.log = [](const std::string&) {};
+    o.checkpoint_dir = checkpoint_dir;
     return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
   };
   auto ps = start_ps(0);
@@ -381,10 +382,10 @@ TEST_CASE("after a ps restart the chief restores it from the latest checkpoint w
   ps_client worker(addr, layout, test::opts("worker.0"));
   chief.connect();
   worker.connect();
-  chief.initialize(seeded(n, 21), rule);
+  chief.initialize(seeded(n, 21), {rule});
   train(chief, 3, 1100);
   const auto at_save = pull_all(chief);
-  chief.save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  save_checkpoint(chief, {dir.path.string(), "ckpt", 2}, vars);
   train(chief, 2, 1200);  // progress after the checkpoint, lost with the ps
 
   // The ps dies (its connections close) and comes back empty on the same port.
@@ -407,7 +408,7 @@ TEST_CASE("after a ps restart the chief restores it from the latest checkpoint w
     rec.run([&] { return worker.pull(worker_values); });
   });
   ps_recovery rec(
-      chief, true, [&] { REQUIRE(chief.restore_latest(dir.path.string(), vars, rule)); },
+      chief, true, [&] { REQUIRE(restore_latest(chief, dir.path.string(), vars, {rule})); },
       {.log = logger});
   std::vector<float> chief_values(n);
   const auto step = rec.run([&] { return chief.pull(chief_values); });
@@ -419,8 +420,8 @@ TEST_CASE("after a ps restart the chief restores it from the latest checkpoint w
   CHECK(chief_values == at_save);
   CHECK(worker_values == at_save);
   // Adagrad's accumulators came back too: the next update matches one from the checkpoint.
-  cluster_of reference(layout);
-  reference.client->restore_latest(dir.path.string(), vars, rule);
+  cluster_of reference(dir.path.string(), layout);
+  restore_latest(*reference.client, dir.path.string(), vars, {rule});
   train(chief, 1, 1300);
   train(*reference.client, 1, 1300);
   CHECK(pull_all(chief) == pull_all(*reference.client));
@@ -444,9 +445,10 @@ TEST_CASE("when one of two ps restarts, the chief restores both from the latest 
   const auto n = num_parameters(vars);
   const optim::rule rule = optim::momentum{.learning_rate = 0.1f};
   const auto layout = place_on(2);
-  auto start_ps = [](std::size_t index, std::uint16_t port) {
+  auto start_ps = [checkpoint_dir = dir.path.string()](std::size_t index, std::uint16_t port) {
     ps_options o{test::opts("ps." + std::to_string(index))};
     o.transport.log = [](const std::string&) {};
+    o.checkpoint_dir = checkpoint_dir;
     return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
   };
   std::vector<std::unique_ptr<parameter_server>> servers;
@@ -459,10 +461,10 @@ TEST_CASE("when one of two ps restarts, the chief restores both from the latest 
   }
   ps_client chief(addr, layout, test::opts("chief.0"));
   chief.connect();
-  chief.initialize(seeded(n, 31), rule);
+  chief.initialize(seeded(n, 31), {rule});
   train(chief, 4, 1400);
   const auto at_save = pull_all(chief);
-  chief.save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  save_checkpoint(chief, {dir.path.string(), "ckpt", 2}, vars);
   train(chief, 3, 1500);  // ps.0 keeps these updates, ps.1 loses them
 
   const auto port1 = servers[1]->port();
@@ -471,7 +473,7 @@ TEST_CASE("when one of two ps restarts, the chief restores both from the latest 
   servers[1] = start_ps(1, port1);
   threads[1] = std::thread([p = servers[1].get()] { p->run(); });
 
-  ps_recovery rec(chief, true, [&] { REQUIRE(chief.restore_latest(dir.path.string(), vars, rule)); },
+  ps_recovery rec(chief, true, [&] { REQUIRE(restore_latest(chief, dir.path.string(), vars, {rule})); },
                   {.log = [](const std::string&) {}});
   std::vector<float> values(n);
   CHECK(rec.run([&] { return chief.pull(values); }) == 4);
@@ -489,9 +491,10 @@ TEST_CASE("a worker that finished before its ps restarted still counts: the chie
   const auto n = num_parameters(vars);
   const optim::rule rule = optim::sgd{.learning_rate = 0.1f};
   const auto layout = place_on(1);
-  auto start_ps = [](std::uint16_t port) {
+  auto start_ps = [checkpoint_dir = dir.path.string()](std::uint16_t port) {
     ps_options o{test::opts("ps.0")};
     o.transport.log = [](const std::string&) {};
+    o.checkpoint_dir = checkpoint_dir;
     return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
   };
   auto ps = start_ps(0);
@@ -502,9 +505,9 @@ TEST_CASE("a worker that finished before its ps restarted still counts: the chie
   ps_client worker(addr, layout, test::opts("worker.0"));
   chief.connect();
   worker.connect();
-  chief.initialize(seeded(n, 41), rule);
+  chief.initialize(seeded(n, 41), {rule});
   train(chief, 2, 1600);
-  chief.save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  save_checkpoint(chief, {dir.path.string(), "ckpt", 2}, vars);
   // The worker trains, reports done and exits; the chief's next step learns its name.
   train(worker, 2, 1700);
   worker.mark_done();
@@ -517,7 +520,7 @@ TEST_CASE("a worker that finished before its ps restarted still counts: the chie
   serve.join();
   ps = start_ps(port);
   serve = std::thread([p = ps.get()] { p->run(); });
-  ps_recovery rec(chief, true, [&] { REQUIRE(chief.restore_latest(dir.path.string(), vars, rule)); },
+  ps_recovery rec(chief, true, [&] { REQUIRE(restore_latest(chief, dir.path.string(), vars, {rule})); },
                   {.log = [](const std::string&) {}});
   // The chief's finish: mark done, then wait (bounded) for both training tasks.
   rec.run([&] { chief.mark_done(); });

@@ -121,8 +121,8 @@ TEST_CASE("a manifest whose variable offset lies near 2^64 is refused, naming th
     CHECK_THAT(e, Catch::Contains("ckpt-1.manifest.json") && Catch::Contains("variables[1].offset"));
   }
   // The chief's restore uses the same reader.
-  cluster_of c(place_on(2));
-  const auto e = error_of([&] { (void)c.client->restore_latest(dir.path.string(), model_vars(), optim::adam{}); });
+  cluster_of c(dir.path.string(), place_on(2));
+  const auto e = error_of([&] { (void)restore_latest(*c.client, dir.path.string(), model_vars(), {optim::adam{}}); });
   CHECK_THAT(e, Catch::Contains("variables[1].offset"));
   CHECK_FALSE(c.client->ready());
 }
@@ -244,9 +244,9 @@ TEST_CASE("checkpoint writers never write through a symlink at a temporary name"
   CHECK(read_bytes(victim) == "precious");
   CHECK_NOTHROW(verify_checkpoint(ckdir, "ckpt-7"));
   // The ps-side shard writer too.
-  cluster_of c(place_on(2));
-  c.client->initialize(seeded(num_parameters(model_vars()), 3), optim::sgd{});
-  c.client->save_checkpoint({ckdir.string(), "ckpt", 5}, model_vars(), 8);
+  cluster_of c(ckdir.string(), place_on(2));
+  c.client->initialize(seeded(num_parameters(model_vars()), 3), {optim::sgd{}});
+  save_checkpoint(*c.client, {ckdir.string(), "ckpt", 5}, model_vars(), 8);
   CHECK(read_bytes(victim) == "precious");
   CHECK_NOTHROW(verify_checkpoint(ckdir, "ckpt-8"));
   // Every temporary file was created anew and renamed: none is left beside the planted links.
@@ -260,13 +260,13 @@ TEST_CASE("restore falls back to the newest kept checkpoint that verifies, and s
   temp_dir dir("fallback");
   const auto vars = model_vars();
   const optim::rule rule = optim::adagrad{.learning_rate = 0.1f};
-  cluster_of a(place_on(2));
-  a.client->initialize(seeded(num_parameters(vars), 9), rule);
+  cluster_of a(dir.path.string(), place_on(2));
+  a.client->initialize(seeded(num_parameters(vars), 9), {rule});
   train(*a.client, 2, 100);
   const auto at_2 = pull_all(*a.client);
-  a.client->save_checkpoint({dir.path.string(), "ckpt", 3}, vars);
+  save_checkpoint(*a.client, {dir.path.string(), "ckpt", 3}, vars);
   train(*a.client, 2, 200);
-  a.client->save_checkpoint({dir.path.string(), "ckpt", 3}, vars);
+  save_checkpoint(*a.client, {dir.path.string(), "ckpt", 3}, vars);
   // The latest is damaged (a byte flipped in ps.1's shard file).
   {
     std::fstream f(dir.path / "ckpt-4.ps-1-of-2.shard", std::ios::in | std::ios::out | std::ios::binary);
@@ -274,22 +274,22 @@ TEST_CASE("restore falls back to the newest kept checkpoint that verifies, and s
     f.put('\x55');
   }
   dtf::test::log_sink sink;
-  cluster_of b(place_on(3, 1));
+  cluster_of b(dir.path.string(), place_on(3, 1));
   b.client = std::make_unique<ps_client>(
       std::vector<std::string>{"127.0.0.1:" + std::to_string(b.servers[0]->port()),
                                "127.0.0.1:" + std::to_string(b.servers[1]->port()),
                                "127.0.0.1:" + std::to_string(b.servers[2]->port())},
       place_on(3, 1), dtf::test::opts("chief.0", "", &sink));
   b.client->connect();
-  REQUIRE(b.client->restore_latest(dir.path.string(), vars, rule) == std::optional<std::int64_t>(2));
+  REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {rule}) == std::optional<std::int64_t>(2));
   CHECK(pull_all(*b.client) == at_2);
   CHECK(sink.contains("ckpt-4 failed verification"));
   CHECK(sink.contains("ckpt-4.ps-1-of-2.shard: SHA-256"));
   CHECK(sink.contains("restoring ckpt-2"));
   // The option to refuse instead.
-  cluster_of c(place_on(2));
+  cluster_of c(dir.path.string(), place_on(2));
   CHECK_THAT(error_of([&] {
-               (void)c.client->restore_latest(dir.path.string(), vars, rule, false, 0, {}, checkpoint_fallback::refuse);
+               (void)restore_latest(*c.client, dir.path.string(), vars, {rule}, {}, checkpoint_fallback::refuse);
              }),
              Catch::Contains("ckpt-4.ps-1-of-2.shard: SHA-256"));
   CHECK_FALSE(c.client->ready());
@@ -304,7 +304,7 @@ TEST_CASE("restore falls back to the newest kept checkpoint that verifies, and s
   CHECK(newest_usable_checkpoint(dir.path) == std::optional<std::string>("ckpt-2"));
   // Nothing verifies: the error names the latest's cause.
   fs::remove(dir.path / "ckpt-2.ps-0-of-2.shard");
-  CHECK_THAT(error_of([&] { (void)c.client->restore_latest(dir.path.string(), vars, rule); }),
+  CHECK_THAT(error_of([&] { (void)restore_latest(*c.client, dir.path.string(), vars, {rule}); }),
              Catch::Contains("no kept checkpoint") && Catch::Contains("ckpt-4.ps-1-of-2.shard: SHA-256"));
 }
 
@@ -349,16 +349,16 @@ TEST_CASE("restore streams the checkpoint: the chief never holds the whole model
   const double model_kb = double(n * sizeof(float)) / 1024.0;
   const auto layout = partitioners::fixed_size{4}.place(vars, 4);
   {
-    cluster_of a(layout, {}, true);
+    cluster_of a(dir.path.string(), layout, {}, true);
     std::vector<float> init(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = float(i % 977);
-    a.client->initialize(init, optim::sgd{});
-    a.client->save_checkpoint({dir.path.string(), "ckpt", 1}, vars, 1);
+    a.client->initialize(init, {optim::sgd{}});
+    save_checkpoint(*a.client, {dir.path.string(), "ckpt", 1}, vars, 1);
   }
-  cluster_of b(layout, {}, true);
+  cluster_of b(dir.path.string(), layout, {}, true);
   REQUIRE(reset_peak_rss());  // /proc/self/clear_refs "5" (Linux >= 4.0)
   const auto base = rss_kb();
-  REQUIRE(b.client->restore_latest(dir.path.string(), vars, optim::sgd{}));
+  REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {optim::sgd{}}));
   const double grown = double(peak_rss_kb()) - double(base);
   // The ps tasks (threads of this process) now hold the model (1x), and each keeps the
   // receive buffer its restore message came in (the transport's, a quarter each: 1x in all).
@@ -378,14 +378,14 @@ TEST_CASE("each ps can read its own slices from the shard files: resharding is e
   temp_dir dir("by_ps");
   const auto vars = model_vars();
   const optim::rule rule = optim::adam{.learning_rate = 0.02f};
-  cluster_of two(place_on(2));
-  two.client->initialize(seeded(num_parameters(vars), 12), rule);
+  cluster_of two(dir.path.string(), place_on(2));
+  two.client->initialize(seeded(num_parameters(vars), 12), {rule});
   train(*two.client, 3, 1200);
-  two.client->save_checkpoint({dir.path.string(), "ckpt", 2}, vars);
+  save_checkpoint(*two.client, {dir.path.string(), "ckpt", 2}, vars);
   // 2 -> 3 ps, values, Adam's moments and t: the next updates agree bit for bit.
-  cluster_of three(place_on(3, 3));
+  cluster_of three(dir.path.string(), place_on(3, 3));
   std::vector<float> params(num_parameters(vars));
-  REQUIRE(three.client->restore_latest(dir.path.string(), vars, rule, false, 0, params,
+  REQUIRE(restore_latest(*three.client, dir.path.string(), vars, {rule}, params,
                                        checkpoint_fallback::newest_valid, restore_transfer::ps_reads_files) ==
           std::optional<std::int64_t>(3));
   CHECK(params == pull_all(*two.client));
@@ -398,9 +398,9 @@ TEST_CASE("each ps can read its own slices from the shard files: resharding is e
     f.seekp(-1, std::ios::end);
     f.put('\x21');
   }
-  cluster_of again(place_on(2));
+  cluster_of again(dir.path.string(), place_on(2));
   CHECK_THAT(error_of([&] {
-               (void)again.client->restore_checkpoint(dir.path.string(), "ckpt-3", vars, rule, false, 0, {},
+               (void)restore_checkpoint(*again.client, dir.path.string(), "ckpt-3", vars, {rule}, {},
                                                       restore_transfer::ps_reads_files);
              }),
              Catch::Contains("ckpt-3.ps-0-of-2.shard: SHA-256"));
@@ -416,16 +416,16 @@ TEST_CASE("a restore in which each ps reads its own slices costs the chief no mo
   const double model_kb = double(n * sizeof(float)) / 1024.0;
   const auto layout = partitioners::fixed_size{4}.place(vars, 4);
   {
-    cluster_of a(layout, {}, true);
+    cluster_of a(dir.path.string(), layout, {}, true);
     std::vector<float> init(n);
     for (std::size_t i = 0; i < n; ++i) init[i] = float(i % 977);
-    a.client->initialize(init, optim::sgd{});
-    a.client->save_checkpoint({dir.path.string(), "ckpt", 1}, vars, 1);
+    a.client->initialize(init, {optim::sgd{}});
+    save_checkpoint(*a.client, {dir.path.string(), "ckpt", 1}, vars, 1);
   }
-  cluster_of b(layout, {}, true);
+  cluster_of b(dir.path.string(), layout, {}, true);
   REQUIRE(reset_peak_rss());
   const auto base = rss_kb();
-  b.client->restore_checkpoint(dir.path.string(), "ckpt-1", vars, optim::sgd{}, false, 0, {},
+  restore_checkpoint(*b.client, dir.path.string(), "ckpt-1", vars, {optim::sgd{}}, {},
                                restore_transfer::ps_reads_files);
   const double grown = double(peak_rss_kb()) - double(base);
   // The ps tasks' new shards (1x); nothing at the chief, no receive buffers; a few 1 MiB

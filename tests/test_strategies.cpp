@@ -61,6 +61,141 @@ TEST_CASE("AGN with window 1, one worker and local SGD equals SGD on the ps", "[
   CHECK(w.staleness().max == 0);
 }
 
+TEST_CASE("AGN divides a partial last window by the steps it took, not by lambda", "[strategies][agn]") {
+  running_ps ps0(opts("ps.0"));
+  auto net = small_net();
+  const auto layout = partitioners::round_robin{}.place(net.variables(), 1);
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  const float lr = 0.1f;
+  const std::size_t lambda = 3;
+  worker_t<strategies::agn> w(strategies::agn({lambda, optim::sgd{lr}}), net, client, 0, 1);
+  w.initialize_ps(5);
+  w.begin();
+  // Reference (Hermans' AGN, local SGD): each window of λ steps from the pulled centre commits
+  // (θ − θ_pulled)/λ; the last, partial window of k < λ steps commits (θ − θ_pulled)/k.
+  auto reference_net = small_net();
+  std::vector<float> centre(w.params().begin(), w.params().end()), p = centre, g(p.size());
+  tensor x, y;
+  std::size_t in_window = 0;
+  auto commit = [&] {
+    for (std::size_t i = 0; i < p.size(); ++i) centre[i] += (p[i] - centre[i]) / float(in_window);
+    p = centre;
+    in_window = 0;
+  };
+  auto s = synthetic(64, 2).batch(16).stream();  // 4 batches: a full window and one step
+  while (auto b = s.next()) {
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    reference_net.loss_and_gradients(p, x, y, g);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
+    if (++in_window == lambda) commit();
+    w.step(*b);
+  }
+  REQUIRE(in_window == 1);
+  commit();
+  w.end();
+  std::vector<float> got(p.size());
+  client.pull(got);
+  for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(got[i] == Catch::Detail::Approx(centre[i]).margin(1e-6));
+  CHECK(w.staleness().pushes == 2);
+}
+
+TEST_CASE("DOWNPOUR re-pulls after a recovery (begin) instead of training on its stale copy", "[strategies][downpour]") {
+  running_ps ps0(opts("ps.0"));
+  auto net = small_net();
+  const auto layout = partitioners::round_robin{}.place(net.variables(), 1);
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  strategies::downpour_config c;
+  c.fetch_every = 100;  // no scheduled fetch in this test after the first step
+  c.push_every = 1;
+  c.local_rule = optim::sgd{0.1f};
+  c.ps_rule = optim::sgd{0.1f};
+  worker_t<strategies::downpour> w(strategies::downpour(c), net, client, 0, 1);
+  w.initialize_ps(7);
+  w.begin();
+  auto s = synthetic(32, 4).batch(16).stream();
+  w.step(*s.next());
+  // The ps is restored to other values (as a recovery's restore would), then after_recovery
+  // runs the strategy's begin(): the next step must compute its gradient at the new θ̃.
+  std::vector<float> centre(w.params().size());
+  client.pull(centre);
+  client.push_deltas(std::vector<float>(centre.size(), 0.25f), false);
+  for (auto& v : centre) v += 0.25f;
+  w.begin();
+  const auto b = s.next();
+  w.step(*b);
+  auto reference_net = small_net();
+  std::vector<float> g(centre.size());
+  tensor x, y;
+  assign_from_host(x, b->features);
+  assign_from_host(y, b->labels);
+  reference_net.loss_and_gradients(centre, x, y, g);
+  for (std::size_t i = 0; i < centre.size(); ++i)
+    REQUIRE(w.params()[i] == Catch::Detail::Approx(centre[i] - 0.1f * g[i]).margin(1e-6));
+}
+
+TEST_CASE("DynSGD, two workers in a scripted interleaving: each commit scaled by 1/(tau+1)", "[strategies][dyn_sgd]") {
+  running_ps ps0(opts("ps.0"));
+  auto net_a = small_net(), net_b = small_net();
+  const auto layout = partitioners::round_robin{}.place(net_a.variables(), 1);
+  ps_client ca({ps0.address()}, layout, opts("worker.0")), cb({ps0.address()}, layout, opts("worker.1"));
+  ca.connect();
+  cb.connect();
+  const float lr = 0.1f;
+  const std::size_t lambda = 2;
+  worker_t<strategies::dyn_sgd> a(strategies::dyn_sgd({lambda, optim::sgd{lr}}), net_a, ca, 0, 2);
+  worker_t<strategies::dyn_sgd> b(strategies::dyn_sgd({lambda, optim::sgd{lr}}), net_b, cb, 1, 2);
+  a.initialize_ps(11);
+  a.begin();
+  b.begin();
+  // Reference (Jiang et al.'s DynSGD): θ̃ += (θ_k − θ_pulled) / (τ + 1), τ = commits since the
+  // committer's pull.
+  auto ref_net = small_net();
+  std::vector<float> centre(a.params().begin(), a.params().end());
+  std::vector<float> pulled_a = centre, pulled_b = centre, g(centre.size());
+  std::int64_t commits = 0, seen_a = 0, seen_b = 0;
+  tensor x, y;
+  auto local = [&](std::vector<float> p, const std::vector<data::host_batch>& bs) {
+    for (const auto& bt : bs) {
+      assign_from_host(x, bt.features);
+      assign_from_host(y, bt.labels);
+      ref_net.loss_and_gradients(p, x, y, g);
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
+    }
+    return p;
+  };
+  auto commit = [&](const std::vector<float>& p, std::vector<float>& pulled, std::int64_t& seen) {
+    const float scale = 1.0f / float(commits - seen + 1);
+    for (std::size_t i = 0; i < p.size(); ++i) centre[i] += (p[i] - pulled[i]) * scale;
+    ++commits;
+    pulled = centre;
+    seen = commits;
+  };
+  auto s = synthetic(96, 6).batch(16).stream();
+  auto window = [&] {
+    std::vector<data::host_batch> bs;
+    for (std::size_t i = 0; i < lambda; ++i) bs.push_back(*s.next());
+    return bs;
+  };
+  // Script: a commits (τ = 0), b commits (τ = 1), a commits again (τ = 1).
+  for (int turn : {0, 1, 0}) {
+    const auto bs = window();
+    auto& w = turn == 0 ? a : b;
+    auto& pulled = turn == 0 ? pulled_a : pulled_b;
+    auto& seen = turn == 0 ? seen_a : seen_b;
+    const auto p = local(pulled, bs);
+    for (const auto& bt : bs) w.step(bt);
+    commit(p, pulled, seen);
+  }
+  CHECK(a.staleness().max == 1);
+  CHECK(b.staleness().max == 1);
+  std::vector<float> got(centre.size());
+  ca.read_values(got);
+  for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == Catch::Detail::Approx(centre[i]).margin(1e-6));
+}
+
 TEST_CASE("DynSGD with one worker sees staleness 0 and adds its residual whole", "[strategies][dyn_sgd]") {
   running_ps ps0(opts("ps.0"));
   auto net = small_net();
@@ -114,6 +249,50 @@ TEST_CASE("AEASGD's elastic step moves worker and centre by the same E", "[strat
     moved += std::abs(e[i]);
   }
   CHECK(moved > 0.0);
+}
+
+TEST_CASE("EAMSGD equals the paper's update: gradient at the look-ahead theta + mu v, elastic every tau", "[strategies][eamsgd]") {
+  running_ps ps0(opts("ps.0"));
+  auto net = small_net();
+  const auto layout = partitioners::round_robin{}.place(net.variables(), 1);
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  const strategies::eamsgd_config c{.window = 2, .learning_rate = 0.05f, .momentum = 0.9f, .rho = 4.0f};
+  worker_t<strategies::eamsgd> w(strategies::eamsgd(c), net, client, 0, 1);
+  w.initialize_ps(13);
+  w.begin();
+  // Reference (Zhang et al. 2015, Algorithm 2 with one worker).
+  auto ref_net = small_net();
+  std::vector<float> centre(w.params().begin(), w.params().end()), theta = centre, v(theta.size(), 0.0f),
+      ahead(theta.size()), g(theta.size());
+  const float alpha = c.learning_rate * c.rho;
+  tensor x, y;
+  auto s = synthetic(80, 8).batch(16).stream();  // 5 steps: two elastic updates
+  std::int64_t step = 0;
+  while (auto b = s.next()) {
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    for (std::size_t i = 0; i < theta.size(); ++i) ahead[i] = theta[i] + c.momentum * v[i];
+    ref_net.loss_and_gradients(ahead, x, y, g);
+    for (std::size_t i = 0; i < theta.size(); ++i) {
+      v[i] = c.momentum * v[i] - c.learning_rate * g[i];
+      theta[i] += v[i];
+    }
+    if (++step % std::int64_t(c.window) == 0)
+      for (std::size_t i = 0; i < theta.size(); ++i) {
+        const float e = alpha * (theta[i] - centre[i]);
+        theta[i] -= e;
+        centre[i] += e;
+      }
+    w.step(*b);
+  }
+  std::vector<float> got(centre.size());
+  client.pull(got);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(got[i] == Catch::Detail::Approx(centre[i]).margin(1e-6));
+    REQUIRE(w.params()[i] == Catch::Detail::Approx(theta[i]).margin(1e-6));
+  }
+  CHECK(w.staleness().pushes == 2);
 }
 
 TEST_CASE("elastic strategies refuse alpha outside (0, 1) and windows must be positive", "[strategies][errors]") {
@@ -222,5 +401,33 @@ TEST_CASE("hogwild_threads: lock-free threads on one shared buffer learn", "[str
   const auto report = strategies::hogwild_threads(replicas, std::span<float>(shared), {&s0, &s1}, 0.2f);
   CHECK(report.steps == 2 * 20 * 32);
   CHECK(replicas[0].loss(shared, x, y) < 0.5f * before);
+}
+namespace {
+// A model whose gradient is 1 everywhere, whatever the parameters: Hogwild's result is then
+// exactly θ₀ − η · (number of steps), unless an update is lost.
+struct constant_gradient_model {
+  std::size_t n = 64;
+  std::vector<variable_spec> variables() const { return {{"w", {n}, 0}}; }
+  void initialize(std::span<float> p, std::uint64_t) { std::fill(p.begin(), p.end(), 0.0f); }
+  float loss_and_gradients(std::span<const float>, const tensor&, const tensor&, std::span<float> g) {
+    std::fill(g.begin(), g.end(), 1.0f);
+    return 0.0f;
+  }
+};
+}  // namespace
+
+TEST_CASE("hogwild_threads loses no update: every thread's step lands", "[strategies][hogwild]") {
+  std::vector<constant_gradient_model> replicas(4);
+  std::vector<float> shared(64, 0.0f);
+  const auto ds = synthetic(256, 3);
+  auto s0 = ds.shard(4, 0).batch(1).repeat(8).stream();
+  auto s1 = ds.shard(4, 1).batch(1).repeat(8).stream();
+  auto s2 = ds.shard(4, 2).batch(1).repeat(8).stream();
+  auto s3 = ds.shard(4, 3).batch(1).repeat(8).stream();
+  std::vector<data::batch_stream*> ptrs{&s0, &s1, &s2, &s3};
+  // η = 1 and integer steps: every partial sum is exact in float.
+  const auto report = strategies::hogwild_threads(replicas, std::span<float>(shared), ptrs, 1.0f);
+  REQUIRE(report.steps == 4 * 64 * 8);
+  for (float v : shared) REQUIRE(v == -float(report.steps));
 }
 #endif

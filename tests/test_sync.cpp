@@ -9,7 +9,11 @@
 #include "ps_helpers.hpp"
 #include "train_helpers.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
 #include <thread>
 
 using namespace dtf;
@@ -115,7 +119,7 @@ TEST_CASE("a dead worker with N = 2 of 2 ends in a clear error, not a hang", "[s
   a.connect();
   const std::size_t n = proto.num_parameters();
   std::vector<float> p(n, 0.0f), g(n, 0.01f);
-  a.initialize(p, optim::sgd{0.1f}, false, 2);
+  a.initialize(p, {optim::sgd{0.1f}, apply_mode::locked, 2});
   {
     ps_client b({ps0.address()}, layout, opts("worker.1"));
     b.connect();
@@ -133,7 +137,7 @@ TEST_CASE("contributions for a finished step are dropped and reported", "[sync]"
   ps_client a({ps0.address()}, layout, opts("worker.0"));
   a.connect();
   std::vector<float> p(proto.num_parameters(), 0.0f), g(p.size(), 1.0f);
-  a.initialize(p, optim::sgd{0.5f}, false, 1);
+  a.initialize(p, {optim::sgd{0.5f}, apply_mode::locked, 1});
   CHECK(a.push_sync(g, 0).global_step == 1);
   const auto r = a.push_sync(g, 0);
   CHECK(r.dropped);
@@ -232,4 +236,76 @@ TEST_CASE("per-worker rates: the ps applies the mean of rate-scaled gradients", 
   reader.pull(centre);
   for (std::size_t j = 0; j < p.size(); ++j)
     REQUIRE(centre[j] == Catch::Detail::Approx(p[j] - (0.1f * g0[j] + 0.3f * g1[j]) / 2).margin(1e-6));
+}
+
+namespace {
+// W workers (threads) contribute constant deltas c_k = 2^k to synchronous steps on `num_ps`
+// ps until the global step reaches `steps`; N per step. Each step adds (Σ of its N admitted
+// c_k) / N to every element, so the steps' contributor sets are read back from the values:
+// every element of every ps must hold the same value, which is the sum over the steps of
+// their averages (a different subset on one ps would show as a different value there).
+void sync_deltas_on(std::size_t num_ps, std::size_t workers, std::size_t n, std::int64_t steps) {
+  std::vector<std::unique_ptr<running_ps>> ps;
+  std::vector<std::string> addresses;
+  for (std::size_t i = 0; i < num_ps; ++i) {
+    ps.push_back(std::make_unique<running_ps>(opts("ps." + std::to_string(i)), 2));
+    addresses.push_back(ps.back()->address());
+  }
+  const std::vector<variable_spec> vars{{"w", {10, 3}, 0}, {"b", {3}, 30}, {"v", {7}, 33}};
+  const auto layout = partitioners::fixed_size{3}.place(vars, num_ps);
+  ps_client chief(addresses, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(std::vector<float>(40, 0.0f), {optim::sgd{}, apply_mode::locked, n, workers});
+  std::mutex mu;
+  std::map<std::int64_t, std::set<std::size_t>> admitted;  // step -> contributors ps 0 admitted
+  std::uint64_t dropped = 0, mixed_pulls = 0;  // counted here, checked after the threads
+  run_threads(workers, [&](std::size_t k) {
+    ps_client c(addresses, layout, opts("worker." + std::to_string(k + 1)));
+    c.connect();
+    std::vector<float> v(40), delta(40, float(1u << k));
+    for (std::int64_t t = c.pull(v); t < steps; t = c.pull(v)) {
+      // The values a pull returns are those of its tag: every element is the same.
+      const bool mixed = std::any_of(v.begin(), v.end(), [&](float x) { return x != v[0]; });
+      const auto r = c.push_sync(delta, t, std::nullopt, /*delta=*/true);
+      std::lock_guard g(mu);
+      mixed_pulls += mixed ? 1 : 0;
+      if (r.dropped)
+        ++dropped;
+      else
+        admitted[t].insert(k);
+    }
+    c.mark_done();
+  });
+  CHECK(mixed_pulls == 0);
+  std::vector<float> v(40);
+  CHECK(chief.pull(v) == steps);
+  float expect = 0.0f;
+  REQUIRE(admitted.size() == std::size_t(steps));
+  for (const auto& [t, who] : admitted) {
+    REQUIRE(who.size() == n);
+    float sum = 0.0f;
+    for (auto k : who) sum += float(1u << k);
+    expect += sum / float(n);
+  }
+  for (float x : v) REQUIRE(x == expect);
+  // Dropped contributions are counted by ps 0 alone, one for each the workers saw.
+  std::uint64_t counted = 0;
+  for (const auto& [who, d] : ps[0]->ps->dropped_contributions()) counted += d;
+  CHECK(counted == dropped);
+  for (std::size_t i = 1; i < num_ps; ++i) CHECK(ps[i]->ps->dropped_contributions().empty());
+  for (std::size_t i = 0; i < num_ps; ++i) CHECK(ps[i]->ps->global_step() == steps);
+}
+}  // namespace
+
+TEST_CASE("synchronous steps on 2 ps, 2 workers, N = 2: every ps applies the same contributions", "[sync][multi_ps]") {
+  sync_deltas_on(2, 2, 2, 12);
+}
+TEST_CASE("synchronous steps on 3 ps, 2 workers, N = 2: every ps applies the same contributions", "[sync][multi_ps]") {
+  sync_deltas_on(3, 2, 2, 12);
+}
+TEST_CASE("synchronous steps on 2 ps, 3 workers, N = 2 (a backup): the same N on every ps", "[sync][multi_ps]") {
+  sync_deltas_on(2, 3, 2, 12);
+}
+TEST_CASE("synchronous steps on 3 ps, 3 workers, N = 2 (a backup): the same N on every ps", "[sync][multi_ps]") {
+  sync_deltas_on(3, 3, 2, 12);
 }

@@ -52,7 +52,7 @@ TEST_CASE("ps round trip: init, pull, partitioned variables reassemble exactly",
   chief.connect();
   CHECK_FALSE(chief.ready());
   const auto init = iota_values(40, 1.0f);
-  chief.initialize(init, optim::sgd{0.5f});
+  chief.initialize(init, {optim::sgd{0.5f}});
   CHECK(chief.ready());
   std::vector<float> pulled(40, -1.0f);
   CHECK(chief.pull(pulled) == 0);
@@ -69,7 +69,7 @@ TEST_CASE("server-side optimiser equals the same update applied locally", "[ps][
   c.connect();
   const auto init = iota_values(40, -3.0f);
   const optim::rule rule = optim::adam{.learning_rate = 0.1f};
-  c.initialize(init, rule);
+  c.initialize(init, {rule});
   std::vector<float> local = init;
   optim::optimizer<optim::host_space> opt(rule, 40);
   for (int step = 1; step <= 3; ++step) {
@@ -88,13 +88,13 @@ TEST_CASE("push deltas add, a learning-rate override applies, a second init is i
   const auto layout = partitioners::round_robin{}.place(model_vars(), 1);
   ps_client c({ps0.address()}, layout, opts("worker.0"));
   c.connect();
-  c.initialize(std::vector<float>(40, 1.0f), optim::sgd{1.0f});
+  c.initialize(std::vector<float>(40, 1.0f), {optim::sgd{1.0f}});
   c.push_deltas(std::vector<float>(40, 0.5f), false);
   c.push_gradients(std::vector<float>(40, 1.0f), 0.25f);
   std::vector<float> v(40);
   CHECK(c.pull(v) == 1);
   CHECK(v == std::vector<float>(40, 1.25f));
-  c.initialize(std::vector<float>(40, 9.0f), optim::sgd{1.0f});
+  c.initialize(std::vector<float>(40, 9.0f), {optim::sgd{1.0f}});
   c.pull(v);
   CHECK(v[0] == 1.25f);
 }
@@ -105,7 +105,7 @@ TEST_CASE("pushes report staleness and DynSGD deltas are scaled by 1/(staleness+
   ps_client a({ps0.address()}, layout, opts("worker.0")), b({ps0.address()}, layout, opts("worker.1"));
   a.connect();
   b.connect();
-  a.initialize(std::vector<float>(40, 0.0f), optim::sgd{});
+  a.initialize(std::vector<float>(40, 0.0f), {optim::sgd{}});
   std::vector<float> v(40);
   a.pull(v);
   b.pull(v);
@@ -143,7 +143,7 @@ TEST_CASE("ps errors name their cause and keep the connection", "[ps][transport]
   CHECK_THROWS_WITH(c.pull(v), Catch::Contains("ps.0") && Catch::Contains("not initialised"));
   CHECK_THROWS_WITH(c.pull(std::span<float>(v.data(), 10)), Catch::Contains("buffer of 10 floats"));
   // The connection survived the failure replies.
-  c.initialize(v, optim::sgd{});
+  c.initialize(v, {optim::sgd{}});
   CHECK(c.ready());
 }
 
@@ -161,7 +161,7 @@ TEST_CASE("shutdown from the chief ends the ps's run()", "[ps][transport]") {
   ps_client c({"127.0.0.1:" + std::to_string(ps->port())}, partitioners::round_robin{}.place(model_vars(), 1),
               opts("worker.0"));
   c.connect();
-  c.initialize(std::vector<float>(40), optim::sgd{});
+  c.initialize(std::vector<float>(40), {optim::sgd{}});
   c.shutdown();
   t.join();
   CHECK(ps->shutdown_requested());
@@ -171,7 +171,7 @@ TEST_CASE("a dead ps gives the worker an error naming it", "[ps][transport][erro
   running_ps ps0(opts("ps.0")), ps1(opts("ps.1"));
   ps_client c({ps0.address(), ps1.address()}, partitioners::round_robin{}.place(model_vars(), 2), opts("worker.0"));
   c.connect();
-  c.initialize(std::vector<float>(40), optim::sgd{});
+  c.initialize(std::vector<float>(40), {optim::sgd{}});
   ps1.kill();
   std::vector<float> v(40);
   const auto t0 = std::chrono::steady_clock::now();
@@ -212,7 +212,7 @@ TEST_CASE("authentication: right secret admitted, wrong or missing secret refuse
   {
     ps_client good({ps0.address()}, layout, opts("worker.0", "s3cret"));
     good.connect();
-    good.initialize(std::vector<float>(40, 2.0f), optim::sgd{});
+    good.initialize(std::vector<float>(40, 2.0f), {optim::sgd{}});
   }
   ps_client wrong({ps0.address()}, layout, opts("worker.9", "guess"));
   CHECK_THROWS_WITH(wrong.connect(), Catch::Contains("refused") && Catch::Contains("wrong cluster secret"));
@@ -282,7 +282,7 @@ TEST_CASE("garbage, oversized lengths, wrong versions and truncated frames are d
   // And everyone else is still served.
   ps_client c({ps0.address()}, partitioners::round_robin{}.place(model_vars(), 1), opts("worker.0"));
   c.connect();
-  c.initialize(std::vector<float>(40, 3.0f), optim::sgd{});
+  c.initialize(std::vector<float>(40, 3.0f), {optim::sgd{}});
   std::vector<float> v(40);
   c.pull(v);
   CHECK(v[39] == 3.0f);

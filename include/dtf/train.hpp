@@ -250,11 +250,18 @@ inline int report_result(const train_options& o, const std::string& me, std::siz
 }
 
 /// The ps role: serve until the chief's shutdown.
+/// threads: its I/O threads (lock-free strategies get one per trainer at least, so updates
+/// from different workers are applied concurrently, as Hogwild means).
 inline train_result serve_ps(const cluster& c, const placement& layout, const transport_options& t,
-                             const train_options& o) {
+                             const train_options& o, int threads) {
   const auto t0 = train_clock::now();
   const std::string me = c.self.str();
-  parameter_server ps(c.spec.address(c.self), ps_options{t, o.ps_threads});
+  ps_options po{t, threads};
+  // The ps writes and reads checkpoints only here (never in a directory a peer names).
+  po.checkpoint_dir = o.model_dir;
+  for (const char* job : {"chief", "worker"})
+    for (const auto& task : c.spec.tasks(job)) po.known_workers.push_back(task.str());
+  parameter_server ps(c.spec.address(c.self), std::move(po));
   std::printf("%s: serving %zu shards (%zu bytes) for %s\n", me.c_str(), layout.shards_on(c.self.index).size(),
               layout.bytes_on(c.self.index), o.name.c_str());
   std::fflush(stdout);
@@ -294,7 +301,12 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   if (c.num_ps() == 0)
     throw error(errc::invalid_config, o.name + ": a parameter-server strategy needs ps tasks in the cluster");
   const placement layout = partitioner.place(vars, c.num_ps());
-  if (c.self.job == "ps") return serve_ps(c, layout, transport, o);
+  if (c.self.job == "ps") {
+    int threads = o.ps_threads;
+    if constexpr (!sync)
+      if (strategy.lock_free()) threads = std::max(threads, int(num_trainers(c)));
+    return serve_ps(c, layout, transport, o, threads);
+  }
   if (c.self.job != "worker" && c.self.job != "chief")
     throw error(errc::invalid_config, o.name + " runs as ps, worker or chief, not " + c.self.job);
   const std::size_t trainers = num_trainers(c), trainer = trainer_index(c);
@@ -310,7 +322,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   std::vector<float> centre_host(num_parameters(vars));
   auto evaluate_centre = [&]() -> std::optional<nn::evaluation> {
     if (!o.evaluate) return std::nullopt;
-    ps.pull(centre_host);
+    ps.read_values(centre_host);  // not the chief's own pull: its DynSGD τ stays its own
     centre.copy_from_host<float>(centre_host);
     return o.evaluate(centre.span<float>());
   };
@@ -336,11 +348,13 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     worker.emplace(std::move(strategy), net, ps, trainer, trainers);
   }
   auto& w = *worker;
-  const optim::rule rule = w.strategy().ps_rule();
-  bool lock_free = false;
-  if constexpr (!sync) lock_free = w.strategy().lock_free();
+  ps_config config{.rule = w.strategy().ps_rule(), .replicas_to_aggregate = replicas, .num_workers = trainers};
+  if constexpr (!sync) config.mode = w.strategy().lock_free() ? apply_mode::lock_free : apply_mode::locked;
   auto init = [&] {
-    w.initialize_ps(o.seed);
+    if constexpr (sync)
+      w.initialize_ps(o.seed, trainers);
+    else
+      w.initialize_ps(o.seed);
     if constexpr (sync)
       std::printf("%s: %s with %zu workers, %zu aggregated per step\n", me.c_str(), o.name.c_str(), trainers, replicas);
     else
@@ -352,9 +366,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
       {.is_chief = is_chief,
        .scaffold = ps_scaffold(ps, {.checkpoint_dir = o.model_dir,
                                     .variables = vars,
-                                    .rule = rule,
-                                    .lock_free = lock_free,
-                                    .replicas_to_aggregate = replicas,
+                                    .config = config,
                                     .init = init,
                                     .ready_timeout = std::chrono::milliseconds(o.timeout_ms),
                                     .restored = [&](std::span<const float> v) {
@@ -366,7 +378,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     // The chief re-initialises a ps that came back empty: every ps from the latest checkpoint,
     // or from scratch when there is none.
     auto reinitialise = [&] {
-      if (o.model_dir.empty() || !ps.restore_latest(o.model_dir, vars, rule, lock_free, replicas)) {
+      if (o.model_dir.empty() || !restore_latest(ps, o.model_dir, vars, config)) {
         std::fprintf(stderr, "%s: no checkpoint to restore the parameter servers from; initialising afresh\n",
                      me.c_str());
         init();
@@ -388,7 +400,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     const checkpoint_options ck{.directory = o.model_dir, .max_to_keep = std::size_t(o.keep_checkpoints)};
     session.add_chief_hook(hooks::checkpoint_saver(
         [&, ck](std::int64_t step) -> checkpoint_manifest {
-          return recoverable([&] { return ps.save_checkpoint(ck, vars, step); });
+          return recoverable([&] { return save_checkpoint(ps, ck, vars, step); });
         },
         {.every_n_steps = o.save_checkpoints_steps, .every_secs = o.save_checkpoints_secs}));
   }

@@ -87,6 +87,7 @@ int main(int argc, char** argv) try {
   std::fflush(stdout);
   if (j->is_ps()) {
     dtf::ps_options o{j->transport};
+    o.checkpoint_dir = checkpoint_dir;  // the ps writes its shard files only there
     if (crash_at_restart >= 0 && std::atoi(restarts ? restarts : "0") == crash_at_restart) {
       o.save_fault = {.abort_after_bytes = std::uint64_t(crash_save_bytes), .kill_process = true};
       std::printf("%s: will crash (SIGKILL) after writing %lld bytes of its next shard file\n", j->me().c_str(),
@@ -111,7 +112,7 @@ int main(int argc, char** argv) try {
   const auto rule = worker.strategy().ps_rule();
 
   auto restore_or_init = [&] {
-    if (!ps.restore_latest(checkpoint_dir, vars, rule)) worker.initialize_ps(j->seed);
+    if (!restore_latest(ps, checkpoint_dir, vars, {rule})) worker.initialize_ps(j->seed);
   };
   dtf::ps_recovery recovery(ps, j->is_chief(), restore_or_init,
                             {.ready_timeout = std::chrono::milliseconds(j->timeout_ms),
@@ -125,14 +126,14 @@ int main(int argc, char** argv) try {
       {.is_chief = j->is_chief(),
        .scaffold = dtf::ps_scaffold(ps, {.checkpoint_dir = checkpoint_dir,
                                          .variables = vars,
-                                         .rule = rule,
+                                         .config = {rule},
                                          .init = [&] { worker.initialize_ps(j->seed); },
                                          .ready_timeout = std::chrono::milliseconds(j->timeout_ms)})});
   sess.add_hook(dtf::hooks::stop_at_step({.last_step = last_step}));
   const dtf::checkpoint_options ck{checkpoint_dir, "ckpt", std::size_t(keep)};
   sess.add_chief_hook(dtf::hooks::checkpoint_saver(
       // Named after ps 0's global step at the save (after a restore it may be behind the session's).
-      [&](std::int64_t) { return recovery.run([&] { return ps.save_checkpoint(ck, vars); }); },
+      [&](std::int64_t) { return recovery.run([&] { return save_checkpoint(ps, ck, vars); }); },
       {.every_n_steps = save_every,
        .every_secs = 0,
        .listeners = {{.after_save = [&](std::int64_t step, const dtf::checkpoint_manifest& m) {

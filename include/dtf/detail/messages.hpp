@@ -7,7 +7,10 @@
 #include <dtf/error.hpp>
 #include <dtf/optim/rules.hpp>
 
+#include <cereal/types/optional.hpp>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,15 +95,32 @@ struct rule_msg {
   }
 };
 
+/// What a push or a synchronous contribution carries.
+enum class update_kind : std::uint8_t {
+  gradient,      ///< the ps applies its update rule (at the message's learning rate, if any)
+  delta,         ///< the ps adds the values
+  scaled_delta,  ///< DynSGD: the ps adds the values times 1 / (staleness + 1)
+};
+template <class A>
+std::uint8_t save_minimal(const A&, const update_kind& k) {
+  return std::uint8_t(k);
+}
+template <class A>
+void load_minimal(const A&, update_kind& k, const std::uint8_t& v) {
+  if (v > std::uint8_t(update_kind::scaled_delta)) throw error(errc::corrupt_data, "unknown update kind " + std::to_string(v));
+  k = update_kind(v);
+}
+
 struct ps_init_msg {
   std::vector<std::uint32_t> ids;
   std::vector<std::uint64_t> sizes;  // elements per shard, in ids order
   rule_msg rule;
   bool lock_free = false;
   std::uint64_t replicas_to_aggregate = 0;  // > 0: synchronous mode, N gradients per step
+  std::uint64_t num_workers = 0;            // > 0: N must not exceed it
   template <class A>
   void serialize(A& ar) {
-    ar(ids, sizes, rule, lock_free, replicas_to_aggregate);
+    ar(ids, sizes, rule, lock_free, replicas_to_aggregate, num_workers);
   }
 };
 struct ps_pull_msg {
@@ -112,24 +132,23 @@ struct ps_pull_msg {
 };
 struct ps_push_msg {
   std::vector<std::uint32_t> ids;
-  bool delta = false;           // add the payload instead of applying the update rule
-  float learning_rate = -1.0f;  // < 0: the rule's own rate
-  bool increment_step = false;  // advance the global step (ps 0 holds it)
-  std::uint64_t seen_updates = 0;   // the ps's update count when this worker last pulled
-  bool scale_by_staleness = false;  // DynSGD: multiply the delta by 1 / (staleness + 1)
+  update_kind kind = update_kind::gradient;
+  std::optional<float> learning_rate;  // gradient: none = the rule's own rate
+  bool increment_step = false;         // advance the global step (ps 0 holds it)
+  std::uint64_t seen_updates = 0;      // the ps's update count when this worker last pulled
   template <class A>
   void serialize(A& ar) {
-    ar(ids, delta, learning_rate, increment_step, seen_updates, scale_by_staleness);
+    ar(ids, kind, learning_rate, increment_step, seen_updates);
   }
 };
 struct ps_sync_push_msg {
   std::vector<std::uint32_t> ids;
-  std::int64_t step = 0;        // the global step the contribution was computed at
-  float learning_rate = -1.0f;  // < 0: the rule's own rate
-  bool delta = false;           // add the average instead of applying the rule to it
+  std::int64_t step = 0;               // the global step the contribution was computed at
+  update_kind kind = update_kind::gradient;  // gradient or delta (the average is added)
+  std::optional<float> learning_rate;  // gradient: none = the rule's own rate
   template <class A>
   void serialize(A& ar) {
-    ar(ids, step, learning_rate, delta);
+    ar(ids, step, kind, learning_rate);
   }
 };
 struct ps_status_msg {
@@ -140,18 +159,21 @@ struct ps_status_msg {
   std::uint64_t workers_done = 0;  // tasks that reported the end of their training (ps_done)
   bool dropped = false;            // sync push: the contribution was for a finished step
   std::uint64_t dropped_total = 0; // sync push: this worker's dropped contributions so far
+  bool skipped = false;            // push: not applied (non-finite values, policy skip)
+  bool synchronous = false;        // the ps aggregates synchronous steps (its global step is its own)
   template <class A>
   void serialize(A& ar) {
-    ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total);
+    ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total, skipped, synchronous);
   }
 };
-/// Chief -> ps: write your shards as DIR/NAME.ps-I-of-N.shard (see dtf/checkpoint.hpp).
+/// Chief -> ps: write your shards as DIR/NAME.ps-I-of-N.shard (see dtf/checkpoint.hpp), DIR
+/// being the ps's own ps_options::checkpoint_dir (never a directory from the wire).
 struct ps_save_msg {
-  std::string directory, name;
+  std::string name;
   std::uint64_t ps_index = 0, num_ps = 1;
   template <class A>
   void serialize(A& ar) {
-    ar(directory, name, ps_index, num_ps);
+    ar(name, ps_index, num_ps);
   }
 };
 /// ps -> chief: the shard file written.
@@ -167,20 +189,21 @@ struct ps_saved_msg {
   }
 };
 /// Chief -> ps: replace your state with these shards (values, then num_slots slots each, in
-/// the payload), this global step and these per-shard update counts. With `directory` set the
-/// payload is empty: the ps reads its shards itself from checkpoint `checkpoint` there, shard
-/// i from element from[i] of the saved flat layout (the chief never holds the model).
+/// the payload), this global step and these per-shard update counts. With `from` set the
+/// payload is empty: the ps reads its shards itself from checkpoint `checkpoint` of its own
+/// ps_options::checkpoint_dir, shard i from element from[i] of the saved flat layout (the chief
+/// never holds the model).
 struct ps_restore_msg {
   ps_init_msg init;
   std::int64_t global_step = 0;
   std::uint64_t num_slots = 0;
   std::vector<std::int64_t> iterations;  // per shard, in init.ids order
   std::string checkpoint;                // the checkpoint's name (for the log, and to read)
-  std::string directory;                 // set: the ps reads the shard files itself
-  std::vector<std::uint64_t> from;       // per shard, with directory: first saved element
+  bool from_files = false;               // the ps reads the shard files itself
+  std::vector<std::uint64_t> from;       // per shard, from_files: first saved element
   template <class A>
   void serialize(A& ar) {
-    ar(init, global_step, num_slots, iterations, checkpoint, directory, from);
+    ar(init, global_step, num_slots, iterations, checkpoint, from_files, from);
   }
 };
 /// ps_done_tasks, both ways: the request names the done tasks the sender knows of (the ps

@@ -69,7 +69,7 @@ class checkpoint_saver {
                                  checkpoint_saver_options o = {}) {
     return checkpoint_saver(
         [&ps, vars = std::move(vars), ck = std::move(ck)](std::int64_t step) {
-          return ps.save_checkpoint(ck, vars, step);
+          return save_checkpoint(ps, ck, vars, step);
         },
         std::move(o));
   }
@@ -132,9 +132,7 @@ namespace dtf {
 struct ps_scaffold_options {
   std::string checkpoint_dir;  ///< empty: never restore
   std::vector<variable_spec> variables;
-  optim::rule rule = optim::sgd{};
-  bool lock_free = false;
-  std::size_t replicas_to_aggregate = 0;
+  ps_config config{};  ///< as in ps_client::initialize
   std::function<void()> init;  ///< chief, no checkpoint: initialise the ps (e.g. worker.initialize_ps(seed))
   std::chrono::milliseconds ready_timeout{60000};  ///< other tasks: bound on waiting for the chief
   /// Chief, after a restore: receives the restored values (the caller's copy of the model).
@@ -155,8 +153,7 @@ inline session_scaffold ps_scaffold(ps_client& ps, ps_scaffold_options o) {
   s.restore = [&ps, shared]() -> std::optional<std::int64_t> {
     if (shared->checkpoint_dir.empty()) return std::nullopt;
     std::vector<float> values(num_parameters(shared->variables));
-    auto step = ps.restore_latest(shared->checkpoint_dir, shared->variables, shared->rule, shared->lock_free,
-                                  shared->replicas_to_aggregate, values, shared->fallback);
+    auto step = restore_latest(ps, shared->checkpoint_dir, shared->variables, shared->config, values, shared->fallback);
     if (step && shared->restored) shared->restored(values);
     return step;
   };

@@ -39,7 +39,8 @@ class agn {
 
  private:
   void commit(worker_state& w) {
-    w.pushed(w.ps.push_deltas(win_.residual(w, 1.0f / float(c_.window))));
+    // ÷ the steps taken: λ for a full window, fewer for the partial last one (end()).
+    w.pushed(w.ps.push_deltas(win_.residual(w, 1.0f / float(win_.count()))));
     win_.repull(w);
   }
 

@@ -126,12 +126,11 @@ class batch_gradient {
 /// The chief's initialisation of the parameter servers: θ̃ = the model's seeded initial values
 /// (also left in host buffer `params`), with the given rule and mode.
 template <model M>
-void initialize_centre(M& m, std::span<float> params, ps_client& ps, std::uint64_t seed, const optim::rule& rule,
-                       bool lock_free, std::size_t replicas_to_aggregate) {
+void initialize_centre(M& m, std::span<float> params, ps_client& ps, std::uint64_t seed, const ps_config& config) {
   tensor p({params.size()});
   m.initialize(p.span<float>(), seed);
   p.copy_to_host<float>(params);
-  ps.initialize(params, rule, lock_free, replicas_to_aggregate);
+  ps.initialize(params, config);
 }
 }  // namespace detail
 
@@ -153,7 +152,9 @@ class async_worker {
 
   /// The chief's initialisation of the ps: θ̃ = initial values, with the strategy's rule.
   void initialize_ps(std::uint64_t seed) {
-    detail::initialize_centre(model_, params_, state_.ps, seed, strategy_.ps_rule(), strategy_.lock_free(), 0);
+    detail::initialize_centre(model_, params_, state_.ps, seed,
+                              {.rule = strategy_.ps_rule(),
+                               .mode = strategy_.lock_free() ? apply_mode::lock_free : apply_mode::locked});
   }
 
   void begin() { strategy_.begin(state_); }

@@ -50,10 +50,14 @@ class downpour {
     local_ = std::make_unique<detail::host_optimizer>(local, w.params.size());
     acc_.assign(w.params.size(), 0.0f);
     pending_ = 0;
+    pull_next_ = true;  // at the start and after a recovery (which calls begin()): θ̃ afresh
   }
 
   float step(worker_state& w, const gradient_fn& grad) {
-    if (w.local_step % std::int64_t(c_.fetch_every) == 0) w.ps.pull(w.params);
+    if (pull_next_ || w.local_step % std::int64_t(c_.fetch_every) == 0) {
+      w.ps.pull(w.params);
+      pull_next_ = false;
+    }
     const float loss = grad(w.params, w.grads);
     for (std::size_t i = 0; i < acc_.size(); ++i) acc_[i] += w.grads[i];
     detail::local_step(*local_, w.params, w.grads);
@@ -79,6 +83,7 @@ class downpour {
   std::unique_ptr<detail::host_optimizer> local_;
   std::vector<float> acc_;
   std::size_t pending_ = 0;
+  bool pull_next_ = true;
 };
 static_assert(async_strategy<downpour>);
 static_assert(check_strategy<downpour>(), "downpour must model dtf::strategy: config_type, state_type, kind, ps_rule(), lock_free(), "

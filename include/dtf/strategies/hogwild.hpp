@@ -56,8 +56,9 @@ struct hogwild_threads_report {
 /// Hogwild in one process, as in the original paper: threads.size() == replicas.size()
 /// threads, thread k training replicas[k] on its stream of batches streams[k] (e.g. shards
 /// of one dataset), each reading the shared parameters and writing θ −= η g back to them
-/// element by element without locks (relaxed atomic loads and stores: updates may be lost
-/// when threads collide, which is Hogwild's bargain, but no access is a data race).
+/// element by element without locks (relaxed atomic reads, and a relaxed atomic fetch_sub per
+/// element: a thread may compute on values that others change meanwhile, which is Hogwild's
+/// bargain, but no update is lost and no access is a data race).
 /// CPU builds only (the shared buffer is host memory that the model reads).
 template <model M>
 hogwild_threads_report hogwild_threads(std::vector<M>& replicas, std::span<float> shared,
@@ -82,10 +83,9 @@ hogwild_threads_report hogwild_threads(std::vector<M>& replicas, std::span<float
           assign_from_host(x, b->features);
           assign_from_host(y, b->labels);
           last[k] = replicas[k].loss_and_gradients(local, x, y, g);
-          for (std::size_t i = 0; i < n; ++i) {
-            std::atomic_ref<float> p(shared[i]);
-            p.store(p.load(std::memory_order_relaxed) - learning_rate * g[i], std::memory_order_relaxed);
-          }
+          // One atomic read-modify-write per element: concurrent updates interleave, none is lost.
+          for (std::size_t i = 0; i < n; ++i)
+            std::atomic_ref<float>(shared[i]).fetch_sub(learning_rate * g[i], std::memory_order_relaxed);
           ++steps;
         }
       } catch (...) {

@@ -189,10 +189,13 @@ class sync_worker {
         state_{params_, grads_, ps, worker_index, 0, drops_},
         gradient_(m, n_) {}
 
-  /// The chief's initialisation of the ps for synchronous training.
-  void initialize_ps(std::uint64_t seed) {
-    detail::initialize_centre(model_, params_, state_.ps, seed, strategy_.ps_rule(), false,
-                              strategy_.replicas_to_aggregate());
+  /// The chief's initialisation of the ps for synchronous training; with num_workers > 0 the
+  /// ps refuses a replicas_to_aggregate above it (no step could complete).
+  void initialize_ps(std::uint64_t seed, std::size_t num_workers = 0) {
+    detail::initialize_centre(model_, params_, state_.ps, seed,
+                              {.rule = strategy_.ps_rule(),
+                               .replicas_to_aggregate = strategy_.replicas_to_aggregate(),
+                               .num_workers = num_workers});
   }
 
   void begin() { strategy_.begin(state_); }

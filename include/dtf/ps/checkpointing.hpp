@@ -1,0 +1,218 @@
+// dtf/ps/checkpointing.hpp — checkpoints of a ps cluster, as free functions over a ps_client:
+// save (every ps writes its own shard file, the chief the manifest) and restore (through the
+// chief, or each ps reading its own files), resharding to the client's placement.
+// The ps tasks write and read only in their own ps_options::checkpoint_dir.
+#pragma once
+
+#include <dtf/checkpoint.hpp>
+#include <dtf/ps/client.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dtf {
+
+namespace detail {
+
+struct restore_settings {
+  const std::vector<variable_spec>& vars;
+  const ps_config& config;
+  std::span<float> params;
+};
+
+// Checks a restore against the checkpoint's manifest; returns each model variable's match
+// and the rule's slot count.
+inline std::pair<std::vector<const checkpoint_variable*>, std::size_t> plan_restore(
+    const ps_client& client, const checkpoint_manifest& man, const restore_settings& how) {
+  const auto& vars = how.vars;
+  const std::size_t num_slots = optim::detail::slot_count(how.config.rule);
+  const std::string rule_name =
+      std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, how.config.rule);
+  if (num_slots != 0 && (man.num_slots != num_slots || man.rule != rule_name))
+    throw error(errc::invalid_config, "checkpoint " + man.name + " holds the slots of rule " + man.rule +
+                                          ", the restoring run uses " + rule_name);
+  client.check_size(num_parameters(vars), "restore_checkpoint");
+  if (!how.params.empty()) client.check_size(how.params.size(), "restore_checkpoint");
+  std::vector<const checkpoint_variable*> saved(vars.size());
+  for (std::size_t v = 0; v < vars.size(); ++v) saved[v] = &checkpoint_reader::match_variable(man, vars[v]);
+  for (const auto& sh : client.layout().shards)
+    if (sh.variable >= vars.size() || sh.offset < vars[sh.variable].offset ||
+        sh.offset - vars[sh.variable].offset > vars[sh.variable].size() ||
+        sh.size > vars[sh.variable].size() - (sh.offset - vars[sh.variable].offset))
+      throw error(errc::invalid_argument, "restore_checkpoint: a shard of the placement lies outside variable " +
+                                              std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
+  return {std::move(saved), num_slots};
+}
+
+// The restore message for ps `ps` (no payload); from[i]: shard i's first saved element.
+inline ps_restore_msg restore_message(const ps_client& client, std::size_t ps, const checkpoint_manifest& man,
+                                      const std::vector<const checkpoint_variable*>& saved, std::size_t num_slots,
+                                      const restore_settings& how, std::vector<std::uint64_t>& from) {
+  ps_restore_msg m;
+  m.init.ids = client.shards_of(ps);
+  from.clear();
+  for (auto id : m.init.ids) {
+    const auto& sh = client.layout().shards[id];
+    const auto& sv = *saved[sh.variable];
+    m.init.sizes.push_back(sh.size);
+    m.iterations.push_back(sv.iterations);
+    from.push_back(sv.offset + (sh.offset - how.vars[sh.variable].offset));  // inside sv: plan_restore
+  }
+  ps_client::set_config(m.init, how.config);
+  m.global_step = man.global_step;
+  m.num_slots = num_slots;
+  m.checkpoint = man.name;
+  return m;
+}
+
+inline std::int64_t restore_from(ps_client& client, const checkpoint_reader& ck, const restore_settings& how) {
+  const auto& man = ck.manifest();
+  const auto [saved, num_slots] = plan_restore(client, man, how);
+  // One ps at a time: read its shards' values and slots from the files, send, release.
+  std::vector<std::uint64_t> from;
+  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps) {
+    auto m = restore_message(client, ps, man, saved, num_slots, how, from);
+    std::size_t floats = 0;
+    for (auto n : m.init.sizes) floats += n * (1 + num_slots);
+    std::vector<float> payload(floats);
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < m.init.ids.size(); ++i) {
+      const std::size_t n = m.init.sizes[i];
+      for (std::size_t k = 0; k <= num_slots; ++k) {
+        ck.read(k, from[i], std::span<float>(payload).subspan(at, n));
+        if (k == 0 && !how.params.empty())
+          std::copy_n(payload.begin() + std::ptrdiff_t(at), n,
+                      how.params.begin() + std::ptrdiff_t(client.layout().shards[m.init.ids[i]].offset));
+        at += n;
+      }
+    }
+    rpc_call c = client.request(ps, message_kind::ps_restore, encode_message(m));
+    c.payload.push_back(asio::buffer(payload.data(), payload.size() * sizeof(float)));
+    std::vector<rpc_call> one{std::move(c)};
+    client.call_all(one);
+  }
+  return man.global_step;
+}
+
+inline std::int64_t restore_by_ps(ps_client& client, const checkpoint_manifest& man, const restore_settings& how) {
+  const auto [saved, num_slots] = plan_restore(client, man, how);
+  std::vector<rpc_call> calls(client.layout().num_ps);
+  std::vector<std::uint64_t> from;
+  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps) {
+    auto m = restore_message(client, ps, man, saved, num_slots, how, from);
+    m.from_files = true;
+    m.from = from;
+    calls[ps] = client.request(ps, message_kind::ps_restore, encode_message(m));
+  }
+  client.call_all(calls);  // every ps reads its own slices, in parallel
+  if (!how.params.empty()) client.pull(how.params);
+  return man.global_step;
+}
+
+}  // namespace detail
+
+/// Saves a checkpoint (the chief does this): every ps writes its shard file into its own
+/// ps_options::checkpoint_dir, which must be options.directory (the ps never takes a directory
+/// from the wire), then the manifest and the state file are written here, and
+/// checkpoints beyond options.max_to_keep are deleted. `vars` are the model's variables
+/// (the placement's variable indices refer to them). The checkpoint is named
+/// "<prefix>-<step>"; without `step`, the global step read from ps 0 first. Returns the
+/// manifest (its global_step is ps 0's at the time of the save).
+/// Errors: errc::io_error / peer_failure when a ps cannot write its file (the previous
+/// checkpoint stays the latest); errc::invalid_argument when vars do not match the placement.
+inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_options& options,
+                                         const std::vector<variable_spec>& vars,
+                                         std::optional<std::int64_t> step = std::nullopt) {
+  for (const auto& sh : client.layout().shards)
+    if (sh.variable >= vars.size())
+      throw error(errc::invalid_argument, "save_checkpoint: the placement names variable " +
+                                              std::to_string(sh.variable) + " of " + std::to_string(vars.size()));
+  if (options.directory.empty()) throw error(errc::invalid_config, "save_checkpoint: no checkpoint directory");
+  std::error_code ec;
+  std::filesystem::create_directories(options.directory, ec);
+  if (ec)
+    throw error(errc::io_error, "cannot create checkpoint directory " + options.directory + ": " + ec.message());
+  checkpoint_manifest m;
+  m.name = options.prefix + "-" + std::to_string(step ? *step : client.global_step());
+  m.num_ps = client.layout().num_ps;
+  std::vector<rpc_call> calls;
+  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps)
+    calls.push_back(client.request(ps, detail::message_kind::ps_save,
+                              detail::encode_message(detail::ps_save_msg{m.name, ps, client.layout().num_ps})));
+  client.call_all(calls);
+  std::vector<std::int64_t> iterations(vars.size(), 0);
+  for (const auto& c : calls) {
+    const auto r = detail::decode_message<detail::ps_saved_msg>(c.reply_meta, "saved");
+    if (c.peer == 0) m.global_step = r.global_step;
+    if (!r.ids.empty()) {
+      m.rule = r.rule;
+      m.num_slots = std::size_t(r.num_slots);
+    }
+    m.files.push_back({r.file, c.peer, r.bytes, r.sha256});
+    for (std::size_t i = 0; i < r.ids.size() && i < r.iterations.size(); ++i) {
+      if (r.ids[i] >= client.layout().shards.size())
+        throw error(errc::corrupt_data, "ps." + std::to_string(c.peer) + " saved shard " + std::to_string(r.ids[i]) +
+                                            " outside the placement");
+      auto& it = iterations[client.layout().shards[r.ids[i]].variable];
+      it = std::max(it, r.iterations[i]);
+    }
+  }
+  for (std::size_t v = 0; v < vars.size(); ++v)
+    m.variables.push_back({vars[v].name, vars[v].shape, vars[v].offset, iterations[v]});
+  for (std::size_t id = 0; id < client.layout().shards.size(); ++id) {
+    const auto& sh = client.layout().shards[id];
+    m.shards.push_back({std::uint32_t(id), sh.variable, sh.part, sh.ps, sh.row_begin, sh.row_end, sh.offset, sh.size});
+  }
+  commit_checkpoint(options.directory, m, options.max_to_keep);
+  return m;
+}
+
+/// Restores checkpoint `name` of `directory` into every ps, whatever number of ps tasks
+/// saved it: the checkpoint is verified (checkpoint_reader: every field, size and SHA-256),
+/// its variables matched to `vars` by name and re-sliced for this client's placement; values,
+/// the rule's slots, the update counts and the global step replace what each ps held
+/// (initialised or not). `config` is as in ps_client::initialize().
+/// Returns the restored global step; the values are left in `params` when it is non-empty.
+/// Streaming (restore_transfer::through_chief): each ps's slices are read from the shard
+/// files and sent before the next ps's are read, so the chief holds one ps's share of the
+/// checkpoint, never the whole model. With ps_reads_files the chief reads only the manifest
+/// and each ps opens, verifies and reads its own slices from its own ps_options::checkpoint_dir
+/// (which must hold the same checkpoint; params are then pulled from the ps).
+/// Errors: errc::corrupt_data / io_error (a file missing or damaged), invalid_argument /
+/// shape_mismatch (a variable missing or reshaped), invalid_config (the checkpoint's slots
+/// belong to another update rule).
+inline std::int64_t restore_checkpoint(ps_client& client, const std::string& directory, const std::string& name,
+                                     const std::vector<variable_spec>& vars, const ps_config& config,
+                                     std::span<float> params = {},
+                                     restore_transfer transfer = restore_transfer::through_chief) {
+const detail::restore_settings how{vars, config, params};
+if (transfer == restore_transfer::ps_reads_files)
+  return detail::restore_by_ps(client, read_manifest(directory, name), how);
+return detail::restore_from(client, checkpoint_reader::open(directory, name), how);
+}
+
+/// Restores the latest checkpoint of `directory` (see restore_checkpoint); returns its
+/// global step, or nullopt (nothing changed) when the directory holds none. When the latest
+/// fails verification, with checkpoint_fallback::newest_valid (the default) the transport's
+/// log says so and the newest kept checkpoint that verifies is restored; with refuse, or when
+/// none verifies, the error is thrown (errc::corrupt_data naming the latest's cause). The
+/// chief verifies the candidates either way (reading every file once, holding nothing).
+inline std::optional<std::int64_t> restore_latest(ps_client& client, const std::string& directory,
+                                                const std::vector<variable_spec>& vars, const ps_config& config,
+                                                std::span<float> params = {},
+                                                checkpoint_fallback fallback = checkpoint_fallback::newest_valid,
+                                                restore_transfer transfer = restore_transfer::through_chief) {
+auto reader = open_latest_checkpoint(directory, fallback, [&client](const std::string& line) {
+    detail::log_line(client.transport(), "dtf " + client.identity() + ": " + line);
+  });
+  if (!reader) return std::nullopt;
+  const detail::restore_settings how{vars, config, params};
+if (transfer == restore_transfer::ps_reads_files) return detail::restore_by_ps(client, reader->manifest(), how);
+return detail::restore_from(client, *reader, how);
+}
+
+}  // namespace dtf

@@ -1,0 +1,379 @@
+// dtf/ps/client.hpp — a task's view of the parameter servers: the data plane (pull, push,
+// push_sync, each returning one decoded result) and control (init, ready, done, shutdown).
+// Checkpointing is dtf/ps/checkpointing.hpp (free functions over a ps_client).
+//
+// Communication volume: a pull moves every requested shard's bytes once, server to worker;
+// a push moves them once the other way. The worker's bytes go from its buffer to the socket
+// and from the socket into its buffer (scatter/gather, no copy on the worker).
+//
+// Thread safety: a ps_client serves one thread.
+#pragma once
+
+#include <dtf/detail/archive.hpp>
+#include <dtf/detail/messages.hpp>
+#include <dtf/partitioners.hpp>
+#include <dtf/ps/config.hpp>
+#include <dtf/transport.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dtf {
+
+/// A worker's (or the chief's) view of the parameter servers.
+///
+/// Buffers passed to pull/push are the model's flat float32 parameter or gradient buffers in
+/// host memory (on CUDA builds copy device tensors through a host buffer first); shards are
+/// read from and written to their place in them directly.
+class ps_client {
+ public:
+  /// ps_addresses[i] is ps task i's "host:port"; placement says which shards each holds.
+  ps_client(std::vector<std::string> ps_addresses, placement layout, transport_options options)
+      : layout_(std::move(layout)), rpc_(std::move(options)) {
+    if (ps_addresses.size() != layout_.num_ps)
+      throw error(errc::invalid_config, "ps_client: " + std::to_string(ps_addresses.size()) +
+                                            " ps addresses for a placement over " + std::to_string(layout_.num_ps) +
+                                            " ps tasks");
+    for (std::size_t i = 0; i < ps_addresses.size(); ++i) rpc_.add_peer("ps." + std::to_string(i), ps_addresses[i]);
+    for (std::size_t i = 0; i < layout_.num_ps; ++i) ids_.push_back(to_ids(layout_.shards_on(i)));
+    seen_.assign(layout_.num_ps, 0);
+  }
+
+  const placement& layout() const noexcept { return layout_; }
+  /// This task's identity ("worker.1"), as presented to the ps.
+  const std::string& identity() const noexcept { return rpc_.options().identity; }
+
+  /// Connects to every ps (retrying while they start). Errors: see rpc_client::connect_all.
+  void connect() { rpc_.connect_all(); }
+
+  /// Sends the initial values and the update rule to every ps (the chief does this once).
+  /// With config.replicas_to_aggregate = N > 0 the ps runs synchronously (see push_sync).
+  /// Errors: invalid_config (N above config.num_workers, lock-free with a stateful rule),
+  /// invalid_argument (a ps already holds another model).
+  void initialize(std::span<const float> params, const ps_config& config) {
+    check_size(params.size(), "initialize");
+    std::vector<rpc_call> calls(layout_.num_ps);
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
+      detail::ps_init_msg m;
+      m.ids = ids_[ps];
+      for (auto id : m.ids) m.sizes.push_back(layout_.shards[id].size);
+      set_config(m, config);
+      calls[ps] = make_call(ps, detail::message_kind::ps_init, detail::encode_message(m));
+      gather(calls[ps], ps, params);
+    }
+    run(calls);
+  }
+
+  /// True when every ps has been initialised.
+  bool ready() {
+    auto calls = broadcast(detail::message_kind::ps_ready);
+    run(calls);
+    for (auto& c : calls)
+      if (!detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").initialized) return false;
+    return true;
+  }
+
+  /// Waits (polling every poll_ms, bounded by timeout) until every ps is initialised.
+  /// Errors: errc::timeout naming the wait.
+  void wait_ready(std::chrono::milliseconds timeout, std::chrono::milliseconds poll = std::chrono::milliseconds(50)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!ready()) {
+      if (std::chrono::steady_clock::now() + poll > deadline)
+        throw error(errc::timeout, "parameter servers not initialised within " + std::to_string(timeout.count()) +
+                                       " ms (is the chief running?)");
+      // Polling interval of a readiness check, not a synchronisation stand-in: the ps has no
+      // way to call the worker back.
+      std::this_thread::sleep_for(poll);
+    }
+  }
+
+  /// Reads every shard into params. Returns the global step. The update counts read with it
+  /// are what the next push's staleness (DynSGD's τ) is counted from.
+  std::int64_t pull(std::span<float> params) { return read(params, true); }
+
+  /// Reads every shard into params without counting as this client's pull: an evaluation of
+  /// the centre variable on a worker's client leaves that worker's τ alone.
+  std::int64_t read_values(std::span<float> params) { return read(params, false); }
+
+ private:
+  std::int64_t read(std::span<float> params, bool track) {
+    check_size(params.size(), "pull");
+    auto pull_from = [&](std::size_t ps) {
+      auto c = make_call(ps, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{ids_[ps]}));
+      for (auto id : ids_[ps])
+        c.reply_payload.push_back(
+            asio::buffer(params.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
+      return c;
+    };
+    std::vector<rpc_call> calls;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) calls.push_back(pull_from(ps));
+    run(calls);
+    // Synchronous training: a ps still completing the step the others finished (its admitted
+    // contributions are on their way) is read again until it has, so the values returned are
+    // all of one step, the tag's. ps 0 cannot start the next step before every ps finished
+    // this one (contributions for it need a pull that saw every ps there), so this ends
+    // within the admitted workers' round trips; bounded by timeout_ms.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(rpc_.options().timeout_ms);
+    for (;;) {
+      std::int64_t most = std::numeric_limits<std::int64_t>::min();
+      bool sync = false;
+      for (const auto& c : calls) {
+        const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
+        sync = sync || st.synchronous;
+        most = std::max(most, st.global_step);
+      }
+      std::vector<std::size_t> behind;
+      for (std::size_t i = 0; sync && i < calls.size(); ++i)
+        if (detail::decode_message<detail::ps_status_msg>(calls[i].reply_meta, "status").global_step < most)
+          behind.push_back(i);
+      if (behind.empty()) break;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw error(errc::timeout, "pull: ps." + std::to_string(calls[behind[0]].peer) + " did not reach step " +
+                                       std::to_string(most) + " within " + std::to_string(rpc_.options().timeout_ms) +
+                                       " ms");
+      std::vector<rpc_call> again;
+      for (auto i : behind) again.push_back(pull_from(calls[i].peer));
+      run(again);
+      for (std::size_t j = 0; j < behind.size(); ++j) calls[behind[j]] = std::move(again[j]);
+    }
+    if (track)
+      for (const auto& c : calls)
+        seen_[c.peer] = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").updates;
+    track_done(calls);
+    return step_of(calls);
+  }
+
+
+ public:
+  /// Sets the init/restore message's configuration.
+  static void set_config(detail::ps_init_msg& m, const ps_config& config) {
+    m.rule = detail::rule_msg::from(config.rule);
+    m.lock_free = config.mode == apply_mode::lock_free;
+    m.replicas_to_aggregate = config.replicas_to_aggregate;
+    m.num_workers = config.num_workers;
+  }
+
+  /// Sends gradients; each ps applies its update rule (with `learning_rate` when given).
+  /// Advances the global step when increment_step.
+  push_result push_gradients(std::span<const float> grads, std::optional<float> learning_rate = std::nullopt,
+                             bool increment_step = true) {
+    return push(grads, detail::update_kind::gradient, learning_rate, increment_step);
+  }
+
+  /// Sends deltas that each ps adds to its values; with scale_by_staleness (DynSGD) each ps
+  /// first multiplies them by 1 / (staleness + 1).
+  push_result push_deltas(std::span<const float> deltas, bool increment_step = true,
+                          bool scale_by_staleness = false) {
+    return push(deltas, scale_by_staleness ? detail::update_kind::scaled_delta : detail::update_kind::delta,
+                std::nullopt, increment_step);
+  }
+
+  /// Synchronous contribution for global step `step`: returns when the step is complete
+  /// (N contributions averaged and applied on every ps) or at once when `step` is already
+  /// finished (the contribution is dropped: result.dropped). With delta the average is added;
+  /// otherwise each ps applies its rule to it (at `learning_rate` when given).
+  /// Errors: errc::peer_failure when fewer than N replicas remain; errc::timeout.
+  sync_result push_sync(std::span<const float> buf, std::int64_t step, std::optional<float> learning_rate = std::nullopt,
+                        bool delta = false) {
+    check_size(buf.size(), "push_sync");
+    auto call_to = [&](std::size_t ps) {
+      detail::ps_sync_push_msg m{ids_[ps], step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
+                                 learning_rate};
+      auto c = make_call(ps, detail::message_kind::ps_sync_push, detail::encode_message(m));
+      gather(c, ps, buf);
+      return c;
+    };
+    // ps 0 admits: the first N contributions for the step are recorded there and its reply
+    // comes once the N-th arrived and its shards were updated; a dropped one goes nowhere
+    // else. Only then do the admitted contributors send the other ps their parts, so every
+    // ps averages the same N contributions and the dropped counts are ps 0's alone.
+    std::vector<rpc_call> first{call_to(0)};
+    run(first);
+    track_done(first);
+    const auto st0 = detail::decode_message<detail::ps_status_msg>(first[0].reply_meta, "status");
+    sync_result r{st0.global_step, st0.dropped, st0.dropped_total};
+    if (st0.dropped || st0.skipped) return r;
+    std::vector<rpc_call> rest;
+    for (std::size_t ps = 1; ps < layout_.num_ps; ++ps) rest.push_back(call_to(ps));
+    if (rest.empty()) return r;
+    run(rest);
+    track_done(rest);
+    for (const auto& c : rest) {
+      const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
+      if (st.dropped || st.global_step != r.global_step)
+        throw error(errc::internal, "ps." + std::to_string(c.peer) + " ended synchronous step " +
+                                        std::to_string(step) + " at step " + std::to_string(st.global_step) +
+                                        (st.dropped ? " (dropped)" : "") + ", ps.0 at " + std::to_string(r.global_step));
+    }
+    return r;
+  }
+
+  /// The global step (held by ps 0).
+  std::int64_t global_step() {
+    rpc_call c = make_call(0, detail::message_kind::ps_step, detail::encode_message(detail::empty_msg{}));
+    rpc_.call(c);
+    return detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").global_step;
+  }
+
+  /// Tells every ps that this task has finished training (idempotent per task identity).
+  void mark_done() {
+    // Every ps: each one must tell a worker that finished from one that died.
+    auto calls = broadcast(detail::message_kind::ps_done);
+    run(calls);
+  }
+
+  /// How many tasks have called mark_done(): the union of the sets every ps holds and the
+  /// ones this client learnt before. Re-announces the tasks this client knows of to every ps,
+  /// so a ps restarted (empty) after a worker finished learns it again and the chief's wait
+  /// for the workers ends. The client also learns the names whenever a pull or push reply
+  /// shows a ps whose count differs from what it knows (one extra request then), so the chief
+  /// knows of a finished worker within a step even when the ps dies afterwards.
+  std::size_t workers_done() {
+    std::vector<std::size_t> targets(layout_.num_ps);
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) targets[ps] = ps;
+    // Two rounds at most: a ps that lacked names another ps told of in the first round gets
+    // the union in the second.
+    for (int round = 0; round < 2 && !targets.empty(); ++round) {
+      detail::ps_done_tasks_msg m;
+      m.tasks.assign(done_seen_.begin(), done_seen_.end());
+      const auto meta = detail::encode_message(m);
+      std::vector<rpc_call> calls;
+      for (auto ps : targets) calls.push_back(make_call(ps, detail::message_kind::ps_done_tasks, meta));
+      run(calls);
+      std::vector<std::size_t> known(calls.size());
+      for (std::size_t i = 0; i < calls.size(); ++i) {
+        auto r = detail::decode_message<detail::ps_done_tasks_msg>(calls[i].reply_meta, "done tasks");
+        known[i] = r.tasks.size();
+        for (auto& t : r.tasks) done_seen_.insert(std::move(t));
+      }
+      std::vector<std::size_t> lacking;
+      for (std::size_t i = 0; i < calls.size(); ++i)
+        if (known[i] < done_seen_.size()) lacking.push_back(targets[i]);
+      targets = std::move(lacking);
+    }
+    return done_seen_.size();
+  }
+
+  /// The tasks this client knows to have called mark_done() (see workers_done()).
+  const std::set<std::string>& done_tasks() const noexcept { return done_seen_; }
+
+  /// Ends the job: every ps replies and exits. The chief calls this when training is done.
+  void shutdown() {
+    auto calls = broadcast(detail::message_kind::ps_shutdown);
+    run(calls);
+  }
+
+  /// Reconnects to every ps whose connection failed (a restarted ps comes back on the same
+  /// address), retrying until transport_options::connect_timeout_ms.
+  void reconnect() { rpc_.connect_all(); }
+
+ public:
+  // ---- for dtf/ps/checkpointing.hpp (and tools that speak the ps protocol) ----
+  /// Shard ids held by ps `ps`.
+  const std::vector<std::uint32_t>& shards_of(std::size_t ps) const { return ids_.at(ps); }
+  /// A request to ps `ps`.
+  rpc_call request(std::size_t ps, detail::message_kind kind, std::vector<std::byte> meta) const {
+    return make_call(ps, kind, std::move(meta));
+  }
+  /// Sends the requests in parallel; returns when every reply is in (errors: see rpc_client).
+  void call_all(std::vector<rpc_call>& calls) { run(calls); }
+  const transport_options& transport() const noexcept { return rpc_.options(); }
+  /// Throws errc::shape_mismatch when a buffer of n floats does not cover the placement.
+  void check_size(std::size_t n, const char* what) const {
+    std::size_t total = 0;
+    for (const auto& s : layout_.shards) total = std::max(total, s.offset + s.size);
+    if (n < total)
+      throw error(errc::shape_mismatch, std::string("ps_client::") + what + ": buffer of " + std::to_string(n) +
+                                            " floats, the placement covers " + std::to_string(total));
+  }
+
+ private:
+  static std::vector<std::uint32_t> to_ids(const std::vector<std::size_t>& v) {
+    return std::vector<std::uint32_t>(v.begin(), v.end());
+  }
+
+  rpc_call make_call(std::size_t ps, detail::message_kind kind, std::vector<std::byte> meta) const {
+    rpc_call c;
+    c.peer = ps;
+    c.kind = kind;
+    c.meta = std::move(meta);
+    return c;
+  }
+
+  void gather(rpc_call& c, std::size_t ps, std::span<const float> buf) const {
+    for (auto id : ids_[ps])
+      c.payload.push_back(asio::buffer(buf.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
+  }
+
+  std::vector<rpc_call> broadcast(detail::message_kind kind) const {
+    std::vector<rpc_call> calls;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps)
+      calls.push_back(make_call(ps, kind, detail::encode_message(detail::empty_msg{})));
+    return calls;
+  }
+
+  push_result push(std::span<const float> buf, detail::update_kind kind, std::optional<float> lr, bool increment_step) {
+    check_size(buf.size(), "push");
+    std::vector<rpc_call> calls;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
+      // ps 0 holds the global step, so it always gets a push (possibly of no shards).
+      if (ids_[ps].empty() && !(ps == 0 && increment_step)) continue;
+      detail::ps_push_msg m{ids_[ps], kind, lr, increment_step && ps == 0, seen_[ps]};
+      calls.push_back(make_call(ps, detail::message_kind::ps_push, detail::encode_message(m)));
+      gather(calls.back(), ps, buf);
+    }
+    run(calls);
+    track_done(calls);
+    push_result r;
+    r.global_step = step_of(calls);
+    for (const auto& c : calls) {
+      const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
+      r.staleness = std::max(r.staleness, st.staleness);
+      r.skipped = r.skipped || st.skipped;
+    }
+    return r;
+  }
+
+  // The global step: ps 0's; in synchronous training the least over the ps replying, so a
+  // pull's tag never claims a step a ps whose values it returned has not reached (a
+  // contribution tagged with it is then at worst dropped, never averaged into a later step).
+  std::int64_t step_of(const std::vector<rpc_call>& calls) const {
+    std::int64_t step = -1, least = std::numeric_limits<std::int64_t>::max();
+    bool sync = false;
+    for (const auto& c : calls) {
+      const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
+      if (c.peer == 0) step = st.global_step;
+      sync = sync || st.synchronous;
+      least = std::min(least, st.global_step);
+    }
+    return sync ? least : step;
+  }
+
+  void run(std::vector<rpc_call>& calls) { rpc_.call_all(std::span<rpc_call>(calls)); }
+
+  // After a pull or push: a ps whose done count differs from the tasks this client knows of
+  // has news (a task finished) or lost its set (it restarted): exchange the names.
+  void track_done(const std::vector<rpc_call>& calls) {
+    for (const auto& c : calls)
+      if (detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").workers_done != done_seen_.size()) {
+        workers_done();
+        return;
+      }
+  }
+
+  placement layout_;
+  rpc_client rpc_;
+  std::vector<std::vector<std::uint32_t>> ids_;  // shard ids held by each ps
+  std::vector<std::uint64_t> seen_;              // each ps's update count at the last pull
+  std::set<std::string> done_seen_;              // tasks known to have called mark_done()
+};
+
+}  // namespace dtf

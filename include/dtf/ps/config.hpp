@@ -1,0 +1,76 @@
+// dtf/ps/config.hpp — what configures a parameter server and what its client reports back.
+//
+//   ps_config    what the chief sends at init/restore: the update rule, the apply mode and the
+//                number of replicas each synchronous step aggregates (0: asynchronous)
+//   ps_options   the ps task's own settings: transport, I/O threads, its checkpoint directory,
+//                the non-finite-gradient policy and the bounds on what a peer may make it hold
+#pragma once
+
+#include <dtf/checkpoint.hpp>
+#include <dtf/optim/rules.hpp>
+#include <dtf/transport.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dtf {
+
+/// How pushes are applied to a shard.
+enum class apply_mode {
+  locked,     ///< one update at a time per shard; a pull sees no update half-applied
+  lock_free,  ///< Hogwild: updates race (only for rules without state: sgd; see parameter_server)
+};
+
+/// What the chief configures every ps with (at init and at restore).
+struct ps_config {
+  optim::rule rule = optim::sgd{};
+  apply_mode mode = apply_mode::locked;
+  std::size_t replicas_to_aggregate = 0;  ///< N > 0: synchronous, N contributions per step
+  std::size_t num_workers = 0;            ///< > 0: init fails when N exceeds it (0: unchecked)
+};
+
+/// What a ps does with a gradient or delta that holds a NaN or an infinity.
+enum class nonfinite_policy {
+  reject,  ///< error reply naming the worker; nothing applied (the default)
+  skip,    ///< nothing applied, the reply says so (push_result::skipped); logged
+  apply,   ///< applied as sent (the parameters may become non-finite)
+};
+
+struct ps_options {
+  transport_options transport{};
+  int threads = 1;  ///< I/O threads; with lock_free shards, updates from several run concurrently
+  checkpoint_fault save_fault{};  ///< testing crash safety: a save stops part-way through its file
+  /// Where this ps writes its checkpoint shard files and reads them for a restore
+  /// (restore_transfer::ps_reads_files). Never taken from the wire; empty: saving is refused.
+  std::string checkpoint_dir;
+  nonfinite_policy nonfinite = nonfinite_policy::reject;
+  /// The tasks allowed to report done; empty: any authenticated identity, at most max_done_tasks.
+  std::vector<std::string> known_workers;
+  std::size_t max_done_tasks = 4096;
+};
+
+/// How a restore moves a checkpoint's bytes into the ps tasks.
+enum class restore_transfer {
+  through_chief,   ///< the chief reads the files and sends each ps its slices, one ps at a time
+  ps_reads_files,  ///< each ps reads (and verifies) its own slices from the shard files of its
+                   ///< own ps_options::checkpoint_dir (the same directory as the chief's); the
+                   ///< chief holds nothing model-sized, so a model larger than its memory restores
+};
+
+/// What a push reports back.
+struct push_result {
+  std::int64_t global_step = -1;  ///< after the push (from ps 0)
+  std::uint64_t staleness = 0;    ///< largest, over the ps pushed to, count of updates applied
+                                  ///< since this client's last pull (0 for a fresh pull)
+  bool skipped = false;           ///< a ps skipped it (non-finite values, nonfinite_policy::skip)
+};
+
+/// What a synchronous contribution reports back.
+struct sync_result {
+  std::int64_t global_step = -1;   ///< after the step completed (or the current one, if dropped)
+  bool dropped = false;            ///< the contribution came for a finished step
+  std::uint64_t dropped_total = 0; ///< this worker's dropped contributions so far (per ps, max)
+};
+
+}  // namespace dtf

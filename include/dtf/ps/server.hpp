@@ -1,0 +1,446 @@
+// dtf/ps/server.hpp — the parameter server task: request dispatch and the checks that keep a
+// connected peer from breaking it. Storage and apply are shard_store's, synchronous steps the
+// sync_aggregator's.
+//
+// Requests (see dtf/detail/messages.hpp):
+//   init      the chief's initial values and ps_config (rule, apply mode, replicas); a second
+//             init of the same model is ignored (a restarted chief), of another model an error
+//   ready     whether init has happened, so workers wait for it instead of racing it
+//   pull      current values of the requested shards (distinct, held here: the reply is bounded)
+//   push      gradients (the ps applies its rule) or deltas (added; DynSGD scales them by
+//             1/(staleness+1)); optionally advances the global step (kept on ps 0). Staleness:
+//             updates applied since the pusher's last pull; an update counts once it is applied
+//   sync push a contribution to synchronous step t (sync_aggregator)
+//   step, done, done tasks, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp
+//
+// What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
+//   make it allocate beyond the model: init/restore payloads are checked against the sizes
+//   they announce, pulls and pushes name distinct shards held here, pushes carry exactly their
+//   shards' bytes; bad_alloc in a handler is an error reply (the transport, not the ps, reads a
+//   request's payload before the handler sees it: transport_options::limits bounds that);
+//   apply NaN or infinity (ps_options::nonfinite, default reject, naming the worker); advance the
+//   global step with an empty push on a ps that holds shards; count in another worker's name in
+//   a synchronous step (contributions are the connection's); corrupt a step with a malformed
+//   contribution (validated before it is recorded); grow the done-task set beyond the known
+//   workers (ps_options::known_workers) or max_done_tasks; re-initialise a different model;
+//   choose where checkpoints are written or read (ps_options::checkpoint_dir; names are
+//   confined to it and the writer never follows a symlink).
+// What a peer can do: everything an authenticated worker may — push finite garbage, push to
+// ps 0 without shards to advance the step when ps 0 holds none, shut the job down.
+#pragma once
+
+#include <dtf/checkpoint.hpp>
+#include <dtf/detail/archive.hpp>
+#include <dtf/detail/messages.hpp>
+#include <dtf/ps/config.hpp>
+#include <dtf/ps/shard_store.hpp>
+#include <dtf/ps/sync_aggregator.hpp>
+#include <dtf/transport.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <new>
+#include <set>
+#include <shared_mutex>
+#include <string>
+
+namespace dtf {
+
+/// A parameter server task. Construct it on its address, then run() until the chief's shutdown.
+class parameter_server {
+ public:
+  /// Listens on bind_address ("host:port"; port 0 picks one). Errors: errc::io_error when the
+  /// address cannot be bound.
+  parameter_server(const std::string& bind_address, ps_options options)
+      : options_(std::move(options)), server_(*this, options_.transport, bind_address, options_.threads) {}
+
+  /// Releases deferred replies before the transport (which they reference) goes away.
+  ~parameter_server() { sync_.clear_waiting(); }
+  parameter_server(const parameter_server&) = delete;
+  parameter_server& operator=(const parameter_server&) = delete;
+
+  std::uint16_t port() const { return server_.port(); }
+
+  /// Serves until a shutdown request (returns normally) or stop().
+  void run() { server_.run(); }
+  void stop() { server_.stop(); }
+
+  bool initialized() const noexcept { return initialized_.load(); }
+  std::int64_t global_step() const noexcept { return global_step_.load(); }
+  bool shutdown_requested() const noexcept { return shutdown_.load(); }
+  /// Connections refused or dropped for malformed input.
+  std::size_t rejected_connections() const noexcept { return server_.rejected(); }
+  /// Contributions dropped because they arrived for a finished step, per worker.
+  std::map<std::string, std::uint64_t> dropped_contributions() const { return sync_.dropped(); }
+  /// The tasks that reported done.
+  std::set<std::string> done_tasks() const {
+    std::lock_guard g(done_mu_);
+    return done_;
+  }
+
+  /// The request handler (called by the transport on its I/O threads).
+  void operator()(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta,
+                  std::span<std::byte> payload, rpc_reply& reply) {
+    try {
+      dispatch(peer, h, meta, payload, reply);
+    } catch (const std::bad_alloc&) {
+      throw error(errc::invalid_argument, "request of " + peer.identity + " needs more memory than this ps has");
+    }
+  }
+
+  /// Transport callback: a peer's connection ended (see sync_aggregator::disconnected).
+  void disconnected(const rpc_peer& peer) {
+    bool finished = false;
+    {
+      std::lock_guard g(done_mu_);
+      finished = done_.count(peer.identity) > 0;
+    }
+    if (auto why = sync_.disconnected(peer.identity, finished))
+      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + *why);
+  }
+
+ private:
+  void dispatch(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta,
+                std::span<std::byte> payload, rpc_reply& reply) {
+    using detail::message_kind;
+    switch (h.kind) {
+      case message_kind::ps_init: return init(peer, detail::decode_message<detail::ps_init_msg>(meta, "init"), payload, reply);
+      case message_kind::ps_ready:
+      case message_kind::ps_step: return status(reply);
+      case message_kind::ps_done:
+        add_done({peer.identity});
+        return status(reply);
+      case message_kind::ps_done_tasks: {
+        // The tasks a client knows to be done join this ps's set (a restarted ps lost it);
+        // the reply is the whole set, so the client learns the names others reported.
+        auto m = detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks");
+        add_done(m.tasks);
+        detail::ps_done_tasks_msg out;
+        {
+          std::lock_guard g(done_mu_);
+          out.tasks.assign(done_.begin(), done_.end());
+        }
+        reply.meta = detail::encode_message(out);
+        return;
+      }
+      case message_kind::ps_pull: return pull(detail::decode_message<detail::ps_pull_msg>(meta, "pull"), peer, reply);
+      case message_kind::ps_push:
+        return push(peer, detail::decode_message<detail::ps_push_msg>(meta, "push"), payload, reply);
+      case message_kind::ps_sync_push:
+        return sync_push(peer, detail::decode_message<detail::ps_sync_push_msg>(meta, "sync push"), payload, reply);
+      case message_kind::ps_save: return save(detail::decode_message<detail::ps_save_msg>(meta, "save"), reply);
+      case message_kind::ps_restore:
+        return restore(peer, detail::decode_message<detail::ps_restore_msg>(meta, "restore"), payload, reply);
+      case message_kind::ps_shutdown:
+        detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": shutdown requested by " +
+                                                 peer.identity + "; global step " + std::to_string(global_step_.load()));
+        shutdown_ = true;
+        status(reply);
+        reply.stop_server = true;
+        return;
+      default:
+        throw error(errc::invalid_argument, "unexpected message kind " + std::to_string(int(h.kind)));
+    }
+  }
+
+  void status(rpc_reply& reply, std::uint64_t updates, std::uint64_t staleness = 0, bool dropped = false,
+              std::uint64_t dropped_total = 0, bool skipped = false) const {
+    std::uint64_t done = 0;
+    {
+      std::lock_guard g(done_mu_);
+      done = done_.size();
+    }
+    reply.meta = detail::encode_message(detail::ps_status_msg{global_step_.load(), initialized_.load(), updates,
+                                                              staleness, done, dropped, dropped_total, skipped,
+                                                              synchronous_.load()});
+  }
+  void status(rpc_reply& reply) const { status(reply, updates_.load()); }
+
+  // Only known workers (ps_options::known_workers), or, without that list, at most
+  // max_done_tasks names of at most 256 characters.
+  void add_done(const std::vector<std::string>& names) {
+    const auto& known = options_.known_workers;
+    std::lock_guard g(done_mu_);
+    std::set<std::string> added;  // all or nothing: a request with one bad name records none
+    for (const auto& n : names) {
+      if (done_.count(n) || added.count(n)) continue;
+      if (!known.empty() ? std::find(known.begin(), known.end(), n) == known.end()
+                         : (n.size() > 256 || done_.size() + added.size() >= options_.max_done_tasks))
+        throw error(errc::invalid_argument, "done: '" + n.substr(0, 64) + "' is not a worker of this job" +
+                                                (known.empty() ? " (or the done set is full)" : ""));
+      added.insert(n);
+    }
+    done_.merge(added);
+  }
+
+  static ps_config config_of(const detail::ps_init_msg& m) {
+    return {m.rule.to_rule(), m.lock_free ? apply_mode::lock_free : apply_mode::locked,
+            std::size_t(m.replicas_to_aggregate), std::size_t(m.num_workers)};
+  }
+
+  static void check_config(const ps_config& c) {
+    if (c.num_workers > 0 && c.replicas_to_aggregate > c.num_workers)
+      throw error(errc::invalid_config, "replicas_to_aggregate is " + std::to_string(c.replicas_to_aggregate) +
+                                            " but the job has " + std::to_string(c.num_workers) +
+                                            " workers: no step could ever complete");
+    if (c.replicas_to_aggregate > 0 && c.mode == apply_mode::lock_free)
+      throw error(errc::invalid_config, "synchronous training applies one average per step: lock-free is meaningless");
+  }
+
+  void init(const rpc_peer& peer, const detail::ps_init_msg& m, std::span<const std::byte> payload, rpc_reply& reply) {
+    const ps_config cfg = config_of(m);
+    check_config(cfg);
+    std::unique_lock lock(shards_mu_);
+    if (initialized_) {
+      // A restarted chief initialises again: the values already here win (as in TensorFlow,
+      // where only an uninitialised variable is initialised) — when it is the same model.
+      if (!store_.same_model(m.ids, m.sizes, m.rule.name))
+        throw error(errc::invalid_argument, "init from " + peer.identity + ": this ps already holds another model "
+                                            "(other shards, sizes or update rule)");
+      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": init from " + peer.identity +
+                                               " ignored: already initialised");
+      return status(reply);
+    }
+    store_.init(m.ids, m.sizes, cfg.rule, cfg.mode, payload);
+    sync_.configure(cfg.replicas_to_aggregate, store_, 0, "initialised");
+    synchronous_ = cfg.replicas_to_aggregate > 0;
+    initialized_ = true;
+    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": initialised " +
+                                             std::to_string(m.ids.size()) + " shards (" +
+                                             std::to_string(payload.size() / sizeof(float)) + " floats) by " +
+                                             peer.identity + ", rule " + m.rule.name +
+                                             (m.lock_free ? ", lock-free" : ", locked"));
+    status(reply);
+  }
+
+  void sync_push(const rpc_peer& peer, const detail::ps_sync_push_msg& m, std::span<std::byte> payload,
+                 rpc_reply& reply) {
+    std::shared_lock lock(shards_mu_);
+    require_initialized();
+    auto r = sync_.contribute(
+        peer.identity, m, payload, store_, options_.nonfinite, [&] { return peer.defer(); },
+        [&](std::uint32_t id, const ps_detail::update& u) { store_.apply(store_.find(id), u); },
+        [&](std::int64_t step) {
+          global_step_ = step;
+          ++updates_;
+        },
+        [&](rpc_reply& out) { status(out); });
+    if (!r) {
+      reply.deferred = true;
+      return;
+    }
+    if (r->dropped)
+      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": dropped a stale contribution of " +
+                                               peer.identity + " for step " + std::to_string(m.step) + " (" +
+                                               std::to_string(r->dropped_total) + " dropped from it so far)");
+    if (r->skipped)
+      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": skipped a non-finite contribution of " +
+                                               peer.identity);
+    status(reply, updates_.load(), 0, r->dropped, r->dropped_total, r->skipped);
+  }
+
+  // Snapshot of every shard (each under its lock, so no locked update is half-applied in it),
+  // then the file is written outside the locks, into this ps's own checkpoint directory.
+  void save(const detail::ps_save_msg& m, rpc_reply& reply) {
+    if (options_.checkpoint_dir.empty())
+      throw error(errc::invalid_config, options_.transport.identity + " has no checkpoint directory (ps_options::checkpoint_dir)");
+    std::vector<std::vector<float>> copies;
+    std::vector<detail::ckpt::shard_record> records;
+    detail::ps_saved_msg out;
+    std::size_t num_slots = 0;
+    {
+      std::shared_lock lock(shards_mu_);
+      require_initialized();
+      out.global_step = global_step_.load();
+      out.rule = store_.rule_name();
+      for (auto& [id, s] : store_.shards()) {
+        std::lock_guard g(s->mu);
+        num_slots = optim::detail::slot_count(s->opt->update_rule());
+        const auto it = ps_detail::shard_store::iterations(*s);
+        records.push_back({id, s->values.size(), it, {}});
+        copies.emplace_back(s->values.begin(), s->values.end());
+        for (std::size_t k = 0; k < num_slots; ++k) {
+          auto slot = s->opt->slot(k);
+          copies.emplace_back(slot.begin(), slot.end());
+        }
+        out.ids.push_back(id);
+        out.iterations.push_back(it);
+      }
+    }
+    std::size_t c = 0;
+    for (auto& r : records)
+      for (std::size_t k = 0; k <= num_slots; ++k) r.tensors.push_back(copies[c++].data());
+    const auto f = detail::ckpt::write_shard_file(options_.checkpoint_dir, m.name, std::size_t(m.ps_index),
+                                                  std::size_t(m.num_ps), out.global_step, num_slots, records,
+                                                  options_.save_fault);
+    out.file = f.name;
+    out.sha256 = f.sha256;
+    out.bytes = f.bytes;
+    out.num_slots = num_slots;
+    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
+                                             std::to_string(records.size()) + " shards to " + options_.checkpoint_dir +
+                                             "/" + f.name + " (" + std::to_string(f.bytes) + " bytes) at global step " +
+                                             std::to_string(out.global_step));
+    reply.meta = detail::encode_message(out);
+  }
+
+  void restore(const rpc_peer& peer, const detail::ps_restore_msg& m, std::span<const std::byte> payload,
+               rpc_reply& reply) {
+    const auto& init = m.init;
+    const ps_config cfg = config_of(init);
+    check_config(cfg);
+    if (init.ids.size() != m.iterations.size())
+      throw error(errc::corrupt_data, "restore: ids and iterations differ in length");
+    if (optim::detail::slot_count(cfg.rule) != m.num_slots)
+      throw error(errc::invalid_argument, "restore: rule " + init.rule.name + " has " +
+                                              std::to_string(optim::detail::slot_count(cfg.rule)) + " slots, " +
+                                              std::to_string(m.num_slots) + " sent");
+    ps_detail::shard_store::check_mode(cfg.rule, cfg.mode);
+    std::map<std::uint32_t, std::unique_ptr<ps_detail::shard>> fresh;
+    if (m.from_files) {
+      fresh = read_restore_files(m, cfg.rule, payload);
+    } else {
+      ps_detail::shard_store::check_model(init.ids, init.sizes, payload.size(), 1 + m.num_slots, "restore");
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < init.ids.size(); ++i) {
+        const std::size_t n = init.sizes[i];
+        auto s = ps_detail::shard_store::make(cfg.rule, n);
+        std::memcpy(s->values.data(), payload.data() + at, n * sizeof(float));
+        at += n * sizeof(float);
+        for (std::size_t k = 0; k < m.num_slots; ++k) {
+          std::memcpy(s->opt->slot(k).data(), payload.data() + at, n * sizeof(float));
+          at += n * sizeof(float);
+        }
+        s->opt->set_iterations(m.iterations[i]);
+        fresh[init.ids[i]] = std::move(s);
+      }
+    }
+    std::unique_lock lock(shards_mu_);
+    store_.install(std::move(fresh), cfg.rule, cfg.mode);
+    // Contributors waiting on a step that the restore replaced learn it (they retry).
+    sync_.configure(cfg.replicas_to_aggregate, store_, m.global_step,
+                    options_.transport.identity + " was restored from checkpoint " + m.checkpoint +
+                        " while this step was aggregated");
+    global_step_ = m.global_step;
+    synchronous_ = cfg.replicas_to_aggregate > 0;
+    initialized_ = true;
+    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": restored " +
+                                             std::to_string(init.ids.size()) + " shards from checkpoint " +
+                                             m.checkpoint + " (global step " + std::to_string(m.global_step) +
+                                             (m.from_files ? ") read from its files, asked by " : ") sent by ") +
+                                             peer.identity);
+    status(reply);
+  }
+
+  // The ps opens (and verifies) only the shard files of its own checkpoint directory holding
+  // its ranges; every size is checked against the verified files before anything is allocated.
+  std::map<std::uint32_t, std::unique_ptr<ps_detail::shard>> read_restore_files(const detail::ps_restore_msg& m,
+                                                                                const optim::rule& rule,
+                                                                                std::span<const std::byte> payload) {
+    const auto& init = m.init;
+    if (options_.checkpoint_dir.empty())
+      throw error(errc::invalid_config, options_.transport.identity + " has no checkpoint directory to restore from");
+    if (!payload.empty() || m.from.size() != init.ids.size() || init.sizes.size() != init.ids.size())
+      throw error(errc::corrupt_data, "restore from files: a payload, or " + std::to_string(m.from.size()) +
+                                          " ranges for " + std::to_string(init.ids.size()) + " shards");
+    std::vector<checkpoint_reader::element_range> ranges;
+    for (std::size_t i = 0; i < init.ids.size(); ++i) ranges.push_back({m.from[i], init.sizes[i]});
+    const auto ck = checkpoint_reader::open_for(options_.checkpoint_dir, m.checkpoint, ranges);
+    if (ck.manifest().num_slots != m.num_slots && m.num_slots != 0)
+      throw error(errc::invalid_config, "restore: checkpoint " + m.checkpoint + " holds " +
+                                            std::to_string(ck.manifest().num_slots) + " slots, " +
+                                            std::to_string(m.num_slots) + " wanted");
+    for (const auto& r : ranges)
+      if (r.first > ck.num_parameters() || r.count > ck.num_parameters() - r.first)
+        throw error(errc::out_of_range, "restore: elements [" + std::to_string(r.first) + ", +" +
+                                            std::to_string(r.count) + ") outside checkpoint " + m.checkpoint);
+    std::map<std::uint32_t, std::unique_ptr<ps_detail::shard>> fresh;
+    for (std::size_t i = 0; i < init.ids.size(); ++i) {
+      if (fresh.count(init.ids[i])) throw error(errc::corrupt_data, "restore: a shard id appears twice");
+      auto s = ps_detail::shard_store::make(rule, init.sizes[i]);
+      ck.read(0, m.from[i], s->values);
+      for (std::size_t k = 0; k < m.num_slots; ++k) ck.read(k + 1, m.from[i], s->opt->slot(k));
+      s->opt->set_iterations(m.iterations[i]);
+      fresh[init.ids[i]] = std::move(s);
+    }
+    return fresh;
+  }
+
+  void require_initialized() const {
+    if (!initialized_) throw error(errc::invalid_argument, options_.transport.identity + " is not initialised yet");
+  }
+
+  void pull(const detail::ps_pull_msg& m, const rpc_peer& peer, rpc_reply& reply) {
+    std::shared_lock lock(shards_mu_);
+    require_initialized();
+    const std::size_t bytes = store_.bytes_of(m.ids);  // distinct, held: bounded by the model
+    // The count read before the values: an update counts once applied, so every counted one
+    // is in the values (updates that land during the read make the staleness over-, not under-,
+    // counted).
+    const std::uint64_t seen = updates_.load();
+    // A copy into the connection's buffer: locked, a consistent snapshot of each shard;
+    // lock-free, read with atomic loads while updates go on (sending straight from the shards'
+    // memory would be a data race with the concurrent fetch_adds).
+    peer.scratch->resize(bytes);
+    store_.copy_out(m.ids, peer.scratch->data());
+    reply.payload.push_back(asio::buffer(*peer.scratch));
+    status(reply, seen);
+  }
+
+  void push(const rpc_peer& peer, const detail::ps_push_msg& m, std::span<std::byte> payload, rpc_reply& reply) {
+    std::uint64_t staleness = 0, updates = 0;
+    bool skipped = false;
+    {
+      std::shared_lock lock(shards_mu_);
+      require_initialized();
+      const std::size_t bytes = store_.bytes_of(m.ids);
+      if (bytes != payload.size())
+        throw error(errc::shape_mismatch, "push of " + peer.identity + ": " + std::to_string(payload.size()) +
+                                              " payload bytes for shards of " + std::to_string(bytes) + " bytes");
+      if (m.ids.empty() && m.increment_step && !store_.shards().empty())
+        throw error(errc::invalid_argument, "push of " + peer.identity + " carries no update: it cannot advance the global step");
+      const std::span<const float> in(reinterpret_cast<const float*>(payload.data()), payload.size() / sizeof(float));
+      if (options_.nonfinite != nonfinite_policy::apply && !ps_detail::all_finite(in)) {
+        if (options_.nonfinite == nonfinite_policy::reject)
+          throw error(errc::invalid_argument, "push of " + peer.identity + " holds non-finite values: rejected");
+        detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": skipped a non-finite push of " +
+                                                 peer.identity);
+        skipped = true;
+      }
+      if (!skipped) {
+        // Staleness: updates applied since the pusher read the values this push was computed
+        // from; this update counts once it is applied.
+        const std::uint64_t before = updates_.load();
+        staleness = before >= m.seen_updates ? before - m.seen_updates : 0;
+        const float scale = 1.0f / float(staleness + 1);
+        std::size_t at = 0;
+        for (auto id : m.ids) {
+          auto& s = store_.find(id);
+          const std::size_t n = s.values.size();
+          store_.apply(s, {m.kind, in.subspan(at, n), m.learning_rate, scale});
+          at += n;
+        }
+        updates = m.ids.empty() ? updates_.load() : updates_.fetch_add(1) + 1;
+        if (m.increment_step) ++global_step_;
+      } else {
+        updates = updates_.load();
+      }
+    }
+    status(reply, updates, staleness, false, 0, skipped);
+  }
+
+  ps_options options_;
+  std::shared_mutex shards_mu_;  // init/restore (exclusive) against everything else (shared)
+  ps_detail::shard_store store_;
+  ps_detail::sync_aggregator sync_;
+  std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
+  std::atomic<std::int64_t> global_step_{0};
+  std::atomic<std::uint64_t> updates_{0};
+  mutable std::mutex done_mu_;
+  std::set<std::string> done_;  // identities that reported the end of their training
+  rpc_server<parameter_server> server_;  // last: its handler (this) is complete before it starts
+};
+
+}  // namespace dtf

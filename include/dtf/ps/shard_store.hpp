@@ -1,0 +1,221 @@
+// dtf/ps/shard_store.hpp — the shards one ps holds, and the one place an update is applied.
+//
+// A shard is a flat float32 range of a variable (placed by a partitioner) with its update
+// rule's optimiser state. apply(shard, update) is the only code that changes a shard's values:
+// gradients go through the rule (dtf::optim), deltas are added (scaled for DynSGD).
+//
+// Modes: locked (the shard's mutex is held for the whole update, and copy_out() takes it, so a
+// pull never sees an update half-applied) and lock-free (Hogwild; a pull copies with relaxed
+// atomic loads). Lock-free is allowed only
+// for plain SGD, whose only state is the update count: every element is updated with an atomic
+// relaxed fetch_add (updates from several I/O threads interleave element by element, none is
+// lost, and none is a data race) and the count is an atomic. Rules with slots (momentum,
+// Adagrad, Adam) keep per-element state that a concurrent update would corrupt: init refuses
+// them lock-free.
+//
+// Thread safety: the map of shards is not synchronised here (the server holds a shared_mutex:
+// init/restore exclusive, everything else shared); each shard synchronises its own updates.
+#pragma once
+
+#include <dtf/detail/messages.hpp>
+#include <dtf/error.hpp>
+#include <dtf/optim/optimizer.hpp>
+#include <dtf/ps/config.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dtf::ps_detail {
+
+/// One update of one shard.
+struct update {
+  detail::update_kind kind = detail::update_kind::gradient;
+  std::span<const float> values;
+  std::optional<float> learning_rate;  ///< gradient: none = the rule's own rate
+  float scale = 1.0f;                  ///< scaled_delta: the factor (1 / (staleness + 1))
+};
+
+struct shard {
+  std::vector<float> values;
+  std::unique_ptr<optim::optimizer<optim::host_space>> opt;
+  std::mutex mu;
+  std::atomic<std::int64_t> lock_free_iterations{0};
+};
+
+/// True when every value is finite.
+inline bool all_finite(std::span<const float> v) noexcept {
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+class shard_store {
+ public:
+  /// Replaces every shard: ids[i] gets sizes[i] elements read from `values` (in order).
+  /// Errors: corrupt_data / shape_mismatch when the sizes and the bytes disagree;
+  /// invalid_config when lock-free is asked for a rule with slots.
+  void init(const std::vector<std::uint32_t>& ids, const std::vector<std::uint64_t>& sizes, const optim::rule& rule,
+            apply_mode mode, std::span<const std::byte> values) {
+    check_model(ids, sizes, values.size(), 1, "init");
+    check_mode(rule, mode);
+    std::map<std::uint32_t, std::unique_ptr<shard>> fresh;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto s = make(rule, sizes[i]);
+      std::memcpy(s->values.data(), values.data() + at, sizes[i] * sizeof(float));
+      at += sizes[i] * sizeof(float);
+      fresh[ids[i]] = std::move(s);
+    }
+    install(std::move(fresh), rule, mode);
+  }
+
+  /// Installs shards built elsewhere (a restore).
+  void install(std::map<std::uint32_t, std::unique_ptr<shard>> fresh, const optim::rule& rule, apply_mode mode) {
+    check_mode(rule, mode);
+    shards_ = std::move(fresh);
+    mode_ = mode;
+    rule_name_ = std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule);
+  }
+
+  static std::unique_ptr<shard> make(const optim::rule& rule, std::size_t n) {
+    auto s = std::make_unique<shard>();
+    s->values.resize(n);
+    s->opt = std::make_unique<optim::optimizer<optim::host_space>>(rule, n);
+    return s;
+  }
+
+  /// Checks that ids are distinct, sizes as many, and that they add up to `bytes` with `per`
+  /// floats per element (values and slots), before anything is allocated.
+  static void check_model(const std::vector<std::uint32_t>& ids, const std::vector<std::uint64_t>& sizes,
+                          std::size_t bytes, std::uint64_t per, const char* what) {
+    if (ids.size() != sizes.size()) throw error(errc::corrupt_data, std::string(what) + ": ids and sizes differ in length");
+    if (std::set<std::uint32_t>(ids.begin(), ids.end()).size() != ids.size())
+      throw error(errc::corrupt_data, std::string(what) + ": a shard id appears twice");
+    const std::uint64_t floats = bytes / sizeof(float) / per;
+    std::uint64_t total = 0;
+    for (auto sz : sizes) {
+      if (sz > floats - total)
+        throw error(errc::shape_mismatch, std::string(what) + ": shard sizes exceed the " + std::to_string(bytes) +
+                                              " payload bytes");
+      total += sz;
+    }
+    if (total * per * sizeof(float) != bytes)
+      throw error(errc::shape_mismatch, std::string(what) + ": " + std::to_string(bytes) + " payload bytes for " +
+                                            std::to_string(total * per) + " floats");
+  }
+
+  static void check_mode(const optim::rule& rule, apply_mode mode) {
+    if (mode == apply_mode::lock_free && !std::holds_alternative<optim::sgd>(rule))
+      throw error(errc::invalid_config, "lock-free apply is only for plain sgd: a rule with per-element state (" +
+                                            std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule) +
+                                            ") would be corrupted by concurrent updates");
+  }
+
+  /// True when the store holds exactly these shards of these sizes under this rule.
+  bool same_model(const std::vector<std::uint32_t>& ids, const std::vector<std::uint64_t>& sizes,
+                  const std::string& rule_name) const {
+    if (ids.size() != shards_.size() || ids.size() != sizes.size() || rule_name != rule_name_) return false;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto it = shards_.find(ids[i]);
+      if (it == shards_.end() || it->second->values.size() != sizes[i]) return false;
+    }
+    return true;
+  }
+
+  shard& find(std::uint32_t id) const {
+    auto it = shards_.find(id);
+    if (it == shards_.end()) throw error(errc::out_of_range, "shard " + std::to_string(id) + " is not held here");
+    return *it->second;
+  }
+
+  /// The bytes of shards `ids`. Errors: out_of_range for an unknown id, invalid_argument for
+  /// one named twice (so a request's reply is bounded by the shards this ps holds).
+  std::size_t bytes_of(const std::vector<std::uint32_t>& ids) const {
+    if (ids.size() > shards_.size()) throw error(errc::invalid_argument, "a request names more shards than are held");
+    std::set<std::uint32_t> seen;
+    std::size_t bytes = 0;
+    for (auto id : ids) {
+      if (!seen.insert(id).second) throw error(errc::invalid_argument, "shard " + std::to_string(id) + " named twice");
+      bytes += find(id).values.size() * sizeof(float);
+    }
+    return bytes;
+  }
+
+  /// Applies one update to shard s (its values span s.values.size() elements).
+  void apply(shard& s, const update& u) {
+    const std::size_t n = s.values.size();
+    if (u.values.size() != n) throw error(errc::shape_mismatch, "update of the wrong size");
+    if (mode_ == apply_mode::lock_free) return apply_lock_free(s, u);
+    std::lock_guard g(s.mu);
+    float* v = s.values.data();
+    const float* in = u.values.data();
+    switch (u.kind) {
+      case detail::update_kind::delta:
+        for (std::size_t i = 0; i < n; ++i) v[i] += in[i];
+        break;
+      case detail::update_kind::scaled_delta:
+        for (std::size_t i = 0; i < n; ++i) v[i] += u.scale * in[i];
+        break;
+      case detail::update_kind::gradient:
+        if (u.learning_rate)
+          s.opt->apply(std::span<float>(s.values), u.values, *u.learning_rate);
+        else
+          s.opt->apply(std::span<float>(s.values), u.values);
+        break;
+    }
+  }
+
+  /// Copies shards `ids` into dst, which holds bytes_of(ids) bytes: locked, each under its
+  /// lock (no update half-applied in it); lock-free, element by element with relaxed atomic
+  /// loads (updates may land part-way through the copy, as Hogwild allows; no data race).
+  void copy_out(const std::vector<std::uint32_t>& ids, std::byte* dst) const {
+    for (auto id : ids) {
+      auto& s = find(id);
+      const std::size_t n = s.values.size();
+      if (mode_ == apply_mode::lock_free) {
+        auto* out = reinterpret_cast<float*>(dst);
+        for (std::size_t i = 0; i < n; ++i)
+          out[i] = std::atomic_ref<float>(s.values[i]).load(std::memory_order_relaxed);
+      } else {
+        std::lock_guard g(s.mu);
+        std::memcpy(dst, s.values.data(), n * sizeof(float));
+      }
+      dst += n * sizeof(float);
+    }
+  }
+
+  /// The update count of shard s's rule.
+  static std::int64_t iterations(const shard& s) { return s.opt->iterations() + s.lock_free_iterations.load(); }
+
+  apply_mode mode() const noexcept { return mode_; }
+  const std::string& rule_name() const noexcept { return rule_name_; }
+  const std::map<std::uint32_t, std::unique_ptr<shard>>& shards() const noexcept { return shards_; }
+
+ private:
+  void apply_lock_free(shard& s, const update& u) {
+    float scale = 1.0f;
+    if (u.kind == detail::update_kind::gradient) {
+      scale = -(u.learning_rate ? *u.learning_rate : std::get<optim::sgd>(s.opt->update_rule()).learning_rate);
+      s.lock_free_iterations.fetch_add(1);
+    } else if (u.kind == detail::update_kind::scaled_delta) {
+      scale = u.scale;
+    }
+    for (std::size_t i = 0; i < s.values.size(); ++i)
+      std::atomic_ref<float>(s.values[i]).fetch_add(scale * u.values[i], std::memory_order_relaxed);
+  }
+
+  std::map<std::uint32_t, std::unique_ptr<shard>> shards_;
+  apply_mode mode_ = apply_mode::locked;
+  std::string rule_name_ = "sgd";
+};
+
+}  // namespace dtf::ps_detail

@@ -1,0 +1,166 @@
+// dtf/ps/sync_aggregator.hpp — synchronous aggregation on one ps (SyncReplicasOptimizer).
+//
+// Contributions are tagged with the step they were computed at. The first N for the current
+// step are averaged and applied (through shard_store::apply), the step advances and every
+// contributor is released; contributions for an older step are dropped and counted per worker.
+// A contribution is recorded only after it is validated (its step, its shard ids: exactly the
+// shards this ps holds, its size, its values' finiteness, its kind matching the step's first
+// contribution): a malformed one is an error to its sender alone and changes nothing. It is
+// attributed to the authenticated connection's identity, never to a name in the message.
+//
+// Thread safety: every member takes the aggregator's mutex.
+#pragma once
+
+#include <dtf/detail/messages.hpp>
+#include <dtf/ps/shard_store.hpp>
+#include <dtf/transport.hpp>
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace dtf::ps_detail {
+
+class sync_aggregator {
+ public:
+  /// What contribute() did.
+  struct outcome {
+    bool dropped = false;            ///< for a finished step: reply at once
+    std::uint64_t dropped_total = 0;
+    bool skipped = false;            ///< non-finite values, nonfinite_policy::skip: reply at once
+  };
+
+  ~sync_aggregator() { clear_waiting(); }
+
+  /// N replicas per step (0: asynchronous) over the store's shards, from step `step`. Waiting
+  /// contributors get `reason` as an error (they retry).
+  void configure(std::size_t n, const shard_store& store, std::int64_t step, const std::string& reason) {
+    std::lock_guard g(mu_);
+    for (auto& w : waiting_) w.send(rpc_reply::failure(errc::peer_failure, reason));
+    waiting_.clear();
+    n_ = n;
+    acc_.clear();  // a model-sized buffer, needed only by synchronous training
+    if (n_ > 0)
+      for (const auto& [id, s] : store.shards()) acc_[id].assign(s->values.size(), 0.0f);
+    step_ = step;
+    count_ = 0;
+    contributors_.clear();
+    failure_.clear();
+    kind_.reset();
+  }
+
+  /// Validates and records `who`'s contribution; when it is the N-th, averages, applies with
+  /// `apply(shard id, update)`, advances the step and releases every contributor with
+  /// `status(reply)` after `advanced(new step)`. Returns nullopt when the reply is deferred.
+  template <class Apply, class Advanced, class Status>
+  std::optional<outcome> contribute(const std::string& who, const detail::ps_sync_push_msg& m,
+                                    std::span<const std::byte> payload, const shard_store& store,
+                                    nonfinite_policy policy, const std::function<rpc_responder()>& defer,
+                                    Apply&& apply, Advanced&& advanced, Status&& status) {
+    std::lock_guard g(mu_);
+    if (n_ == 0) throw error(errc::invalid_argument, "synchronous push to a ps initialised for asynchronous training");
+    if (m.step < step_) {
+      const auto n = ++dropped_[who];
+      return outcome{true, n, false};
+    }
+    if (!failure_.empty()) throw error(errc::peer_failure, failure_);
+    if (m.step > step_)
+      throw error(errc::invalid_argument, who + " contributed for step " + std::to_string(m.step) +
+                                              " but the ps is at step " + std::to_string(step_));
+    if (contributors_.count(who))
+      throw error(errc::invalid_argument, who + " already contributed to step " + std::to_string(step_));
+    if (m.kind == detail::update_kind::scaled_delta)
+      throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
+    // Exactly this ps's shards, each once: the average is over whole contributions.
+    if (m.ids.size() != acc_.size() || store.bytes_of(m.ids) != payload.size())
+      throw error(errc::shape_mismatch, who + ": a synchronous contribution must carry every shard of this ps once (" +
+                                            std::to_string(m.ids.size()) + " shards, " +
+                                            std::to_string(payload.size()) + " bytes sent)");
+    const std::span<const float> in(reinterpret_cast<const float*>(payload.data()), payload.size() / sizeof(float));
+    if (policy != nonfinite_policy::apply && !all_finite(in)) {
+      if (policy == nonfinite_policy::reject)
+        throw error(errc::invalid_argument, who + " contributed non-finite values to step " + std::to_string(step_));
+      return outcome{false, 0, true};
+    }
+    if (kind_ && (*kind_ != m.kind || lr_ != m.learning_rate))
+      throw error(errc::invalid_argument, who + ": contribution of another kind or learning rate than step " +
+                                              std::to_string(step_) + "'s first");
+    // Valid: record it.
+    kind_ = m.kind;
+    lr_ = m.learning_rate;
+    contributors_.insert(who);
+    alive_.insert(who);
+    std::size_t at = 0;
+    for (auto id : m.ids) {
+      auto& acc = acc_.at(id);
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += in[at + i];
+      at += acc.size();
+    }
+    ++count_;
+    waiting_.push_back(defer());
+    if (count_ < n_) return std::nullopt;
+
+    // The N-th contribution: average, apply, advance, release everyone.
+    const float inv = 1.0f / float(n_);
+    for (auto& [id, acc] : acc_) {
+      for (auto& v : acc) v *= inv;
+      apply(id, update{*kind_, acc, lr_, 1.0f});
+      std::fill(acc.begin(), acc.end(), 0.0f);
+    }
+    ++step_;
+    count_ = 0;
+    contributors_.clear();
+    kind_.reset();
+    advanced(step_);
+    for (auto& w : waiting_) {
+      rpc_reply r;
+      status(r);
+      w.send(std::move(r));
+    }
+    waiting_.clear();
+    return std::nullopt;
+  }
+
+  /// A connection ended: a contributor that vanished without reporting done may leave fewer
+  /// than N replicas; then every waiting worker, and every later contribution, gets an error.
+  /// Returns the failure message when this made the step impossible.
+  std::optional<std::string> disconnected(const std::string& who, bool finished) {
+    std::lock_guard g(mu_);
+    if (n_ == 0 || !alive_.erase(who) || finished) return std::nullopt;
+    if (alive_.size() >= n_ || !failure_.empty()) return std::nullopt;
+    failure_ = "synchronous training cannot continue: " + who + " disconnected, leaving " +
+               std::to_string(alive_.size()) + " of the " + std::to_string(n_) + " replicas each step needs";
+    for (auto& w : waiting_) w.send(rpc_reply::failure(errc::peer_failure, failure_));
+    waiting_.clear();
+    return failure_;
+  }
+
+  std::map<std::string, std::uint64_t> dropped() const {
+    std::lock_guard g(mu_);
+    return dropped_;
+  }
+
+  void clear_waiting() {
+    std::lock_guard g(mu_);
+    waiting_.clear();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::size_t n_ = 0, count_ = 0;
+  std::int64_t step_ = 0;
+  std::optional<detail::update_kind> kind_;  // of the current step's first contribution
+  std::optional<float> lr_;
+  std::map<std::uint32_t, std::vector<float>> acc_;  // per shard: sum of this step's contributions
+  std::vector<rpc_responder> waiting_;               // contributors of the current step
+  std::set<std::string> alive_;                      // workers that contributed and are connected
+  std::set<std::string> contributors_;               // of the current step
+  std::map<std::string, std::uint64_t> dropped_;
+  std::string failure_;
+};
+
+}  // namespace dtf::ps_detail

@@ -1,0 +1,316 @@
+// A connected peer cannot break the parameter server: requests no dtf client would send, each
+// answered with an error to that peer alone while the ps keeps its data and serves the others.
+#include <catch2/catch.hpp>
+
+#include <dtf/partitioners.hpp>
+#include <dtf/ps.hpp>
+
+#include "helpers.hpp"
+#include "ps_helpers.hpp"
+#include "train_helpers.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <thread>
+
+using namespace dtf;
+using dtf::test::opts;
+using dtf::test::running_ps;
+
+namespace {
+
+std::vector<variable_spec> vars40() { return {{"w", {10, 3}, 0}, {"b", {3}, 30}, {"v", {7}, 33}}; }
+
+std::vector<float> iota(std::size_t n, float start) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = start + float(i);
+  return v;
+}
+
+// A peer that speaks the protocol but sends what it likes. call() returns the error text
+// ("" on success) and reconnects after a failure.
+struct raw_peer {
+  rpc_client rpc;
+  raw_peer(const std::string& address, const std::string& identity) : rpc(opts(identity)) {
+    rpc.add_peer("ps.0", address);
+    rpc.connect_all();
+  }
+  template <class Msg>
+  std::string call(detail::message_kind kind, const Msg& m, std::span<const float> payload = {},
+                   std::span<float> reply = {}, std::vector<std::byte>* reply_meta = nullptr) {
+    std::vector<rpc_call> c(1);
+    c[0].kind = kind;
+    c[0].meta = detail::encode_message(m);
+    if (!payload.empty()) c[0].payload.push_back(asio::buffer(payload.data(), payload.size_bytes()));
+    if (!reply.empty()) c[0].reply_payload.push_back(asio::buffer(reply.data(), reply.size_bytes()));
+    try {
+      rpc.call_all(c);
+    } catch (const error& e) {
+      rpc.connect_all();
+      return e.what();
+    }
+    if (reply_meta) *reply_meta = c[0].reply_meta;
+    return "";
+  }
+};
+
+std::vector<std::uint32_t> ids_of(const placement& layout, std::size_t ps) {
+  const auto v = layout.shards_on(ps);
+  return {v.begin(), v.end()};
+}
+
+}  // namespace
+
+TEST_CASE("a pull naming a shard twice, or one not held, is an error: the reply is bounded", "[ps][hostile]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(iota(40, 1.0f), {optim::sgd{}});
+  raw_peer bad(ps0.address(), "worker.1");
+  const auto ids = ids_of(layout, 0);
+  const std::uint32_t first = ids.front();
+  const auto n = layout.shards[first].size;
+  std::vector<float> twice(2 * n);
+  CHECK_THAT(bad.call(detail::message_kind::ps_pull, detail::ps_pull_msg{{first, first}}, {}, twice),
+             Catch::Contains("named twice"));
+  std::vector<float> one(n);
+  CHECK_THAT(bad.call(detail::message_kind::ps_pull, detail::ps_pull_msg{{9999}}, {}, one),
+             Catch::Contains("not held"));
+  // The ps still serves, and its data is intact.
+  std::vector<float> v(40);
+  chief.pull(v);
+  CHECK(v == iota(40, 1.0f));
+}
+
+TEST_CASE("non-finite pushes are rejected naming the worker; skip and apply are the other policies", "[ps][hostile]") {
+  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
+  auto nan_grads = iota(40, 0.0f);
+  nan_grads[7] = std::numeric_limits<float>::quiet_NaN();
+  auto inf_grads = iota(40, 0.0f);
+  inf_grads[0] = std::numeric_limits<float>::infinity();
+  SECTION("reject (the default)") {
+    running_ps ps0(opts("ps.0"));
+    ps_client w({ps0.address()}, layout, opts("worker.3"));
+    w.connect();
+    w.initialize(iota(40, 1.0f), {optim::sgd{1.0f}});
+    CHECK_THROWS_WITH(w.push_gradients(nan_grads), Catch::Contains("worker.3") && Catch::Contains("non-finite"));
+    w.connect();
+    CHECK_THROWS_WITH(w.push_deltas(inf_grads), Catch::Contains("worker.3"));
+    w.connect();
+    std::vector<float> v(40);
+    CHECK(w.pull(v) == 0);  // no step advanced
+    CHECK(v == iota(40, 1.0f));
+  }
+  SECTION("skip and apply") {
+    ps_options skip{opts("ps.0")};
+    skip.nonfinite = nonfinite_policy::skip;
+    auto s = std::make_unique<parameter_server>("127.0.0.1:0", skip);
+    std::thread t([p = s.get()] { p->run(); });
+    ps_client w({"127.0.0.1:" + std::to_string(s->port())}, layout, opts("worker.3"));
+    w.connect();
+    w.initialize(iota(40, 1.0f), {optim::sgd{1.0f}});
+    const auto r = w.push_gradients(nan_grads);
+    CHECK(r.skipped);
+    CHECK(r.global_step == 0);
+    std::vector<float> v(40);
+    w.pull(v);
+    CHECK(v == iota(40, 1.0f));
+    s->stop();
+    t.join();
+
+    ps_options apply{opts("ps.0")};
+    apply.nonfinite = nonfinite_policy::apply;
+    s = std::make_unique<parameter_server>("127.0.0.1:0", apply);
+    std::thread t2([p = s.get()] { p->run(); });
+    ps_client w2({"127.0.0.1:" + std::to_string(s->port())}, layout, opts("worker.3"));
+    w2.connect();
+    w2.initialize(iota(40, 1.0f), {optim::sgd{1.0f}});
+    CHECK_FALSE(w2.push_gradients(nan_grads).skipped);
+    w2.pull(v);
+    CHECK(std::isnan(v[7]));
+    CHECK(v[8] == 9.0f - 8.0f);
+    s->stop();
+    t2.join();
+  }
+}
+
+TEST_CASE("an empty push cannot advance the global step of a ps that holds shards", "[ps][hostile]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(iota(40, 1.0f), {optim::sgd{}});
+  raw_peer bad(ps0.address(), "worker.1");
+  detail::ps_push_msg m;
+  m.increment_step = true;
+  CHECK_THAT(bad.call(detail::message_kind::ps_push, m), Catch::Contains("cannot advance the global step"));
+  CHECK(chief.global_step() == 0);
+  CHECK(chief.push_gradients(std::vector<float>(40, 0.0f)).global_step == 1);
+}
+
+TEST_CASE("a second init with another model is an error; with the same model it is ignored", "[ps][hostile]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(iota(40, 1.0f), {optim::sgd{}});
+  chief.initialize(iota(40, 5.0f), {optim::sgd{}});  // a restarted chief: the values here win
+  std::vector<float> v(40);
+  chief.pull(v);
+  CHECK(v == iota(40, 1.0f));
+  CHECK_THROWS_WITH(chief.initialize(iota(40, 5.0f), {optim::adam{}}), Catch::Contains("another model"));
+  chief.connect();
+  const auto other = partitioners::fixed_size{1}.place(vars40(), 1);
+  ps_client other_chief({ps0.address()}, other, opts("chief.0"));
+  other_chief.connect();
+  CHECK_THROWS_WITH(other_chief.initialize(iota(40, 5.0f), {optim::sgd{}}), Catch::Contains("another model"));
+  chief.pull(v);
+  CHECK(v == iota(40, 1.0f));
+}
+
+TEST_CASE("init refuses replicas_to_aggregate above the workers, and lock-free with a stateful rule", "[ps][hostile]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  CHECK_THROWS_WITH(chief.initialize(iota(40, 1.0f), {optim::sgd{}, apply_mode::locked, 3, 2}),
+                    Catch::Contains("replicas_to_aggregate is 3") && Catch::Contains("2 workers"));
+  chief.connect();
+  CHECK_THROWS_WITH(chief.initialize(iota(40, 1.0f), {optim::adam{}, apply_mode::lock_free}),
+                    Catch::Contains("lock-free"));
+  chief.connect();
+  CHECK_FALSE(ps0.ps->initialized());
+  chief.initialize(iota(40, 1.0f), {optim::sgd{}, apply_mode::locked, 2, 2});
+  CHECK(ps0.ps->initialized());
+}
+
+TEST_CASE("the done-task set holds only known workers, or a bounded number of names", "[ps][hostile]") {
+  SECTION("known workers") {
+    ps_options o{opts("ps.0")};
+    o.known_workers = {"chief.0", "worker.1"};
+    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
+    std::thread t([p = s.get()] { p->run(); });
+    raw_peer bad("127.0.0.1:" + std::to_string(s->port()), "worker.1");
+    CHECK_THAT(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"worker.1", "intruder.7"}}),
+               Catch::Contains("intruder.7") && Catch::Contains("not a worker"));
+    CHECK(s->done_tasks().empty());  // nothing of a rejected request was recorded
+    CHECK(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"worker.1"}}) == "");
+    CHECK(s->done_tasks() == std::set<std::string>{"worker.1"});
+    raw_peer stranger("127.0.0.1:" + std::to_string(s->port()), "worker.9");
+    CHECK_THAT(stranger.call(detail::message_kind::ps_done, detail::empty_msg{}), Catch::Contains("worker.9"));
+    CHECK(s->done_tasks().size() == 1);
+    s->stop();
+    t.join();
+  }
+  SECTION("bounded") {
+    ps_options o{opts("ps.0")};
+    o.max_done_tasks = 3;
+    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
+    std::thread t([p = s.get()] { p->run(); });
+    raw_peer bad("127.0.0.1:" + std::to_string(s->port()), "worker.1");
+    CHECK_THAT(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"a", "b", "c", "d", "e"}}),
+               Catch::Contains("full"));
+    CHECK(s->done_tasks().size() <= 3);
+    CHECK_THAT(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{std::string(300, 'x')}}),
+               Catch::Contains("not a worker"));
+    s->stop();
+    t.join();
+  }
+}
+
+TEST_CASE("a malformed sync contribution is an error to its sender only and records nothing", "[ps][hostile][sync]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(iota(40, 0.0f), {optim::sgd{1.0f}, apply_mode::locked, 2});
+  const auto ids = ids_of(layout, 0);
+  raw_peer w1(ps0.address(), "worker.1");
+  // Too few bytes, then a subset of the shards, then a NaN: each refused.
+  std::vector<float> short_buf(39, 1.0f);
+  CHECK_THAT(w1.call(detail::message_kind::ps_sync_push, detail::ps_sync_push_msg{ids, 0}, short_buf),
+             Catch::Contains("every shard"));
+  std::vector<std::uint32_t> subset(ids.begin(), ids.begin() + 1);
+  std::vector<float> part(layout.shards[subset[0]].size, 1.0f);
+  CHECK_THAT(w1.call(detail::message_kind::ps_sync_push, detail::ps_sync_push_msg{subset, 0}, part),
+             Catch::Contains("every shard"));
+  std::vector<float> nan_buf(40, 1.0f);
+  nan_buf[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THAT(w1.call(detail::message_kind::ps_sync_push, detail::ps_sync_push_msg{ids, 0}, nan_buf),
+             Catch::Contains("worker.1") && Catch::Contains("non-finite"));
+  // Neither counted: worker.1's valid contribution and worker.2's complete the step with
+  // exactly their average (1 and 3: the step subtracts 2 from every value).
+  std::vector<float> v(40);
+  std::vector<sync_result> results(2);  // checked here: Catch's assertions are not thread-safe
+  test::run_threads(2, [&](std::size_t k) {
+    ps_client w(std::vector<std::string>{ps0.address()}, layout, opts("worker." + std::to_string(k + 1)));
+    w.connect();
+    std::vector<float> g(40, k == 0 ? 1.0f : 3.0f);
+    results[k] = w.push_sync(g, 0);
+  });
+  for (const auto& r : results) {
+    CHECK_FALSE(r.dropped);
+    CHECK(r.global_step == 1);
+  }
+  chief.pull(v);
+  auto expect = iota(40, 0.0f);
+  for (auto& x : expect) x -= 2.0f;
+  CHECK(v == expect);
+}
+
+TEST_CASE("the ps writes checkpoints only into its own configured directory", "[ps][hostile][checkpoint]") {
+  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
+  const auto dir = std::filesystem::temp_directory_path() / ("dtf_ps_hostile_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    running_ps unconfigured(opts("ps.0"));
+    ps_client chief({unconfigured.address()}, layout, opts("chief.0"));
+    chief.connect();
+    chief.initialize(iota(40, 1.0f), {optim::sgd{}});
+    CHECK_THROWS_WITH(save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40()),
+                      Catch::Contains("no checkpoint directory"));
+  }
+  {
+    ps_options o{opts("ps.0")};
+    o.checkpoint_dir = dir.string();
+    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
+    std::thread t([p = s.get()] { p->run(); });
+    const std::string address = "127.0.0.1:" + std::to_string(s->port());
+    ps_client chief({address}, layout, opts("chief.0"));
+    chief.connect();
+    chief.initialize(iota(40, 1.0f), {optim::sgd{}});
+    const auto m = save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40());
+    CHECK(std::filesystem::exists(dir / m.files.at(0).name));
+    // A name that leaves the directory is refused by the ps.
+    raw_peer bad(address, "worker.1");
+    CHECK_FALSE(bad.call(detail::message_kind::ps_save, detail::ps_save_msg{"../escape", 0, 1}).empty());
+    CHECK_FALSE(std::filesystem::exists(dir.parent_path() / "escape.ps-0-of-1.shard"));
+    s->stop();
+    t.join();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("an evaluation read does not reset a worker's staleness (DynSGD's tau)", "[ps][dyn_sgd]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
+  ps_client a({ps0.address()}, layout, opts("chief.0")), b({ps0.address()}, layout, opts("worker.1"));
+  a.connect();
+  b.connect();
+  a.initialize(iota(40, 0.0f), {optim::sgd{}});
+  std::vector<float> v(40);
+  a.pull(v);
+  b.pull(v);
+  b.push_deltas(std::vector<float>(40, 1.0f));
+  b.push_deltas(std::vector<float>(40, 1.0f));
+  a.read_values(v);  // the chief's evaluation of the centre variable
+  CHECK(v[0] == 2.0f);
+  // a's push was computed from its pull, two updates ago: scaled by 1/3.
+  const auto r = a.push_deltas(std::vector<float>(40, 3.0f), true, /*scale_by_staleness=*/true);
+  CHECK(r.staleness == 2);
+  a.pull(v);
+  CHECK(v[0] == 3.0f);
+}
