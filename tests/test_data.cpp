@@ -258,7 +258,7 @@ TEST_CASE("flags parse values, reject unknown flags and bad values", "[flags]") 
   CHECK_THROWS_WITH(f.parse(2, missing), Catch::Contains("--lr needs a value"));
 }
 
-TEST_CASE("IDX bytes stay bytes; a shard keeps only its examples and normalises per batch", "[data][pipeline]") {
+TEST_CASE("IDX bytes stay bytes, and a shard keeps only its examples and normalises per batch", "[data][pipeline]") {
   // 50 images of 3x2 pixels (pixel j of image i is (7i + 13j) mod 256) and labels i % 10.
   test::temp_dir dir("ds-bytes");
   std::string img, lab;

@@ -84,7 +84,7 @@ TEST_CASE("a pull naming a shard twice, or one not held, is an error: the reply 
   CHECK(v == iota(40, 1.0f));
 }
 
-TEST_CASE("non-finite pushes are rejected naming the worker; skip and apply are the other policies", "[ps][hostile]") {
+TEST_CASE("non-finite pushes are rejected naming the worker, and skip and apply are the other policies", "[ps][hostile]") {
   const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
   auto nan_grads = iota(40, 0.0f);
   nan_grads[7] = std::numeric_limits<float>::quiet_NaN();
@@ -150,7 +150,7 @@ TEST_CASE("an empty push cannot advance the global step of a ps that holds shard
   CHECK(chief.push_gradients(std::vector<float>(40, 0.0f)).global_step == 1);
 }
 
-TEST_CASE("a second init with another model is an error; with the same model it is ignored", "[ps][hostile]") {
+TEST_CASE("a second init with another model is an error, and with the same model it is ignored", "[ps][hostile]") {
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);
   ps_client chief({ps0.address()}, layout, opts("chief.0"));

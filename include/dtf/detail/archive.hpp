@@ -68,7 +68,16 @@ void CEREAL_SAVE_FUNCTION_NAME(binary_writer& ar, const T& t) {
 template <class T>
   requires std::is_arithmetic_v<T>
 void CEREAL_LOAD_FUNCTION_NAME(binary_reader& ar, T& t) {
-  ar.load_binary(std::addressof(t), sizeof(t));
+  if constexpr (std::is_same_v<T, bool>) {
+    // A bool read from raw bytes must be 0 or 1 (any other byte is not a bool: undefined
+    // behaviour to load, e.g. std::optional's engaged flag in a crafted message).
+    unsigned char b = 0;
+    ar.load_binary(&b, 1);
+    if (b > 1) throw error(errc::corrupt_data, "message holds " + std::to_string(b) + " where a bool (0 or 1) belongs");
+    t = b == 1;
+  } else {
+    ar.load_binary(std::addressof(t), sizeof(t));
+  }
 }
 template <class T>
 void CEREAL_SAVE_FUNCTION_NAME(binary_writer& ar, const cereal::NameValuePair<T>& t) {
