@@ -94,7 +94,9 @@ wait_until 60 has_checkpoint || fail "no checkpoint after step 0"
 ps_pid=$(sed -n "s/^dtfrun: started ps.0 (pid \([0-9]*\)).*/\1/p" "$work/recover.log")
 kill -KILL "$ps_pid"
 for t in worker.0 worker.1; do
-  wait_until 60 grep -q "$t: recovered (recovery 1)" "$work/recover.log" || fail "$t did not recover"
+  # A reconnect that meets the ps still restarting fails and counts as a recovery of its own
+  # (a loaded machine), so any count within --max_recoveries is a recovery.
+  wait_until 60 grep -qE "$t: recovered \(recovery [1-3]\)" "$work/recover.log" || fail "$t did not recover"
 done
 grep -q "restored 6 shards from checkpoint" "$work/recover.log" || fail "the restarted ps was not restored"
 n=$(grep -c "worker.1: step=" "$work/recover.log")
