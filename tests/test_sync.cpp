@@ -11,6 +11,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <atomic>
+#include <functional>
+#include <latch>
+#include <utility>
 #include <map>
 #include <mutex>
 #include <set>
@@ -86,15 +90,31 @@ TEST_CASE("a slowed worker with one backup does not hold the steps and its stale
     w.initialize_ps(1);
   }
   std::vector<strategies::drop_stats> drops(3);
+  // The fast workers start once the straggler has pulled step 0 and begun computing from it, so
+  // its first contribution is in flight however late its thread was scheduled.
+  std::latch straggler_computing(1);
+  std::atomic<bool> released{false};
+  const auto release = [&] {
+    if (!released.exchange(true)) straggler_computing.count_down();
+  };
   run_threads(3, [&](std::size_t k) {
+    // Released as well if the straggler fails before computing, so no fast worker waits forever.
+    struct guard {
+      std::function<void()> f;
+      ~guard() { if (f) f(); }
+    } on_exit{k == 2 ? std::function<void()>(release) : std::function<void()>()};
     auto net = net3();
     ps_client c({ps0.address()}, layout, opts("worker." + std::to_string(k)));
     c.connect();
     strategies::sync_worker<strategies::sync_sgd, nn::sequential> w(strategies::sync_sgd(cfg), net, c, k);
     w.set_last_step(last_step);
     // The straggler: worker 2's gradients take 100 ms longer than the others'.
-    if (k == 2) w.set_compute_delay(std::chrono::milliseconds(100));
+    if (k == 2) {
+      w.set_compute_delay(std::chrono::milliseconds(100));
+      w.set_before_compute(release);
+    }
     w.begin();
+    if (k != 2) straggler_computing.wait();
     auto s = data.shard(3, k).batch(16).repeat().stream();
     while (!w.finished()) w.step(*s.next());
     drops[k] = w.drops();

@@ -18,6 +18,7 @@
 #include <dtf/strategies/async.hpp>
 
 #include <chrono>
+#include <functional>
 #include <limits>
 #include <thread>
 #include <optional>
@@ -204,6 +205,7 @@ class sync_worker {
     return strategy_.step(state_, [this](std::span<const float> at, std::span<float> g) {
       // Simulated slow hardware (tests and benchmarks of stragglers), inside the computation,
       // so the contribution is computed from parameters that go stale meanwhile.
+      if (before_compute_) before_compute_();
       if (compute_delay_.count() > 0) std::this_thread::sleep_for(compute_delay_);
       return gradient_(at, g);
     });
@@ -213,6 +215,9 @@ class sync_worker {
   /// Makes every gradient computation take `delay` longer: a straggler, for tests and
   /// benchmarks (the examples' --slow_ms flag).
   void set_compute_delay(std::chrono::milliseconds delay) noexcept { compute_delay_ = delay; }
+  /// Runs `f` at the start of every gradient computation, after the pull it computes from (a
+  /// test's hook to order a straggler's steps against the others').
+  void set_before_compute(std::function<void()> f) { before_compute_ = std::move(f); }
 
   /// Training ends when the global step reaches `step`.
   void set_last_step(std::int64_t step) noexcept { state_.last_step = step; }
@@ -231,6 +236,7 @@ class sync_worker {
   sync_state state_;
   detail::batch_gradient<M> gradient_;
   std::chrono::milliseconds compute_delay_{0};
+  std::function<void()> before_compute_;
 };
 
 }  // namespace dtf::strategies
