@@ -9,9 +9,13 @@
 //   dtf/ps/server.hpp           parameter_server: dispatch and the checks against a hostile peer
 //   dtf/ps/client.hpp           ps_client: pull, push, push_sync; init, ready, done, shutdown
 //   dtf/ps/checkpointing.hpp    save_checkpoint / restore_checkpoint / restore_latest
+//   dtf/ps/embedding_layout.hpp sparse variables: fixed (div/mod) and hashed tables, row routing
+//   dtf/ps/sparse_store.hpp     the ps's table shards and their lazy per-row updates
+//   dtf/ps/sparse_client.hpp    embedding_tables: plan, gather, push (only the touched rows)
 #pragma once
 
 #include <dtf/ps/checkpointing.hpp>
 #include <dtf/ps/client.hpp>
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/server.hpp>
+#include <dtf/ps/sparse_client.hpp>

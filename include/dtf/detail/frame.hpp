@@ -50,6 +50,11 @@ enum class message_kind : std::uint16_t {
   ps_save = 24,
   ps_restore = 25,
   ps_done_tasks = 26,  // announce / learn the tasks that reported done (ps_done_tasks_msg both ways)
+  // sparse variables (dtf/ps/sparse_client.hpp)
+  ps_embedding_init = 27,
+  ps_gather = 28,
+  ps_sparse_push = 29,
+  ps_sparse_stats = 30,
   // collectives (dtf/collectives.hpp); 40..59 are reserved for them
   collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
   rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
@@ -58,7 +63,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 6) || (k >= 16 && k <= 26) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 6) || (k >= 16 && k <= 30) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

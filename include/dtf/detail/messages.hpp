@@ -215,6 +215,57 @@ struct ps_done_tasks_msg {
     ar(tasks);
   }
 };
+// ---- sparse variables (dtf/ps/embedding_layout.hpp, dtf/ps/sparse_client.hpp) ---------------
+
+/// Chief -> ps: create embedding table `table`: its spec, its shard count (shard j lives on ps
+/// j % num_ps, the div split of rows for a fixed table) and its update rule. No payload: each
+/// ps initialises its rows from the spec's initialiser.
+struct ps_embedding_init_msg {
+  std::uint32_t table = 0;
+  std::string name;
+  std::uint64_t rows = 0;
+  std::uint32_t dim = 0;
+  std::uint8_t strategy = 0;  // partition_strategy
+  float init_scale = 0.05f;
+  std::uint64_t seed = 1, max_rows = 0, evict_after = 0;
+  std::uint64_t num_shards = 1, num_ps = 1, ps_index = 0;
+  rule_msg rule;
+  template <class A>
+  void serialize(A& ar) {
+    ar(table, name, rows, dim, strategy, init_scale, seed, max_rows, evict_after, num_shards, num_ps, ps_index, rule);
+  }
+};
+/// Worker -> ps: the rows of `count` distinct ids (payload: count uint64 ids; reply payload:
+/// count * dim floats).
+struct ps_gather_msg {
+  std::uint32_t table = 0;
+  std::uint64_t count = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(table, count);
+  }
+};
+/// Worker -> ps: one update per row (payload: count uint64 ids, then count * dim floats).
+struct ps_sparse_push_msg {
+  std::uint32_t table = 0;
+  std::uint64_t count = 0;
+  bool delta = false;                  // add the rows; otherwise the table's rule applies them
+  std::optional<float> learning_rate;  // gradient: none = the rule's own rate
+  template <class A>
+  void serialize(A& ar) {
+    ar(table, count, delta, learning_rate);
+  }
+};
+/// ps -> worker: rows held and evicted per table held here.
+struct ps_sparse_stats_msg {
+  std::vector<std::uint32_t> tables;
+  std::vector<std::uint64_t> rows, evicted;
+  template <class A>
+  void serialize(A& ar) {
+    ar(tables, rows, evicted);
+  }
+};
+
 struct empty_msg {
   template <class A>
   void serialize(A&) {}

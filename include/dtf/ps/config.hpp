@@ -48,6 +48,9 @@ struct ps_options {
   /// The tasks allowed to report done; empty: any authenticated identity, at most max_done_tasks.
   std::vector<std::string> known_workers;
   std::size_t max_done_tasks = 4096;
+  /// Bytes this ps may hold for embedding tables (values and slots, a hashed table counted at its
+  /// max_rows share): a table's creation carries no payload, so this bounds what it can ask for.
+  std::uint64_t max_sparse_bytes = std::uint64_t(16) << 30;
 };
 
 /// How a restore moves a checkpoint's bytes into the ps tasks.
