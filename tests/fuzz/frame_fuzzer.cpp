@@ -39,6 +39,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case message_kind::ps_push: try_decode<ps_push_msg>(meta); break;
         case message_kind::ps_save: try_decode<ps_save_msg>(meta); break;
         case message_kind::ps_restore: try_decode<ps_restore_msg>(meta); break;
+        case message_kind::ps_embedding_init: try_decode<ps_embedding_init_msg>(meta); break;
+        case message_kind::ps_gather: try_decode<ps_gather_msg>(meta); break;
+        case message_kind::ps_sparse_push: try_decode<ps_sparse_push_msg>(meta); break;
+        case message_kind::ps_sparse_stats: try_decode<ps_sparse_stats_msg>(meta); break;
         default: try_decode<ps_status_msg>(meta); break;
       }
     } catch (const dtf::error&) {
@@ -53,5 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try_decode<ps_save_msg>(bytes);
   try_decode<ps_saved_msg>(bytes);
   try_decode<ps_restore_msg>(bytes);
+  try_decode<ps_embedding_init_msg>(bytes);
+  try_decode<ps_sparse_push_msg>(bytes);
+  try_decode<ps_sparse_stats_msg>(bytes);
   return 0;
 }
