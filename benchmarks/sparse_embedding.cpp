@@ -192,8 +192,8 @@ int main(int argc, char** argv) {
     }
     const double per_step = double(unique) / double(steps);
     const double wire = 2.0 * per_step * (8.0 + 4.0 * dim);  // ids out twice, rows back and forth
-    const double dense = 2.0 * double(hashed_ids > 0 ? tables.rows(t).held : rows) * dim * 4.0;
     const auto held = tables.rows(t);
+    const double dense = 2.0 * double(hashed_ids > 0 ? held.held : rows) * dim * 4.0;
     std::printf("impl=dtf kind=%s rows=%llu dim=%u ps=%zu batch=%zu zipf=%.2f workers=%zu init_s=%.3f steps=%llu steps_per_s=%.1f "
                 "unique_rows_per_step=%.0f rows_per_s=%.0f wire_bytes_per_step=%.0f dense_bytes_per_step=%.0f "
                 "rows_held=%llu worker_rss_mib=%.1f worker_hwm_mib=%.1f",
@@ -203,7 +203,8 @@ int main(int argc, char** argv) {
       const auto [rss, hwm] = memory_of(pids[p]);
       std::printf(" ps%zu_rss_mib=%.1f ps%zu_hwm_mib=%.1f", p, rss, p, hwm);
     }
-    std::printf(" table_mib=%.1f\n", double(rows) * dim * 4.0 / (1 << 20));
+    // The table's bytes: a fixed table's rows, a hashed table's rows held.
+    std::printf(" table_mib=%.1f\n", double(hashed_ids > 0 ? held.held : rows) * dim * 4.0 / (1 << 20));
     client.shutdown();
   } catch (const std::exception& e) {
     std::cerr << "bench_sparse_embedding: " << e.what() << "\n";
