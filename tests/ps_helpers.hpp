@@ -4,6 +4,8 @@
 
 #include <dtf/ps.hpp>
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -16,15 +18,29 @@ namespace dtf::test {
 // Collects a server's log lines for assertions.
 struct log_sink {
   std::mutex mu;
+  std::condition_variable logged;
   std::vector<std::string> lines;
   std::function<void(const std::string&)> fn() {
     return [this](const std::string& l) {
-      std::lock_guard g(mu);
-      lines.push_back(l);
+      {
+        std::lock_guard g(mu);
+        lines.push_back(l);
+      }
+      logged.notify_all();
     };
   }
   bool contains(const std::string& s) {
     std::lock_guard g(mu);
+    return holds(s);
+  }
+  // Waits (bounded) until a line containing s is logged.
+  bool wait_for(const std::string& s, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+    std::unique_lock g(mu);
+    return logged.wait_for(g, limit, [&] { return holds(s); });
+  }
+
+ private:
+  bool holds(const std::string& s) const {
     for (auto& l : lines)
       if (l.find(s) != std::string::npos) return true;
     return false;

@@ -66,16 +66,6 @@ struct raw_peer {
   }
 };
 
-template <class Pred>
-bool wait_until(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a condition, bounded
-  }
-  return true;
-}
-
 std::size_t count_lines(log_sink& log, const std::string& what) {
   std::lock_guard g(log.mu);
   std::size_t n = 0;
@@ -129,7 +119,7 @@ TEST_CASE("an authenticated peer silent between frames is dropped after idle_tim
     REQUIRE_NOTHROW(alive.heartbeat());
   }
   // worker.1 said nothing since its handshake: dropped, with the reason logged.
-  REQUIRE(wait_until([&] { return log.contains("'worker.1' from 127.0.0.1:"); }));
+  REQUIRE(log.wait_for("'worker.1' from 127.0.0.1:"));
   CHECK(log.contains("sent nothing (idle) within 600 ms"));
   std::error_code ec;
   quiet.heartbeat(ec);
@@ -158,7 +148,7 @@ TEST_CASE("accept failing with EMFILE backs off instead of spinning, then serves
   tight.rlim_cur = rlim_t(lowest_free);  // every descriptor below is taken: accept gets EMFILE
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
   client.s.connect({asio::ip::make_address("127.0.0.1"), ps0.ps->port()});
-  const bool failed = wait_until([&] { return log.contains("accept failed"); }, std::chrono::seconds(5));
+  const bool failed = log.wait_for("accept failed", std::chrono::seconds(5));
   // Half a second of a pending connection that cannot be accepted.
   const double cpu0 = cpu_seconds();
   const std::size_t lines0 = count_lines(log, "accept failed");
@@ -180,7 +170,7 @@ TEST_CASE("peer-supplied identities are escaped before they are logged", "[trans
   rpc_client c(opts("evil\nFAKE: ps.0 accepted root\x1b[2J", "wrong"));
   c.add_peer("ps.0", "127.0.0.1:" + std::to_string(ps0.ps->port()));
   CHECK_THROWS_WITH(c.connect_all(), Catch::Contains("wrong cluster secret"));
-  REQUIRE(wait_until([&] { return log.contains("wrong cluster secret"); }));
+  REQUIRE(log.wait_for("wrong cluster secret"));
   std::lock_guard g(log.mu);
   bool seen = false;
   for (const auto& l : log.lines) {

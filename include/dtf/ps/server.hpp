@@ -11,7 +11,7 @@
 //             1/(staleness+1)); optionally advances the global step (kept on ps 0). Staleness:
 //             updates applied since the pusher's last pull; an update counts once it is applied
 //   sync push a contribution to synchronous step t (sync_aggregator)
-//   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_store.hpp)
+//   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
 //   step, done, done tasks, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp
 //
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
@@ -35,7 +35,7 @@
 #include <dtf/detail/messages.hpp>
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/shard_store.hpp>
-#include <dtf/ps/sparse_store.hpp>
+#include <dtf/ps/sparse_service.hpp>
 #include <dtf/ps/sync_aggregator.hpp>
 #include <dtf/transport.hpp>
 
@@ -133,12 +133,13 @@ class parameter_server {
       case message_kind::ps_sync_push:
         return sync_push(peer, detail::decode_message<detail::ps_sync_push_msg>(meta, "sync push"), payload, reply);
       case message_kind::ps_embedding_init:
-        return embedding_init(peer, detail::decode_message<detail::ps_embedding_init_msg>(meta, "embedding init"), reply);
       case message_kind::ps_gather:
-        return gather(peer, detail::decode_message<detail::ps_gather_msg>(meta, "gather"), payload, reply);
       case message_kind::ps_sparse_push:
-        return sparse_push(peer, detail::decode_message<detail::ps_sparse_push_msg>(meta, "sparse push"), payload, reply);
-      case message_kind::ps_sparse_stats: return sparse_stats(reply);
+      case message_kind::ps_sparse_stats: {
+        const bool skipped = sparse_.handle(peer, h.kind, meta, payload, reply);
+        if (reply.meta.empty()) status(reply, updates_.load(), 0, false, 0, skipped);
+        return;
+      }
       case message_kind::ps_save: return save(detail::decode_message<detail::ps_save_msg>(meta, "save"), reply);
       case message_kind::ps_restore:
         return restore(peer, detail::decode_message<detail::ps_restore_msg>(meta, "restore"), payload, reply);
@@ -311,20 +312,7 @@ class parameter_server {
     if (m.from_files) {
       fresh = read_restore_files(m, cfg.rule, payload);
     } else {
-      ps_detail::shard_store::check_model(init.ids, init.sizes, payload.size(), 1 + m.num_slots, "restore");
-      std::size_t at = 0;
-      for (std::size_t i = 0; i < init.ids.size(); ++i) {
-        const std::size_t n = init.sizes[i];
-        auto s = ps_detail::shard_store::make(cfg.rule, n);
-        std::memcpy(s->values.data(), payload.data() + at, n * sizeof(float));
-        at += n * sizeof(float);
-        for (std::size_t k = 0; k < m.num_slots; ++k) {
-          std::memcpy(s->opt->slot(k).data(), payload.data() + at, n * sizeof(float));
-          at += n * sizeof(float);
-        }
-        s->opt->set_iterations(m.iterations[i]);
-        fresh[init.ids[i]] = std::move(s);
-      }
+      fresh = ps_detail::shard_store::from_payload(init.ids, init.sizes, m.iterations, cfg.rule, m.num_slots, payload);
     }
     std::unique_lock lock(shards_mu_);
     store_.install(std::move(fresh), cfg.rule, cfg.mode);
@@ -375,94 +363,6 @@ class parameter_server {
       fresh[init.ids[i]] = std::move(s);
     }
     return fresh;
-  }
-
-  // ---- embedding tables ----
-
-  void embedding_init(const rpc_peer& peer, const detail::ps_embedding_init_msg& m, rpc_reply& reply) {
-    if (m.strategy > std::uint8_t(partition_strategy::mod))
-      throw error(errc::corrupt_data, "embedding init: unknown partition strategy " + std::to_string(m.strategy));
-    if (m.num_ps == 0 || m.ps_index >= m.num_ps || m.num_shards == 0 || m.num_shards > (std::uint64_t(1) << 20) ||
-        (m.rows > 0 && m.num_shards > m.rows))
-      throw error(errc::invalid_argument, "embedding init: " + std::to_string(m.num_shards) + " shards over " +
-                                              std::to_string(m.num_ps) + " ps for ps index " + std::to_string(m.ps_index));
-    embedding_spec spec{m.name, m.rows, m.dim, partition_strategy(m.strategy), {m.init_scale, m.seed}, m.max_rows,
-                        m.evict_after};
-    auto layout = spec.hashed() ? embedding_layout::hashed(spec, m.num_shards, m.num_ps)
-                                : embedding_layout::fixed(spec, partitioners::fixed_size{m.num_shards}, m.num_ps);
-    std::unique_lock lock(shards_mu_);
-    sparse_.create(m.table, std::move(layout), m.rule.to_rule(), m.ps_index, options_.max_sparse_bytes);
-    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": embedding '" + spec.name + "' (" +
-                                             (spec.hashed() ? "hashed" : std::to_string(spec.rows) + " rows") + " x " +
-                                             std::to_string(spec.dim) + ", " + std::to_string(m.num_shards) +
-                                             " shards) created by " + peer.identity);
-    status(reply);
-  }
-
-  // The ids of a gather or sparse push: count uint64s at the start of the payload.
-  static std::vector<std::uint64_t> ids_in(std::span<const std::byte> payload, std::uint64_t count, const char* what) {
-    if (count > payload.size() / sizeof(std::uint64_t))
-      throw error(errc::shape_mismatch, std::string(what) + ": " + std::to_string(count) + " ids in a payload of " +
-                                            std::to_string(payload.size()) + " bytes");
-    std::vector<std::uint64_t> ids(count);
-    std::memcpy(ids.data(), payload.data(), count * sizeof(std::uint64_t));
-    return ids;
-  }
-
-  void gather(const rpc_peer& peer, const detail::ps_gather_msg& m, std::span<const std::byte> payload,
-              rpc_reply& reply) {
-    std::shared_lock lock(shards_mu_);
-    const auto& t = sparse_.table(m.table);
-    if (payload.size() != m.count * sizeof(std::uint64_t))
-      throw error(errc::shape_mismatch, "gather of " + peer.identity + ": " + std::to_string(payload.size()) +
-                                            " payload bytes for " + std::to_string(m.count) + " ids");
-    const auto ids = ids_in(payload, m.count, "gather");
-    // The reply is bounded as a request would be (the ids are 8 bytes, a row dim * 4).
-    const std::uint64_t bytes = m.count * t.layout.spec.dim * sizeof(float);
-    if (m.count > 0 && bytes / m.count != t.layout.spec.dim * sizeof(float))
-      throw error(errc::invalid_argument, "gather: reply size overflows");
-    if (bytes > options_.transport.limits.max_payload_bytes)
-      throw error(errc::invalid_argument, "gather of " + peer.identity + ": " + std::to_string(m.count) + " rows of '" +
-                                              t.layout.spec.name + "' exceed the payload limit");
-    peer.scratch->resize(bytes);
-    sparse_.gather(m.table, ids, std::span<float>(reinterpret_cast<float*>(peer.scratch->data()), bytes / sizeof(float)));
-    reply.payload.push_back(asio::buffer(*peer.scratch));
-    status(reply);
-  }
-
-  void sparse_push(const rpc_peer& peer, const detail::ps_sparse_push_msg& m, std::span<const std::byte> payload,
-                   rpc_reply& reply) {
-    std::shared_lock lock(shards_mu_);
-    const auto& t = sparse_.table(m.table);
-    const std::uint64_t dim = t.layout.spec.dim;
-    const auto ids = ids_in(payload, m.count, "sparse push");
-    const std::uint64_t id_bytes = m.count * sizeof(std::uint64_t);
-    if ((payload.size() - id_bytes) / sizeof(float) / dim != m.count || (payload.size() - id_bytes) % (dim * sizeof(float)))
-      throw error(errc::shape_mismatch, "sparse push of " + peer.identity + ": " + std::to_string(payload.size()) +
-                                            " payload bytes for " + std::to_string(m.count) + " rows of '" +
-                                            t.layout.spec.name + "' (dim " + std::to_string(dim) + ")");
-    std::vector<float> rows(m.count * dim);
-    std::memcpy(rows.data(), payload.data() + id_bytes, rows.size() * sizeof(float));
-    bool skipped = false;
-    if (options_.nonfinite != nonfinite_policy::apply && !ps_detail::all_finite(rows)) {
-      if (options_.nonfinite == nonfinite_policy::reject)
-        throw error(errc::invalid_argument, "sparse push of " + peer.identity + " to '" + t.layout.spec.name +
-                                                "' holds non-finite values: rejected");
-      skipped = true;
-    }
-    if (!skipped) sparse_.push(m.table, ids, rows, m.delta, m.learning_rate);
-    status(reply, updates_.load(), 0, false, 0, skipped);
-  }
-
-  void sparse_stats(rpc_reply& reply) {
-    std::shared_lock lock(shards_mu_);
-    detail::ps_sparse_stats_msg out;
-    for (const auto& [id, t] : sparse_.tables()) {
-      out.tables.push_back(id);
-      out.rows.push_back(sparse_.rows_held(id));
-      out.evicted.push_back(sparse_.rows_evicted(id));
-    }
-    reply.meta = detail::encode_message(out);
   }
 
   void require_initialized() const {
@@ -532,7 +432,7 @@ class parameter_server {
   std::shared_mutex shards_mu_;  // init/restore (exclusive) against everything else (shared)
   ps_detail::shard_store store_;
   ps_detail::sync_aggregator sync_;
-  ps_detail::sparse_store sparse_;  // embedding tables (guarded by shards_mu_ as the shards are)
+  ps_detail::sparse_service sparse_{options_};  // embedding tables (their own lock)
   std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
   std::atomic<std::int64_t> global_step_{0};
   std::atomic<std::uint64_t> updates_{0};

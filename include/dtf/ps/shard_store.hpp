@@ -86,6 +86,29 @@ class shard_store {
     rule_name_ = std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule);
   }
 
+  /// Shards of a restore sent in a payload: per shard its values, then num_slots slots, with
+  /// its update count. Sizes are checked against the payload before anything is allocated.
+  static std::map<std::uint32_t, std::unique_ptr<shard>> from_payload(
+      const std::vector<std::uint32_t>& ids, const std::vector<std::uint64_t>& sizes,
+      const std::vector<std::int64_t>& iterations, const optim::rule& rule, std::size_t num_slots,
+      std::span<const std::byte> payload) {
+    check_model(ids, sizes, payload.size(), 1 + num_slots, "restore");
+    std::map<std::uint32_t, std::unique_ptr<shard>> fresh;
+    std::size_t at = 0;
+    auto take = [&](std::span<float> dst) {
+      std::memcpy(dst.data(), payload.data() + at, dst.size() * sizeof(float));
+      at += dst.size() * sizeof(float);
+    };
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      auto s = make(rule, sizes[i]);
+      take(s->values);
+      for (std::size_t k = 0; k < num_slots; ++k) take(s->opt->slot(k));
+      s->opt->set_iterations(iterations.at(i));
+      fresh[ids[i]] = std::move(s);
+    }
+    return fresh;
+  }
+
   static std::unique_ptr<shard> make(const optim::rule& rule, std::size_t n) {
     auto s = std::make_unique<shard>();
     s->values.resize(n);

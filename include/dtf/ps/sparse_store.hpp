@@ -15,7 +15,7 @@
 // with nothing to evict.
 //
 // Thread safety: each shard has a mutex held for a whole gather or push of its rows; the map of
-// tables is guarded by the server (init exclusive, everything else shared).
+// tables is guarded by the caller (dtf/ps/sparse_service.hpp: creation exclusive, the rest shared).
 #pragma once
 
 #include <dtf/error.hpp>
@@ -186,12 +186,6 @@ class sparse_store {
       n += s->evicted;
     }
     return n;
-  }
-
-  /// Replaces everything (a restore).
-  void install(std::map<std::uint32_t, sparse_table> tables, std::uint64_t bytes) {
-    tables_ = std::move(tables);
-    bytes_ = bytes;
   }
 
   /// The row of `id` in shard s (locked by the caller): fixed, its local row; hashed, found or

@@ -1,0 +1,149 @@
+// dtf/ps/sparse_service.hpp — the ps's requests on embedding tables: embedding init, gather,
+// sparse push, sparse stats (messages in dtf/detail/messages.hpp; rows in sparse_store.hpp).
+//
+// Each request is checked before anything is allocated for it: a table's creation against
+// ps_options::max_sparse_bytes, a gather's reply against the transport's payload limit, a
+// push's payload against its count and the table's dim. Ids and rows are read in place from
+// the request's payload (copied only if the payload is not aligned for them).
+//
+// Thread safety: a shared_mutex over the tables (creation exclusive, everything else shared);
+// each shard locks its own rows.
+#pragma once
+
+#include <dtf/detail/messages.hpp>
+#include <dtf/ps/config.hpp>
+#include <dtf/ps/shard_store.hpp>
+#include <dtf/ps/sparse_store.hpp>
+#include <dtf/transport.hpp>
+
+#include <cstring>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dtf::ps_detail {
+
+class sparse_service {
+ public:
+  explicit sparse_service(const ps_options& options) : options_(options) {}
+
+  /// Handles one sparse request. Sets reply.meta (stats) or leaves it for the server's status
+  /// reply; returns true when a push was skipped (non-finite rows, nonfinite_policy::skip).
+  bool handle(const rpc_peer& peer, detail::message_kind kind, std::span<const std::byte> meta,
+              std::span<std::byte> payload, rpc_reply& reply) {
+    using detail::message_kind;
+    switch (kind) {
+      case message_kind::ps_embedding_init:
+        create(peer, detail::decode_message<detail::ps_embedding_init_msg>(meta, "embedding init"));
+        return false;
+      case message_kind::ps_gather:
+        gather(peer, detail::decode_message<detail::ps_gather_msg>(meta, "gather"), payload, reply);
+        return false;
+      case message_kind::ps_sparse_push:
+        return push(peer, detail::decode_message<detail::ps_sparse_push_msg>(meta, "sparse push"), payload);
+      default:
+        stats(reply);
+        return false;
+    }
+  }
+
+ private:
+  void create(const rpc_peer& peer, const detail::ps_embedding_init_msg& m) {
+    if (m.strategy > std::uint8_t(partition_strategy::mod))
+      throw error(errc::corrupt_data, "embedding init: unknown partition strategy " + std::to_string(m.strategy));
+    if (m.num_ps == 0 || m.ps_index >= m.num_ps || m.num_shards == 0 || m.num_shards > (std::uint64_t(1) << 20) ||
+        (m.rows > 0 && m.num_shards > m.rows))
+      throw error(errc::invalid_argument, "embedding init: " + std::to_string(m.num_shards) + " shards over " +
+                                              std::to_string(m.num_ps) + " ps for ps index " + std::to_string(m.ps_index));
+    embedding_spec spec{m.name, m.rows, m.dim, partition_strategy(m.strategy), {m.init_scale, m.seed}, m.max_rows,
+                        m.evict_after};
+    auto layout = spec.hashed() ? embedding_layout::hashed(spec, m.num_shards, m.num_ps)
+                                : embedding_layout::fixed(spec, partitioners::fixed_size{m.num_shards}, m.num_ps);
+    std::unique_lock lock(mu_);
+    store_.create(m.table, std::move(layout), m.rule.to_rule(), m.ps_index, options_.max_sparse_bytes);
+    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": embedding '" + spec.name + "' (" +
+                                             (spec.hashed() ? "hashed" : std::to_string(spec.rows) + " rows") + " x " +
+                                             std::to_string(spec.dim) + ", " + std::to_string(m.num_shards) +
+                                             " shards) created by " + peer.identity);
+  }
+
+  // count values of T at byte `at` of the payload, in place when aligned (else copied to `copy`).
+  template <class T>
+  static std::span<const T> view(std::span<const std::byte> payload, std::size_t at, std::size_t count,
+                                 std::vector<T>& copy) {
+    const std::byte* p = payload.data() + at;
+    if (reinterpret_cast<std::uintptr_t>(p) % alignof(T) == 0) return {reinterpret_cast<const T*>(p), count};
+    copy.resize(count);
+    std::memcpy(copy.data(), p, count * sizeof(T));
+    return copy;
+  }
+
+  // The ids of a gather or sparse push: count uint64s at the start of the payload.
+  static std::span<const std::uint64_t> ids_in(std::span<const std::byte> payload, std::uint64_t count,
+                                               std::vector<std::uint64_t>& copy, const char* what) {
+    if (count > payload.size() / sizeof(std::uint64_t))
+      throw error(errc::shape_mismatch, std::string(what) + ": " + std::to_string(count) + " ids in a payload of " +
+                                            std::to_string(payload.size()) + " bytes");
+    return view(payload, 0, std::size_t(count), copy);
+  }
+
+  void gather(const rpc_peer& peer, const detail::ps_gather_msg& m, std::span<const std::byte> payload,
+              rpc_reply& reply) {
+    std::shared_lock lock(mu_);
+    const auto& t = store_.table(m.table);
+    std::vector<std::uint64_t> copy;
+    const auto ids = ids_in(payload, m.count, copy, "gather");
+    if (payload.size() != ids.size() * sizeof(std::uint64_t))
+      throw error(errc::shape_mismatch, "gather of " + peer.identity + ": " + std::to_string(payload.size()) +
+                                            " payload bytes for " + std::to_string(m.count) + " ids");
+    // The reply is bounded as a request would be (an id is 8 bytes, a row dim * 4).
+    const std::uint64_t row_bytes = std::uint64_t(t.layout.spec.dim) * sizeof(float);
+    if (m.count > options_.transport.limits.max_payload_bytes / row_bytes)
+      throw error(errc::invalid_argument, "gather of " + peer.identity + ": " + std::to_string(m.count) + " rows of '" +
+                                              t.layout.spec.name + "' exceed the payload limit");
+    peer.scratch->resize(m.count * row_bytes);
+    store_.gather(m.table, ids, {reinterpret_cast<float*>(peer.scratch->data()), peer.scratch->size() / sizeof(float)});
+    reply.payload.push_back(asio::buffer(*peer.scratch));
+  }
+
+  bool push(const rpc_peer& peer, const detail::ps_sparse_push_msg& m, std::span<const std::byte> payload) {
+    std::shared_lock lock(mu_);
+    const auto& t = store_.table(m.table);
+    const std::uint64_t row_bytes = std::uint64_t(t.layout.spec.dim) * sizeof(float);
+    std::vector<std::uint64_t> id_copy;
+    const auto ids = ids_in(payload, m.count, id_copy, "sparse push");
+    const std::size_t id_bytes = ids.size() * sizeof(std::uint64_t);
+    if ((payload.size() - id_bytes) % row_bytes != 0 || (payload.size() - id_bytes) / row_bytes != m.count)
+      throw error(errc::shape_mismatch, "sparse push of " + peer.identity + ": " + std::to_string(payload.size()) +
+                                            " payload bytes for " + std::to_string(m.count) + " rows of '" +
+                                            t.layout.spec.name + "' (dim " + std::to_string(t.layout.spec.dim) + ")");
+    std::vector<float> row_copy;
+    const auto rows = view(payload, id_bytes, (payload.size() - id_bytes) / sizeof(float), row_copy);
+    if (options_.nonfinite != nonfinite_policy::apply && !all_finite(rows)) {
+      if (options_.nonfinite == nonfinite_policy::reject)
+        throw error(errc::invalid_argument, "sparse push of " + peer.identity + " to '" + t.layout.spec.name +
+                                                "' holds non-finite values: rejected");
+      return true;
+    }
+    store_.push(m.table, ids, rows, m.delta, m.learning_rate);
+    return false;
+  }
+
+  void stats(rpc_reply& reply) {
+    std::shared_lock lock(mu_);
+    detail::ps_sparse_stats_msg out;
+    for (const auto& [id, t] : store_.tables()) {
+      out.tables.push_back(id);
+      out.rows.push_back(store_.rows_held(id));
+      out.evicted.push_back(store_.rows_evicted(id));
+    }
+    reply.meta = detail::encode_message(out);
+  }
+
+  const ps_options& options_;
+  std::shared_mutex mu_;
+  sparse_store store_;
+};
+
+}  // namespace dtf::ps_detail
