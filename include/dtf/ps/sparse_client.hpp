@@ -100,7 +100,8 @@ class embedding_tables {
     lookup out;
     out.table = table;
     out.dim = l.spec.dim;
-    std::unordered_map<std::uint64_t, std::uint32_t> first;  // id -> position in `seen`
+    auto& first = first_;  // id -> position in `seen` (kept between calls: no rehash per step)
+    first.clear();
     first.reserve(ids.size());
     std::vector<std::uint64_t> seen;
     std::vector<std::uint32_t> ps_of;
@@ -193,6 +194,7 @@ class embedding_tables {
 
   ps_client& ps_;
   std::vector<embedding_layout> layouts_;
+  mutable std::unordered_map<std::uint64_t, std::uint32_t> first_;  // plan()'s scratch
 };
 
 }  // namespace dtf

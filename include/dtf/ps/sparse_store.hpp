@@ -234,24 +234,34 @@ class sparse_store {
   // f(shard, positions) under each shard's lock.
   template <class F>
   void for_each_shard(sparse_table& t, std::span<const std::uint64_t> ids, F&& f) {
-    std::map<std::uint32_t, std::vector<std::size_t>> by_shard;
+    // One sort by (shard, id) groups the positions by shard and puts a repeated id next to itself.
+    struct entry {
+      std::uint32_t shard;
+      std::uint64_t id;
+      std::size_t at;
+    };
+    std::vector<entry> order(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const auto p = t.layout.place(ids[i]);  // out_of_range names the table and the id
       if (!t.shards.count(p.shard))
         throw error(errc::invalid_argument, "embedding '" + t.layout.spec.name + "': id " + std::to_string(ids[i]) +
                                                 " belongs to shard " + std::to_string(p.shard) + ", not held here");
-      by_shard[p.shard].push_back(i);
+      order[i] = {p.shard, ids[i], i};
     }
-    std::vector<std::uint64_t> sorted(ids.begin(), ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-      throw error(errc::invalid_argument, "embedding '" + t.layout.spec.name + "': id " +
-                                              std::to_string(*std::adjacent_find(sorted.begin(), sorted.end())) +
-                                              " appears twice in one request");
-    for (auto& [j, at] : by_shard) {
-      auto& s = *t.shards.at(j);
+    std::sort(order.begin(), order.end(),
+              [](const entry& a, const entry& b) { return a.shard != b.shard ? a.shard < b.shard : a.id < b.id; });
+    std::vector<std::size_t> at(ids.size());
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      if (i > 0 && order[i].id == order[i - 1].id)
+        throw error(errc::invalid_argument, "embedding '" + t.layout.spec.name + "': id " + std::to_string(order[i].id) +
+                                                " appears twice in one request");
+      at[i] = order[i].at;
+    }
+    for (std::size_t b = 0, e = 0; b < order.size(); b = e) {
+      while (e < order.size() && order[e].shard == order[b].shard) ++e;
+      auto& s = *t.shards.at(order[b].shard);
       std::lock_guard g(s.mu);
-      f(s, std::span<const std::size_t>(at));
+      f(s, std::span<const std::size_t>(at).subspan(b, e - b));
     }
   }
 
