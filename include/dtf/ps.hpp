@@ -11,6 +11,7 @@
 //   dtf/ps/checkpointing.hpp    save_checkpoint / restore_checkpoint / restore_latest
 //   dtf/ps/embedding_layout.hpp sparse variables: fixed (div/mod) and hashed tables, row routing
 //   dtf/ps/sparse_store.hpp     the ps's table shards and their lazy per-row updates
+//   dtf/ps/sparse_service.hpp   the ps's sparse requests (create, gather, push, stats) and their checks
 //   dtf/ps/sparse_client.hpp    embedding_tables: plan, gather, push (only the touched rows)
 #pragma once
 
