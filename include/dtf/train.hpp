@@ -42,6 +42,7 @@
 #include <dtf/collectives.hpp>
 #include <dtf/concepts.hpp>
 #include <dtf/data/dataset.hpp>
+#include <dtf/embedding_model.hpp>
 #include <dtf/hooks/agreed_stop.hpp>
 #include <dtf/hooks/checkpoint_saver.hpp>
 #include <dtf/hooks/collective_restore.hpp>
@@ -103,6 +104,12 @@ struct train_options {
   /// Test loss and accuracy of parameters (device memory, the model's layout); called by the
   /// chief after each of its epochs and at the end. Empty: no evaluation (RESULT has no accuracy).
   std::function<nn::evaluation(std::span<const float> params)> evaluate;
+  /// The same for an embedding model (dtf/embedding_model.hpp): dense parameters and a reader
+  /// of the tables' rows on the ps (e.g. dtf::evaluate_on(net, test) of an embedding classifier).
+  std::function<nn::evaluation(std::span<const float> params, const row_reader& rows)> evaluate_rows;
+  /// Embedding models: the rule the ps applies to the tables' row gradients (none: the
+  /// strategy's ps rule).
+  std::optional<optim::rule> embedding_rule;
   /// The learning rate at a global step in an epoch, reported as "learning_rate" (empty: none;
   /// collective strategies report their own).
   std::function<double(std::int64_t global_step, std::size_t epoch)> learning_rate;
@@ -148,6 +155,13 @@ inline std::size_t trainer_index(const cluster& c) {
 template <classifier M>
 std::function<nn::evaluation(std::span<const float>)> evaluate_on(M& m, data::dataset test) {
   return [&m, test = std::move(test)](std::span<const float> p) { return nn::evaluate(m, p, test); };
+}
+/// The same for an embedding classifier, for options.evaluate_rows.
+template <embedding_classifier M>
+std::function<nn::evaluation(std::span<const float>, const row_reader&)> evaluate_on(M& m, data::dataset test) {
+  return [&m, test = std::move(test)](std::span<const float> p, const row_reader& rows) {
+    return nn::evaluate(m, p, rows, test);
+  };
 }
 
 namespace detail {
@@ -320,11 +334,12 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   // Evaluation of the centre variable θ̃ (chief).
   tensor centre({num_parameters(vars)});
   std::vector<float> centre_host(num_parameters(vars));
+  std::function<nn::evaluation(std::span<const float>)> evaluate = o.evaluate;  // set below for embedding models
   auto evaluate_centre = [&]() -> std::optional<nn::evaluation> {
-    if (!o.evaluate) return std::nullopt;
+    if (!evaluate) return std::nullopt;
     ps.read_values(centre_host);  // not the chief's own pull: its DynSGD τ stays its own
     centre.copy_from_host<float>(centre_host);
-    return o.evaluate(centre.span<float>());
+    return evaluate(centre.span<float>());
   };
   auto log_epoch = [&](std::size_t epoch) {
     if (const auto e = evaluate_centre()) {
@@ -348,6 +363,18 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     worker.emplace(std::move(strategy), net, ps, trainer, trainers);
   }
   auto& w = *worker;
+  if constexpr (embedding_model<M>) {
+    // Checkpoints and recovery hold the dense variables only: a restore would lose the tables.
+    if (!o.model_dir.empty())
+      throw error(errc::invalid_config, o.name + ": model_dir: checkpoints of embedding tables are not supported yet");
+    if (o.max_recoveries > 0)
+      throw error(errc::invalid_config, o.name + ": max_recoveries: a lost ps would lose its embedding rows");
+    if (o.embedding_rule) w.set_embedding_rule(*o.embedding_rule);
+    if (o.evaluate_rows)
+      evaluate = [&, reader = strategies::detail::read_rows(w.tables())](std::span<const float> p) {
+        return o.evaluate_rows(p, reader);
+      };
+  }
   ps_config config{.rule = w.strategy().ps_rule(), .replicas_to_aggregate = replicas, .num_workers = trainers};
   if constexpr (!sync) config.mode = w.strategy().lock_free() ? apply_mode::lock_free : apply_mode::locked;
   auto init = [&] {
@@ -420,6 +447,14 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
       add_scalars(v);
       if (o.learning_rate) v.scalars["learning_rate"] = o.learning_rate(*v.global_step, b.epoch);
       add_histograms(ctx, vars, w.params(), v);
+      if constexpr (embedding_model<M>)
+        if (ctx.summaries_requested())  // rows held and evicted per table, over all ps
+          for (std::uint32_t t = 0; t < w.tables().size(); ++t) {
+            const auto n = w.tables().rows(t);
+            const std::string& name = w.tables().layout(t).spec.name;
+            v.scalars["embedding/" + name + "/rows"] = double(n.held);
+            v.scalars["embedding/" + name + "/evicted"] = double(n.evicted);
+          }
       return v;
     });
   };
@@ -686,13 +721,21 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
 template <class S, class M, class P = partitioners::greedy_load_balancing, class... Hooks>
 train_result train(const cluster& c, M& net, const data::dataset& train_set, S strategy, const train_options& o,
                    P layout_policy = {}, Hooks... user_hooks) {
-  static_assert(check_model<M>(), "dtf::train: the model does not model dtf::model (see the message above)");
+  if constexpr (embedding_model<M>)
+    static_assert(S::kind == strategy_kind::asynchronous,
+                  "dtf::train: an embedding model (tables on the ps) trains with the asynchronous strategies only: "
+                  "synchronous aggregation of sparse rows is not built yet, and the collective strategies hold the "
+                  "whole model on every rank (no ps to hold the tables)");
+  else
+    static_assert(check_model<M>(), "dtf::train: the model does not model dtf::model (see the message above)");
   static_assert(check_strategy<S>(), "dtf::train: the strategy does not model dtf::strategy (see the message above)");
   static_assert(dtf::partitioner<P>, "dtf::train: the partitioner needs `p.place(vars, num_ps)` -> dtf::placement");
   static_assert((session_hook<Hooks> && ...), "dtf::train: every hook needs one of begin, after_create_session, "
                                                "before_run, after_run, end (dtf/session.hpp)");
   detail::validate(o);
-  if constexpr (S::kind == strategy_kind::collective)
+  if constexpr (embedding_model<M> && S::kind != strategy_kind::asynchronous)
+    return {};  // refused above
+  else if constexpr (S::kind == strategy_kind::collective)
     return detail::train_collective(c, net, train_set, strategy, o, std::move(user_hooks)...);
   else
     return detail::train_through_ps(c, net, train_set, std::move(strategy), o, layout_policy, std::move(user_hooks)...);

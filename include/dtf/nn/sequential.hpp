@@ -87,8 +87,11 @@ class sequential {
     }
   }
 
-  /// Mean softmax cross-entropy of the batch; writes the gradient into g.
-  float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g) {
+  /// Mean softmax cross-entropy of the batch; writes the gradient into g and, when input_grad
+  /// is not null, d loss / d x into it ([batch, input_features()]: what a layer below, such as
+  /// an embedding lookup, back-propagates).
+  float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
+                           tensor* input_grad = nullptr) {
     check_size(p.size(), "parameter");
     check_size(g.size(), "gradient");
     forward(p.data(), x, acts_.back());
@@ -97,7 +100,7 @@ class sequential {
     for (std::size_t i = layers_.size(); i-- > 0;) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       if (auto* d = std::get_if<dense>(&layers_[i])) {
-        tensor* dx = i == 0 ? nullptr : &grads_[i - 1];
+        tensor* dx = i == 0 ? input_grad : &grads_[i - 1];
         if (relu_follows(i))  // the ReLU's mask is applied in the Dense layer's pass over dy
           d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i], dx);
         else

@@ -19,11 +19,13 @@
 #include <dtf/host.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/ps.hpp>
+#include <dtf/strategies/embedding_gradient.hpp>
 
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -125,18 +127,34 @@ class batch_gradient {
 };
 /// The chief's initialisation of the parameter servers: θ̃ = the model's seeded initial values
 /// (also left in host buffer `params`), with the given rule and mode.
-template <model M>
+template <class M>
 void initialize_centre(M& m, std::span<float> params, ps_client& ps, std::uint64_t seed, const ps_config& config) {
   tensor p({params.size()});
   m.initialize(p.span<float>(), seed);
   p.copy_to_host<float>(params);
   ps.initialize(params, config);
 }
+
+/// The gradient computation of a model: batch_gradient, or embedding_gradient for a model
+/// with tables on the ps.
+template <class M, bool Embedding = embedding_model<M>>
+struct gradient_of {
+  using type = batch_gradient<M>;
+  static type make(M& m, std::size_t n, ps_client&) { return type(m, n); }
+};
+template <class M>
+struct gradient_of<M, true> {
+  using type = embedding_gradient<M>;
+  static type make(M& m, std::size_t n, ps_client& ps) { return type(m, n, ps); }
+};
 }  // namespace detail
 
 /// Drives a strategy for one worker: converts host batches to device tensors, computes
 /// gradients with the model, and keeps θₖ and the staleness statistics.
-template <async_strategy S, model M>
+/// M is a dtf::model, or a dtf::embedding_model whose tables the worker gathers from and pushes
+/// to every step (dtf/strategies/embedding_gradient.hpp) while the strategy moves θ.
+template <async_strategy S, class M>
+  requires model<M> || embedding_model<M>
 class async_worker {
  public:
   async_worker(const async_worker&) = delete;  // state_ refers to this object's buffers
@@ -148,10 +166,16 @@ class async_worker {
         params_(n_),
         grads_(n_),
         state_{params_, grads_, ps, worker_index, num_workers, 0, 0, 0, staleness_},
-        gradient_(m, n_) {}
+        gradient_(detail::gradient_of<M>::make(m, n_, ps)) {}
 
-  /// The chief's initialisation of the ps: θ̃ = initial values, with the strategy's rule.
+  /// The chief's initialisation of the ps: θ̃ = initial values, with the strategy's rule; an
+  /// embedding model's tables first (so that no worker finds the ps ready without them), with
+  /// the embedding rule (set_embedding_rule; the strategy's ps rule by default).
   void initialize_ps(std::uint64_t seed) {
+    if constexpr (embedding_model<M>) {
+      auto& tables = gradient_.tables();
+      for (std::uint32_t t = 0; t < tables.size(); ++t) tables.create(t, embedding_rule());
+    }
     detail::initialize_centre(model_, params_, state_.ps, seed,
                               {.rule = strategy_.ps_rule(),
                                .mode = strategy_.lock_free() ? apply_mode::lock_free : apply_mode::locked});
@@ -174,6 +198,15 @@ class async_worker {
 
   const staleness_stats& staleness() const noexcept { return staleness_; }
   std::span<float> params() noexcept { return params_; }
+  /// The rule the ps applies to the tables' row gradients (an embedding model's).
+  void set_embedding_rule(optim::rule r) { embedding_rule_ = std::move(r); }
+  optim::rule embedding_rule() const { return embedding_rule_ ? *embedding_rule_ : strategy_.ps_rule(); }
+  /// An embedding model's tables, as this worker's client registered them.
+  embedding_tables& tables()
+    requires embedding_model<M>
+  {
+    return gradient_.tables();
+  }
   std::int64_t global_step() const noexcept { return state_.global_step; }
   S& strategy() noexcept { return strategy_; }
 
@@ -184,7 +217,8 @@ class async_worker {
   std::vector<float> params_, grads_;
   staleness_stats staleness_;
   worker_state state_;
-  detail::batch_gradient<M> gradient_;
+  typename detail::gradient_of<M>::type gradient_;
+  std::optional<optim::rule> embedding_rule_;
 };
 
 }  // namespace dtf::strategies

@@ -1,0 +1,113 @@
+// dtf/strategies/embedding_gradient.hpp — a worker's gradient computation for an
+// embedding_model (dtf/embedding_model.hpp): the dense part as any model's, the tables' rows
+// gathered from the parameter servers for each batch and their gradients pushed back.
+//
+// Per call (one gradient of the current batch): every table's distinct ids of the batch are
+// gathered (one request per ps holding some), the model computes the loss, the dense gradient
+// and the rows' gradients, and the rows' gradients are pushed at once (one request per ps), which
+// each ps applies with the table's rule, lazily (dtf/ps/sparse_store.hpp). So whatever a
+// strategy does with its dense parameters (a push every step for Hogwild, every n_push steps
+// for DOWNPOUR, an elastic difference for AEASGD), the tables are trained like TensorFlow's
+// asynchronous ps training trains embeddings: fresh rows read, sparse updates sent, every step.
+//
+// Tables are laid out from the model's specs over the client's ps: a fixed table cut into one
+// shard per ps (partitioners::fixed_size, like tf.fixed_size_partitioner(num_ps)) and ids routed
+// by its spec's partition strategy; a hashed table with one shard per ps.
+#pragma once
+
+#include <dtf/embedding_model.hpp>
+#include <dtf/ps/sparse_client.hpp>
+
+#include <algorithm>
+#include <span>
+#include <vector>
+
+namespace dtf::strategies::detail {
+
+/// Registers m's tables, in order, with `tables` (every task does the same).
+template <embedding_model M>
+void add_tables(const M& m, embedding_tables& tables, std::size_t num_ps) {
+  for (const auto& spec : m.embeddings()) {
+    if (spec.hashed())
+      tables.add_hashed(spec);
+    else
+      tables.add_fixed(spec, partitioners::fixed_size{num_ps});
+  }
+}
+
+template <embedding_model M>
+class embedding_gradient {
+ public:
+  embedding_gradient(M& m, std::size_t n, ps_client& ps) : model_(m), tables_(ps) {
+    add_tables(m, tables_, ps.layout().num_ps);
+    const std::size_t t = tables_.size();
+    ids_.resize(t);
+    lookups_.resize(t);
+    values_.resize(t);
+    grads_.resize(t);
+    rows_.resize(t);
+    if constexpr (!device_memory_is_host_accessible) {
+      dev_params_.resize({n});
+      dev_grads_.resize({n});
+    }
+  }
+
+  /// Plans the current batch's lookups (distinct ids by ps); gathers nothing yet.
+  void set_batch(const data::host_batch& b) {
+    assign_from_host(x_, b.features);
+    assign_from_host(y_, b.labels);
+    for (std::size_t t = 0; t < tables_.size(); ++t) {
+      model_.embedding_ids(b, t, ids_[t]);
+      lookups_[t] = tables_.plan(std::uint32_t(t), ids_[t]);
+      const std::size_t floats = lookups_[t].rows() * lookups_[t].dim;
+      values_[t].resize(floats);
+      grads_[t].resize(floats);
+    }
+  }
+
+  float operator()(std::span<const float> at, std::span<float> g) {
+    for (std::size_t t = 0; t < tables_.size(); ++t) {
+      tables_.gather(lookups_[t], values_[t]);
+      rows_[t] = {lookups_[t].dim, lookups_[t].index, values_[t], grads_[t]};
+    }
+    const std::span<const embedding_rows> rows(rows_);
+    float loss;
+    if constexpr (device_memory_is_host_accessible) {
+      loss = model_.loss_and_gradients(at, rows, x_, y_, g);
+    } else {
+      dev_params_.copy_from_host<float>(at);
+      loss = model_.loss_and_gradients(dev_params_.span<float>(), rows, x_, y_, dev_grads_.span<float>());
+      dev_grads_.copy_to_host<float>(g);
+    }
+    for (std::size_t t = 0; t < tables_.size(); ++t) tables_.push(lookups_[t], grads_[t]);
+    return loss;
+  }
+
+  embedding_tables& tables() noexcept { return tables_; }
+
+ private:
+  M& model_;
+  embedding_tables tables_;
+  std::vector<std::vector<std::uint64_t>> ids_;
+  std::vector<lookup> lookups_;
+  std::vector<std::vector<float>> values_, grads_;
+  std::vector<embedding_rows> rows_;
+  tensor x_, y_, dev_params_, dev_grads_;
+};
+
+/// A row_reader over `tables` (the chief's evaluation of the tables it trains).
+inline row_reader read_rows(embedding_tables& tables) {
+  return [&tables](std::size_t table, std::span<const std::uint64_t> ids, std::span<float> rows) {
+    const auto l = tables.plan(std::uint32_t(table), ids);
+    std::vector<float> gathered(l.rows() * l.dim);
+    tables.gather(l, gathered);
+    if (rows.size() != ids.size() * l.dim)
+      throw error(errc::shape_mismatch, "row_reader: " + std::to_string(rows.size()) + " floats for " +
+                                            std::to_string(ids.size()) + " rows of dim " + std::to_string(l.dim));
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      std::copy_n(gathered.begin() + std::ptrdiff_t(std::size_t(l.index[i]) * l.dim), l.dim,
+                  rows.begin() + std::ptrdiff_t(i * l.dim));
+  };
+}
+
+}  // namespace dtf::strategies::detail

@@ -1,0 +1,202 @@
+// Training models with embedding tables on the ps: nn::embedding_sequential's gradients against
+// a one-hot dense reference, and an asynchronous worker's steps against a local reference of
+// the whole model (dense parameters and the whole table held here).
+#include <catch2/catch.hpp>
+
+#include <dtf/nn/embedding_sequential.hpp>
+#include <dtf/ps.hpp>
+#include <dtf/strategies/hogwild.hpp>
+
+#include "ps_helpers.hpp"
+
+#include <cmath>
+
+using namespace dtf;
+using dtf::test::opts;
+using dtf::test::running_ps;
+
+namespace {
+
+constexpr std::size_t V = 7, D = 3, L = 2, B = 5, H = 5, K = 4;
+
+// B examples of L ids in [0, V) (repeats within and across examples), labels in [0, K).
+data::host_batch id_batch(std::uint64_t seed) {
+  nn::splitmix64 rng(seed);
+  data::host_batch b;
+  b.features = xt::xtensor<float, 2>::from_shape({B, L});
+  b.labels = xt::xtensor<std::int32_t, 1>::from_shape({B});
+  for (std::size_t i = 0; i < B; ++i) {
+    for (std::size_t l = 0; l < L; ++l) b.features(i, l) = float(rng() % 4 + (l == 0 ? 0 : 3));  // 0..6, 3 shared
+    b.labels(i) = std::int32_t(rng() % K);
+  }
+  return b;
+}
+
+nn::embedding_sequential make_net(nn::embedding_combine combine, embedding_spec table = {.name = "e", .rows = V, .dim = D}) {
+  const std::size_t width = combine == nn::embedding_combine::concat ? L * D : D;
+  return nn::embedding_sequential({.table = table, .ids_per_example = L, .combine = combine},
+                                  nn::sequential{nn::dense(width, H), nn::relu(), nn::dense(H, K)});
+}
+
+// The whole table as the initialiser fills it.
+std::vector<float> initial_table(const embedding_spec& spec, std::size_t rows) {
+  std::vector<float> t(rows * spec.dim);
+  for (std::size_t v = 0; v < rows; ++v) spec.init(v, std::span<float>(t).subspan(v * spec.dim, spec.dim));
+  return t;
+}
+
+// The rows of a batch's distinct ids read from a dense table, and the views the model takes.
+struct local_rows {
+  dtf::detail::batch_ids ids;
+  std::vector<float> values, grads;
+  embedding_rows view;
+  local_rows(nn::embedding_sequential& net, const data::host_batch& b, const std::vector<float>& table) {
+    net.embedding_ids(b, 0, ids.all);
+    ids.deduplicate();
+    for (auto id : ids.unique) values.insert(values.end(), table.begin() + id * D, table.begin() + (id + 1) * D);
+    grads.assign(values.size(), -1.0f);
+    view = {D, ids.index, values, grads};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("embedding_sequential's gradients equal a dense model on one-hot inputs", "[sparse][nn][train]") {
+  for (auto combine : {nn::embedding_combine::concat, nn::embedding_combine::sum, nn::embedding_combine::mean}) {
+    CAPTURE(int(combine));
+    auto net = make_net(combine);
+    const auto b = id_batch(3);
+    std::vector<float> p(net.num_parameters()), g(p.size());
+    net.initialize(p, 11);
+    const auto table = initial_table(net.embeddings()[0], V);
+    local_rows rows(net, b, table);
+    tensor x, y;
+    assign_from_host(x, b.features);
+    assign_from_host(y, b.labels);
+    const float loss = net.loss_and_gradients(p, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
+
+    // Reference: inputs one-hot (concat: one block of V per position; sum/mean: counts, / L for
+    // mean) through a linear dense layer whose kernel holds the table (concat: L diagonal
+    // blocks), zero bias, then the same layers.
+    const bool concat = combine == nn::embedding_combine::concat;
+    const std::size_t in = concat ? L * V : V, out = concat ? L * D : D;
+    nn::sequential ref{nn::dense(in, out), nn::dense(out, H), nn::relu(), nn::dense(H, K)};
+    std::vector<float> rp(ref.num_parameters(), 0.0f), rg(rp.size());
+    for (std::size_t blk = 0; blk < (concat ? L : 1); ++blk)
+      for (std::size_t v = 0; v < V; ++v)
+        for (std::size_t k = 0; k < D; ++k) rp[(blk * V + v) * out + blk * D + k] = table[v * D + k];
+    const std::size_t first = in * out + out;  // kernel and bias of the lookup layer
+    std::copy(p.begin(), p.end(), rp.begin() + std::ptrdiff_t(first));
+    xt::xtensor<float, 2> onehot = xt::zeros<float>({B, in});
+    for (std::size_t i = 0; i < B; ++i)
+      for (std::size_t l = 0; l < L; ++l)
+        onehot(i, (concat ? l * V : 0) + std::size_t(b.features(i, l))) +=
+            combine == nn::embedding_combine::mean ? 1.0f / float(L) : 1.0f;
+    tensor rx;
+    assign_from_host(rx, onehot);
+    const float ref_loss = ref.loss_and_gradients(rp, rx, y, rg);
+    CHECK(loss == Approx(ref_loss).epsilon(1e-6));
+    for (std::size_t i = 0; i < p.size(); ++i) CHECK(g[i] == Approx(rg[first + i]).margin(1e-6));
+    // A row's gradient: the kernel gradient of its one-hot input, summed over the blocks.
+    for (std::size_t u = 0; u < rows.ids.unique.size(); ++u)
+      for (std::size_t k = 0; k < D; ++k) {
+        double expect = 0;
+        for (std::size_t blk = 0; blk < (concat ? L : 1); ++blk)
+          expect += rg[(blk * V + rows.ids.unique[u]) * out + blk * D + k];
+        CHECK(rows.grads[u * D + k] == Approx(expect).margin(1e-6));
+      }
+  }
+}
+
+TEST_CASE("embedding_sequential refuses features that are not ids, naming the place", "[sparse][nn][train]") {
+  auto net = make_net(nn::embedding_combine::concat);
+  auto b = id_batch(1);
+  std::vector<std::uint64_t> ids;
+  b.features(2, 1) = 1.5f;
+  CHECK_THROWS_WITH(net.embedding_ids(b, 0, ids), Catch::Contains("feature (2, 1)") && Catch::Contains("not an id"));
+  b.features(2, 1) = -1.0f;
+  CHECK_THROWS_WITH(net.embedding_ids(b, 0, ids), Catch::Contains("not an id"));
+  CHECK_THROWS_WITH(net.embedding_ids(b, 1, ids), Catch::Contains("table 1 of 1"));
+  CHECK_THROWS_AS(nn::embedding_sequential({.table = {.name = "e", .rows = V, .dim = D}, .ids_per_example = L},
+                                           nn::sequential{nn::dense(5, K)}),
+                  dtf::error);
+}
+
+TEST_CASE("hogwild with an embedding model: dense and table updates equal a local reference", "[sparse][train]") {
+  const bool hashed = GENERATE(false, true);
+  CAPTURE(hashed);
+  embedding_spec spec{.name = "words", .rows = hashed ? 0 : V, .dim = D, .init = {.scale = 0.3f, .seed = 5}};
+  auto net = make_net(nn::embedding_combine::concat, spec);
+  auto ref_net = make_net(nn::embedding_combine::concat, spec);
+  running_ps ps0{opts("ps.0")}, ps1{opts("ps.1")};
+  const auto layout = partitioners::greedy_load_balancing{}.place(net.variables(), 2);
+  ps_client client({ps0.address(), ps1.address()}, layout, opts("worker.0"));
+  client.connect();
+  const float lr = 0.2f, table_lr = 0.5f;
+  strategies::async_worker<strategies::hogwild, nn::embedding_sequential> w(
+      strategies::hogwild({.learning_rate = lr, .epoch_decay = 1.0f}), net, client, 0, 1);
+  w.set_embedding_rule(optim::sgd{table_lr});
+  w.initialize_ps(17);
+  w.begin();
+
+  std::vector<float> theta(net.num_parameters()), g(theta.size());
+  ref_net.initialize(theta, 17);
+  auto table = initial_table(spec, V);
+  const auto initial = table;
+  std::vector<bool> touched(V, false);
+  for (std::uint64_t s = 0; s < 4; ++s) {
+    const auto b = id_batch(100 + s);
+    // Reference step: the loss at θ and the table, θ -= lr g, touched rows -= table_lr row grad.
+    local_rows rows(ref_net, b, table);
+    tensor x, y;
+    assign_from_host(x, b.features);
+    assign_from_host(y, b.labels);
+    const float ref_loss = ref_net.loss_and_gradients(theta, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
+    for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * g[i];
+    for (std::size_t u = 0; u < rows.ids.unique.size(); ++u) {
+      touched[rows.ids.unique[u]] = true;
+      for (std::size_t k = 0; k < D; ++k) table[rows.ids.unique[u] * D + k] -= table_lr * rows.grads[u * D + k];
+    }
+    CHECK(w.step(b) == Approx(ref_loss).epsilon(1e-6));
+  }
+  std::vector<float> centre(theta.size());
+  client.pull(centre);
+  for (std::size_t i = 0; i < theta.size(); ++i) CHECK(centre[i] == Approx(theta[i]).margin(1e-6));
+  std::vector<std::uint64_t> all(V);
+  for (std::size_t v = 0; v < V; ++v) all[v] = v;
+  std::vector<float> held(V * D);
+  strategies::detail::read_rows(w.tables())(0, all, held);  // a hashed table creates the rows not touched yet
+  for (std::size_t v = 0; v < V; ++v)
+    for (std::size_t k = 0; k < D; ++k) {
+      CAPTURE(v, k);
+      if (touched[v])
+        CHECK(held[v * D + k] == Approx(table[v * D + k]).margin(1e-6));
+      else
+        CHECK(held[v * D + k] == initial[v * D + k]);  // untouched: the initialiser's values, exactly
+    }
+  if (hashed) CHECK(w.tables().rows(0).held == V);  // the gather above created the untouched rows
+}
+
+TEST_CASE("nn::evaluate of an embedding classifier reads rows through the reader", "[sparse][nn][train]") {
+  auto net = make_net(nn::embedding_combine::mean);
+  std::vector<float> p(net.num_parameters()), g(p.size());
+  net.initialize(p, 2);
+  const auto table = initial_table(net.embeddings()[0], V);
+  const auto b = id_batch(9);
+  local_rows rows(net, b, table);
+  tensor x, y;
+  assign_from_host(x, b.features);
+  assign_from_host(y, b.labels);
+  const float loss = net.loss_and_gradients(p, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
+  std::size_t reads = 0;
+  row_reader reader = [&](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
+    REQUIRE(t == 0);
+    REQUIRE(out.size() == ids.size() * D);
+    for (std::size_t i = 0; i < ids.size(); ++i) std::copy_n(table.begin() + ids[i] * D, D, out.begin() + i * D);
+    reads += ids.size();
+  };
+  const auto e = nn::evaluate(net, p, reader, data::dataset(b.features, b.labels, 0.0f, float(V)).batch(B));
+  CHECK(e.examples == B);
+  CHECK(e.loss == Approx(loss).epsilon(1e-6));
+  CHECK(reads == rows.ids.unique.size());  // each distinct id read once
+}
