@@ -14,6 +14,7 @@ pkgs=(
   libssl-dev                                    # HMAC in the cluster handshake
   zlib1g-dev                                    # gzip-compressed IDX files
   dataset-fashion-mnist                         # the real learning problem
+  bible-kjv bible-kjv-text                      # the text of the next_word example (an embedding table on the ps)
   catch2                                        # tests (Catch2 v2)
   clang-14 libclang-rt-14-dev                   # libFuzzer for the frame-decoder fuzz target
   libbenchmark-dev                              # benchmarks
