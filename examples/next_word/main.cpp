@@ -24,7 +24,7 @@ int main(int argc, char** argv) try {
   tf.train.log_every = 500;
   std::string text, scheme = "hogwild";
   int vocabulary = 4000, context = 3, dim = 48, hidden = 192, max_verses = 0;
-  float lr = 0.1f, embedding_lr = 0.2f, epoch_decay = 0.7f;
+  float lr = 0.3f, embedding_lr = 0.5f, epoch_decay = 0.8f;
   bool require_better_than_bigram = false;
   dtf::flag_parser flags("Trains a next-word model of the King James Bible, its word embeddings on the ps.");
   tf.add_to(flags);
