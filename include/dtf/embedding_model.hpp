@@ -31,7 +31,6 @@
 #include <dtf/data/dataset.hpp>
 #include <dtf/host.hpp>
 #include <dtf/nn/evaluate.hpp>
-#include <dtf/nn/loss.hpp>
 #include <dtf/ps/embedding_layout.hpp>
 
 #include <concepts>
@@ -100,11 +99,8 @@ namespace dtf::nn {
 /// of `ds` (as nn::evaluate for a classifier).
 template <embedding_classifier M>
 evaluation evaluate(M& m, std::span<const float> p, const row_reader& read, const data::dataset& ds) {
-  evaluation result;
+  nn::detail::evaluation_sum sum;
   tensor x, y, logits;
-  softmax_cross_entropy xent;
-  double loss_sum = 0.0;
-  std::size_t correct = 0;
   const auto specs = m.embeddings();
   std::vector<dtf::detail::batch_ids> ids(specs.size());
   std::vector<std::vector<float>> values(specs.size());
@@ -121,16 +117,9 @@ evaluation evaluate(M& m, std::span<const float> p, const row_reader& read, cons
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
     m.logits(p, std::span<const embedding_rows>(rows), x, logits);
-    const std::size_t n = b->labels.size();
-    loss_sum += double(xent(logits, y, nullptr)) * double(n);
-    correct += count_correct(logits, y);
-    result.examples += n;
+    sum.add(logits, y);
   }
-  if (result.examples) {
-    result.loss = loss_sum / double(result.examples);
-    result.accuracy = double(correct) / double(result.examples);
-  }
-  return result;
+  return sum.result();
 }
 
 }  // namespace dtf::nn

@@ -16,30 +16,47 @@ struct evaluation {
   std::size_t examples = 0;
 };
 
+namespace detail {
+/// The loss and accuracy of a pass, summed batch by batch.
+class evaluation_sum {
+ public:
+  void add(const tensor& logits, const tensor& labels) {
+    const std::size_t rows = labels.size();
+    loss_sum_ += double(xent_(logits, labels, nullptr)) * double(rows);
+    correct_ += count_correct(logits, labels);
+    examples_ += rows;
+  }
+  evaluation result() const {
+    evaluation r;
+    r.examples = examples_;
+    if (examples_) {
+      r.loss = loss_sum_ / double(examples_);
+      r.accuracy = double(correct_) / double(examples_);
+    }
+    return r;
+  }
+
+ private:
+  softmax_cross_entropy xent_;
+  double loss_sum_ = 0.0;
+  std::size_t correct_ = 0, examples_ = 0;
+};
+}  // namespace detail
+
 /// Evaluates parameters p of m over one pass of `ds` (its batch size is used; shuffle,
 /// repeat and prefetch settings are ignored: one ordered epoch).
 template <classifier M>
 evaluation evaluate(M& m, std::span<const float> p, const data::dataset& ds) {
-  evaluation result;
+  detail::evaluation_sum sum;
   tensor x, y, logits;
-  softmax_cross_entropy xent;
-  double loss_sum = 0.0;
-  std::size_t correct = 0;
   auto stream = ds.repeat(1).prefetch(0).stream();
   while (auto b = stream.next()) {
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
     m.logits(p, x, logits);
-    const std::size_t rows = b->labels.size();
-    loss_sum += double(xent(logits, y, nullptr)) * double(rows);
-    correct += count_correct(logits, y);
-    result.examples += rows;
+    sum.add(logits, y);
   }
-  if (result.examples) {
-    result.loss = loss_sum / double(result.examples);
-    result.accuracy = double(correct) / double(result.examples);
-  }
-  return result;
+  return sum.result();
 }
 
 }  // namespace dtf::nn

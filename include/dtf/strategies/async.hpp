@@ -95,35 +95,25 @@ inline void local_step(host_optimizer& opt, std::span<float> params, std::span<c
   else
     opt.apply(params, grads);
 }
-/// The model's loss and gradient on the current batch at host parameters `at`: directly on
-/// CPU builds, staged through device tensors on CUDA builds.
+/// The model's loss and gradient on the current batch at host parameters `at`.
 template <model M>
 class batch_gradient {
  public:
-  batch_gradient(M& m, std::size_t n) : model_(m) {
-    if constexpr (!device_memory_is_host_accessible) {
-      dev_params_.resize({n});
-      dev_grads_.resize({n});
-    }
-  }
+  batch_gradient(M& m, std::size_t n) : model_(m), staging_(n) {}
   void set_batch(const data::host_batch& b) {
     assign_from_host(x_, b.features);
     assign_from_host(y_, b.labels);
   }
   float operator()(std::span<const float> at, std::span<float> g) {
-    if constexpr (device_memory_is_host_accessible) {
-      return model_.loss_and_gradients(at, x_, y_, g);
-    } else {
-      dev_params_.copy_from_host<float>(at);
-      const float loss = model_.loss_and_gradients(dev_params_.span<float>(), x_, y_, dev_grads_.span<float>());
-      dev_grads_.copy_to_host<float>(g);
-      return loss;
-    }
+    return staging_(at, g, [&](std::span<const float> p, std::span<float> dg) {
+      return model_.loss_and_gradients(p, x_, y_, dg);
+    });
   }
 
  private:
   M& model_;
-  tensor x_, y_, dev_params_, dev_grads_;
+  dense_staging staging_;
+  tensor x_, y_;
 };
 /// The chief's initialisation of the parameter servers: θ̃ = the model's seeded initial values
 /// (also left in host buffer `params`), with the given rule and mode.

@@ -17,6 +17,7 @@
 
 #include <dtf/embedding_model.hpp>
 #include <dtf/ps/sparse_client.hpp>
+#include <dtf/strategies/dense_staging.hpp>
 
 #include <algorithm>
 #include <span>
@@ -38,7 +39,7 @@ void add_tables(const M& m, embedding_tables& tables, std::size_t num_ps) {
 template <embedding_model M>
 class embedding_gradient {
  public:
-  embedding_gradient(M& m, std::size_t n, ps_client& ps) : model_(m), tables_(ps) {
+  embedding_gradient(M& m, std::size_t n, ps_client& ps) : model_(m), tables_(ps), staging_(n) {
     add_tables(m, tables_, ps.layout().num_ps);
     const std::size_t t = tables_.size();
     ids_.resize(t);
@@ -46,10 +47,6 @@ class embedding_gradient {
     values_.resize(t);
     grads_.resize(t);
     rows_.resize(t);
-    if constexpr (!device_memory_is_host_accessible) {
-      dev_params_.resize({n});
-      dev_grads_.resize({n});
-    }
   }
 
   /// Plans the current batch's lookups (distinct ids by ps); gathers nothing yet.
@@ -71,14 +68,9 @@ class embedding_gradient {
       rows_[t] = {lookups_[t].dim, lookups_[t].index, values_[t], grads_[t]};
     }
     const std::span<const embedding_rows> rows(rows_);
-    float loss;
-    if constexpr (device_memory_is_host_accessible) {
-      loss = model_.loss_and_gradients(at, rows, x_, y_, g);
-    } else {
-      dev_params_.copy_from_host<float>(at);
-      loss = model_.loss_and_gradients(dev_params_.span<float>(), rows, x_, y_, dev_grads_.span<float>());
-      dev_grads_.copy_to_host<float>(g);
-    }
+    const float loss = staging_(at, g, [&](std::span<const float> p, std::span<float> dg) {
+      return model_.loss_and_gradients(p, rows, x_, y_, dg);
+    });
     for (std::size_t t = 0; t < tables_.size(); ++t) tables_.push(lookups_[t], grads_[t]);
     return loss;
   }
@@ -92,7 +84,8 @@ class embedding_gradient {
   std::vector<lookup> lookups_;
   std::vector<std::vector<float>> values_, grads_;
   std::vector<embedding_rows> rows_;
-  tensor x_, y_, dev_params_, dev_grads_;
+  dense_staging staging_;
+  tensor x_, y_;
 };
 
 /// A row_reader over `tables` (the chief's evaluation of the tables it trains).
