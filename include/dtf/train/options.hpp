@@ -1,0 +1,130 @@
+// dtf/train/options.hpp — what dtf::train takes and returns (dtf/train.hpp), and the cluster
+// arithmetic of its roles (training tasks, this task's index among them).
+#pragma once
+
+#include <dtf/cluster.hpp>
+#include <dtf/concepts.hpp>
+#include <dtf/data/dataset.hpp>
+#include <dtf/embedding_model.hpp>
+#include <dtf/error.hpp>
+#include <dtf/hooks/nan_tensor.hpp>
+#include <dtf/nn/evaluate.hpp>
+#include <dtf/optim/rules.hpp>
+#include <dtf/strategies/async.hpp>
+#include <dtf/strategies/sync.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+
+namespace dtf {
+
+/// What dtf::train does besides the strategy's steps. Units in the names; 0 turns a cadence off.
+struct train_options {
+  std::string name = "dtf";  ///< the scheme in RESULT lines and messages
+  int epochs = 5;            ///< passes over each training task's shard (the job's end unless a step limit is set)
+  std::int64_t last_step = 0;  ///< stop at this global step (0: after `epochs`)
+  std::int64_t num_steps = 0;  ///< stop after this many more global steps (0: after `epochs`)
+  std::size_t batch = 64;      ///< examples per local step (per replica for mirrored)
+  std::uint64_t seed = 42;     ///< initialisation; shard k shuffles with seed + k
+  std::string model_dir;       ///< checkpoints and event files; resumes from its latest checkpoint (empty: neither)
+  std::int64_t save_checkpoints_steps = 0;  ///< chief: a checkpoint every N global steps
+  double save_checkpoints_secs = 600;       ///< chief: a checkpoint every S seconds
+  int keep_checkpoints = 5;                 ///< max_to_keep (0: all)
+  int summary_every = 100;                  ///< chief: summaries every N global steps (0: none)
+  hooks::nan_policy nan_policy = hooks::nan_policy::fail;
+  int max_recoveries = 0;   ///< ps strategies: carry on after a lost ps up to N times (0: fail)
+  int log_every = 200;      ///< local steps between progress lines
+  std::string secret;       ///< cluster secret (empty: no authentication; train_flags reads $DTF_CLUSTER_SECRET)
+  std::uint32_t timeout_ms = 60000;  ///< a ps request's deadline; a collective's longest wait without progress
+  int finish_timeout_s = 1800;       ///< chief: how long to wait for the other workers to finish
+  int ps_threads = 1;                ///< I/O threads of a ps task
+  std::size_t segment_bytes = 256 * 1024;  ///< collective: allreduce segment size
+  /// Test loss and accuracy of parameters (device memory, the model's layout); called by the
+  /// chief after each of its epochs and at the end. Empty: no evaluation (RESULT has no accuracy).
+  std::function<nn::evaluation(std::span<const float> params)> evaluate;
+  /// The same for an embedding model (dtf/embedding_model.hpp): dense parameters and a reader
+  /// of the tables' rows on the ps (e.g. dtf::evaluate_on(net, test) of an embedding classifier).
+  std::function<nn::evaluation(std::span<const float> params, const row_reader& rows)> evaluate_rows;
+  /// Embedding models: the rule the ps applies to the tables' row gradients (none: the
+  /// strategy's ps rule).
+  std::optional<optim::rule> embedding_rule;
+  /// The learning rate at a global step in an epoch, reported as "learning_rate" (empty: none;
+  /// collective strategies report their own).
+  std::function<double(std::int64_t global_step, std::size_t epoch)> learning_rate;
+  /// Synchronous strategies: this task's gradients take this much longer (a straggler, for benchmarks).
+  std::chrono::milliseconds compute_delay{0};
+  std::string metrics_file;   ///< chief: the final figures as JSON, written atomically (empty: none)
+  double target_accuracy = 0;  ///< chief: exit code 1 when the final accuracy is lower
+  std::string result_extra;    ///< extra key=value tokens for the RESULT line
+};
+
+/// What a task's train() returns.
+struct train_result {
+  int exit_code = 0;             ///< 0, or 1 below target_accuracy; a ps task: 0 after the chief's shutdown
+  std::int64_t global_step = 0;  ///< the last global step this task saw
+  double loss = 0;               ///< this task's last training loss
+  std::optional<nn::evaluation> evaluation;  ///< chief: the final test metrics (with options.evaluate)
+  double wall_s = 0;             ///< from train()'s start to its end
+  strategies::staleness_stats staleness;  ///< asynchronous: this worker's pushes
+  strategies::drop_stats drops;           ///< synchronous: this worker's contributions and dropped ones
+  bool stopped_by_signal = false;
+  int recoveries = 0;            ///< lost-ps recoveries this task went through
+};
+
+/// A cluster of this process alone (collective strategies: one rank; no ps).
+inline cluster local_cluster() {
+  cluster c;
+  c.self = {"worker", 0};
+  c.source = "local";
+  return c;
+}
+
+/// The training tasks of a cluster (chief and workers) and this task's index among them
+/// (the chief is 0).
+inline std::size_t num_trainers(const cluster& c) {
+  return c.num_workers() + (c.spec.num_tasks("chief") > 0 ? 1 : 0);
+}
+inline std::size_t trainer_index(const cluster& c) {
+  const bool has_chief_job = c.spec.num_tasks("chief") > 0;
+  return c.self.job == "chief" ? 0 : c.self.index + (has_chief_job ? 1 : 0);
+}
+
+/// An evaluation callback for options.evaluate: nn::evaluate of `m` over `test`.
+template <classifier M>
+std::function<nn::evaluation(std::span<const float>)> evaluate_on(M& m, data::dataset test) {
+  return [&m, test = std::move(test)](std::span<const float> p) { return nn::evaluate(m, p, test); };
+}
+/// The same for an embedding classifier, for options.evaluate_rows.
+template <embedding_classifier M>
+std::function<nn::evaluation(std::span<const float>, const row_reader&)> evaluate_on(M& m, data::dataset test) {
+  return [&m, test = std::move(test)](std::span<const float> p, const row_reader& rows) {
+    return nn::evaluate(m, p, rows, test);
+  };
+}
+namespace detail {
+
+using train_clock = std::chrono::steady_clock;
+
+inline void validate(const train_options& o) {
+  auto bad = [](const std::string& what, const std::string& why) {
+    throw error(errc::invalid_config, "train: " + what + ": " + why);
+  };
+  if (o.epochs < 0) bad("epochs", "must not be negative");
+  if (o.batch == 0) bad("batch", "must be positive");
+  if (o.last_step < 0) bad("last_step", "must not be negative");
+  if (o.num_steps < 0) bad("num_steps", "must not be negative");
+  if (o.last_step > 0 && o.num_steps > 0) bad("num_steps", "give last_step or num_steps, not both");
+  if (o.save_checkpoints_steps < 0) bad("save_checkpoints_steps", "must not be negative");
+  if (o.save_checkpoints_secs < 0) bad("save_checkpoints_secs", "must not be negative");
+  if (o.keep_checkpoints < 0) bad("keep_checkpoints", "must not be negative");
+  if (o.summary_every < 0) bad("summary_every", "must not be negative");
+  if (o.max_recoveries < 0) bad("max_recoveries", "must not be negative");
+  if (o.log_every < 0) bad("log_every", "must not be negative");
+}
+}  // namespace detail
+
+}  // namespace dtf
