@@ -31,10 +31,12 @@ struct shard_header {
 
 /// Checks a shard file's first 16 bytes (magic, header length) against its size; returns the
 /// header length.
+/// (A table file starts the same way with its own magic: dtf/checkpoint/table_file.hpp.)
 inline std::uint64_t parse_shard_prefix(const char (&prefix)[shard_prefix_bytes], std::uint64_t file_bytes,
-                                        const std::string& what) {
-  if (file_bytes < shard_prefix_bytes || std::memcmp(prefix, shard_magic, sizeof shard_magic) != 0)
-    corrupt(what, "", "not a dtf shard file (bad magic)");
+                                        const std::string& what, const char (&magic)[8] = shard_magic,
+                                        const char* kind = "shard") {
+  if (file_bytes < shard_prefix_bytes || std::memcmp(prefix, magic, sizeof magic) != 0)
+    corrupt(what, "", std::string("not a dtf ") + kind + " file (bad magic)");
   std::uint64_t len = 0;
   std::memcpy(&len, prefix + 8, sizeof len);
   if (len > file_bytes - shard_prefix_bytes || len > max_header_bytes)

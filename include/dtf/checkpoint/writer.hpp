@@ -190,6 +190,38 @@ inline checkpoint_file write_shard_file(const std::filesystem::path& dir, const 
   return f;
 }
 
+/// Writes one ps's table file of checkpoint `name` (crash-safely; layout in
+/// dtf/checkpoint/table_file.hpp). Returns its file record.
+/// Errors: invalid_argument when `name` is not a plain file name; io_error.
+inline checkpoint_table_file write_table_file(const std::filesystem::path& dir, const std::string& name,
+                                              std::size_t ps, std::size_t num_ps,
+                                              const std::vector<table_snapshot>& tables,
+                                              const checkpoint_fault& fault = {}) {
+  if (!confined_name(manifest_file_name(name)) || ps >= num_ps)
+    throw error(errc::invalid_argument, "write_table_file: '" + name.substr(0, 64) + "' (ps " + std::to_string(ps) +
+                                            " of " + std::to_string(num_ps) + ") names no file inside " + dir.string());
+  nlohmann::json header{{"format", 1}, {"ps", ps}, {"num_ps", num_ps}, {"tables", nlohmann::json::array()}};
+  for (const auto& t : tables) {
+    auto e = table_to_json(t.table);
+    e["shards"] = nlohmann::json::array();
+    for (const auto& s : t.shards) {
+      DTF_ASSERT(s.records.size() == s.rows * t.table.record_bytes(), "a table shard's records are its rows");
+      e["shards"].push_back({{"shard", s.index}, {"iterations", s.iterations}, {"rows", s.rows}});
+    }
+    header["tables"].push_back(std::move(e));
+  }
+  const std::string text = header.dump();
+  std::uint64_t len = text.size();
+  std::vector<piece> pieces{{table_magic, sizeof table_magic}, {&len, sizeof len}, {text.data(), text.size()}};
+  for (const auto& t : tables)
+    for (const auto& s : t.shards) pieces.push_back({s.records.data(), s.records.size()});
+  checkpoint_table_file f{table_file_name(name, ps, num_ps), ps, 0, {}};
+  const auto w = write_atomically(dir / f.name, pieces, fault);
+  f.bytes = w.bytes;
+  f.sha256 = w.sha256;
+  return f;
+}
+
 }  // namespace detail::ckpt
 
 /// Writes DIR/checkpoint crash-safely. Errors: invalid_argument for a name that is not a plain
