@@ -59,6 +59,10 @@ class checkpoint_reader {
   static checkpoint_reader open_for(const std::filesystem::path& dir, const std::string& name,
                                     std::span<const element_range> ranges);
 
+  /// Opens checkpoint `name` of `dir` for its embedding tables only: the manifest is checked
+  /// whole, the table files verified, no shard file opened (read() refuses every range).
+  static checkpoint_reader open_tables(const std::filesystem::path& dir, const std::string& name);
+
   /// Verifies a checkpoint given as bytes: its manifest and, in the manifest's file order,
   /// every shard file and every table file (the fuzz target drives the reader through this).
   static checkpoint_reader from_memory(const std::string& manifest_json, std::vector<std::span<const std::byte>> shard_files,
@@ -271,6 +275,15 @@ inline checkpoint_reader checkpoint_reader::open_for(const std::filesystem::path
   for (std::size_t i = 0; i < m.files.size(); ++i)
     if (wanted[i]) files[i] = detail::ckpt::input_file::open(dir / m.files[i].name);
   return checkpoint_reader(std::move(m), std::move(files), std::move(wanted));
+}
+
+inline checkpoint_reader checkpoint_reader::open_tables(const std::filesystem::path& dir, const std::string& name) {
+  auto m = read_manifest(dir, name);
+  std::vector<detail::ckpt::input_file> tables;
+  for (const auto& f : m.table_files) tables.push_back(detail::ckpt::input_file::open(dir / f.name));
+  std::vector<detail::ckpt::input_file> files(m.files.size());
+  std::vector<bool> wanted(m.files.size(), false);
+  return checkpoint_reader(std::move(m), std::move(files), std::move(wanted), std::move(tables));
 }
 
 /// The full contents of a checkpoint in its saved flat layout (manifest.variables' offsets).
