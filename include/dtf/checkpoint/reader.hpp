@@ -317,24 +317,19 @@ inline checkpoint_tensors read_checkpoint(const std::filesystem::path& dir, cons
   return t;
 }
 
-/// Reads every row of every table file of `r`, checking every id (what open() leaves to the
-/// reads of rows), a chunk at a time.
-inline void check_table_rows(const checkpoint_reader& r) {
-  detail::ckpt::table_rows rows;
-  for (const auto& f : r.table_files())
-    for (std::size_t t = 0; t < f.header().tables.size(); ++t)
-      for (std::size_t s = 0; s < f.header().tables[t].shards.size(); ++s)
-        for (detail::ckpt::table_file_reader::cursor c{t, s, 0, {}};
-             f.read(c, detail::ckpt::chunk_rows(f.header().tables[t].table), rows);) {
-        }
-}
-
 /// Verifies a checkpoint (every checksum, size, header, the layout and every table row's id);
 /// returns its manifest.
 inline checkpoint_manifest verify_checkpoint(const std::filesystem::path& dir, const std::string& name) {
   const auto r = checkpoint_reader::open(dir, name);
-  check_table_rows(r);
+  detail::ckpt::check_table_rows(r.table_files());
   return r.manifest();
+}
+
+/// Embedding table `table` of a checkpoint whole (see checkpoint_table_rows), values (slot < 0)
+/// or slot `slot`. Errors: invalid_argument naming the tables there are; out_of_range for a slot
+/// the table lacks; the table files' errors.
+inline checkpoint_table_rows read_checkpoint_table(const checkpoint_reader& r, const std::string& table, int slot = -1) {
+  return detail::ckpt::read_table(r.manifest(), r.table_files(), table, slot);
 }
 
 /// Copies a checkpoint's values (slot < 0) or a slot into `out`, laid out as `vars` (the

@@ -220,5 +220,66 @@ inline void check_table_files(const checkpoint_manifest& m, const std::vector<ta
   }
 }
 
+/// Reads every row of every table file, checking every id (what opening leaves to the reads of
+/// rows), a chunk at a time.
+inline void check_table_rows(const std::vector<table_file_reader>& files) {
+  table_rows rows;
+  for (const auto& f : files)
+    for (std::size_t t = 0; t < f.header().tables.size(); ++t)
+      for (std::size_t s = 0; s < f.header().tables[t].shards.size(); ++s)
+        for (table_file_reader::cursor c{t, s, 0, {}}; f.read(c, chunk_rows(f.header().tables[t].table), rows);) {
+        }
+}
+
+}  // namespace detail::ckpt
+
+/// One embedding table of a checkpoint whole: its saved ids, rising, and their rows (row i of
+/// dim floats for ids[i]). Memory: the table's saved bytes (bounded by its verified files).
+struct checkpoint_table_rows {
+  std::uint32_t dim = 0;
+  std::vector<std::uint64_t> ids;
+  std::vector<float> rows;
+};
+
+namespace detail::ckpt {
+
+inline checkpoint_table_rows read_table(const checkpoint_manifest& m, const std::vector<table_file_reader>& files,
+                                        const std::string& name, int slot) {
+  const auto* t = m.find_table(name);
+  if (!t) {
+    std::string known;
+    for (const auto& x : m.tables) known += (known.empty() ? "" : ", ") + x.spec.name;
+    throw error(errc::invalid_argument, "checkpoint " + m.name + " has no embedding table '" + name +
+                                            "' (it has: " + (known.empty() ? "none" : known) + ")");
+  }
+  if (slot >= int(t->num_slots))
+    throw error(errc::out_of_range, "embedding '" + name + "' of checkpoint " + m.name + " has " +
+                                        std::to_string(t->num_slots) + " slots, not slot " + std::to_string(slot));
+  const std::size_t dim = t->spec.dim, k = std::size_t(slot + 1);
+  checkpoint_table_rows out{t->spec.dim, {}, {}};
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> order;  // (id, row in out)
+  table_rows rows;
+  for (const auto& f : files)
+    for (std::size_t i = 0; i < f.header().tables.size(); ++i) {
+      if (f.header().tables[i].table.spec.name != name) continue;
+      for (std::size_t s = 0; s < f.header().tables[i].shards.size(); ++s)
+        for (table_file_reader::cursor c{i, s, 0, {}}; f.read(c, chunk_rows(*t), rows);)
+          for (std::size_t r = 0; r < rows.size(); ++r) {
+            order.emplace_back(rows.ids[r], order.size());
+            out.rows.insert(out.rows.end(), rows.tensors.begin() + std::ptrdiff_t((k * rows.size() + r) * dim),
+                            rows.tensors.begin() + std::ptrdiff_t((k * rows.size() + r + 1) * dim));
+          }
+    }
+  // Shards hold disjoint ids (each routed to its shard when read): sorting gives them rising.
+  std::sort(order.begin(), order.end());
+  std::vector<float> sorted(out.rows.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    out.ids.push_back(order[i].first);
+    std::copy_n(out.rows.begin() + std::ptrdiff_t(order[i].second * dim), dim, sorted.begin() + std::ptrdiff_t(i * dim));
+  }
+  out.rows = std::move(sorted);
+  return out;
+}
+
 }  // namespace detail::ckpt
 }  // namespace dtf

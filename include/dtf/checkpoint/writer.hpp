@@ -342,13 +342,15 @@ inline checkpoint_manifest write_checkpoint(const checkpoint_options& options, c
   return m;
 }
 
-/// Writes a float32 array as a NumPy .npy file (format 1.0, little-endian '<f4', C order),
-/// crash-safely.
-inline void write_npy(const std::filesystem::path& path, const dims& shape, std::span<const float> data) {
-  if (num_elements(shape) != data.size())
-    throw error(errc::shape_mismatch, "write_npy: " + std::to_string(data.size()) + " elements for shape " +
+namespace detail::ckpt {
+
+// A .npy file of `elements` items of NumPy type `descr` (e.g. '<f4') in `bytes`.
+inline void write_npy_bytes(const std::filesystem::path& path, const char* descr, const dims& shape,
+                            std::size_t elements, const void* bytes, std::size_t size) {
+  if (num_elements(shape) != elements)
+    throw error(errc::shape_mismatch, "write_npy: " + std::to_string(elements) + " elements for shape " +
                                           to_string(shape));
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) dict += std::to_string(shape[i]) + (shape.size() == 1 ? "," : i + 1 < shape.size() ? ", " : "");
   dict += "), }";
   // magic(6) + version(2) + header length(2) + dict + padding + '\n' is a multiple of 64.
@@ -362,8 +364,21 @@ inline void write_npy(const std::filesystem::path& path, const dims& shape, std:
   head += char(len & 0xff);
   head += char(len >> 8);
   head += dict;
-  const detail::ckpt::piece pieces[] = {{head.data(), head.size()}, {data.data(), data.size_bytes()}};
-  detail::ckpt::write_atomically(path, pieces);
+  const piece pieces[] = {{head.data(), head.size()}, {bytes, size}};
+  write_atomically(path, pieces);
+}
+
+}  // namespace detail::ckpt
+
+/// Writes a float32 array as a NumPy .npy file (format 1.0, little-endian '<f4', C order),
+/// crash-safely.
+inline void write_npy(const std::filesystem::path& path, const dims& shape, std::span<const float> data) {
+  detail::ckpt::write_npy_bytes(path, "<f4", shape, data.size(), data.data(), data.size_bytes());
+}
+
+/// The same for a uint64 array ('<u8'): an embedding table's ids.
+inline void write_npy(const std::filesystem::path& path, const dims& shape, std::span<const std::uint64_t> data) {
+  detail::ckpt::write_npy_bytes(path, "<u8", shape, data.size(), data.data(), data.size_bytes());
 }
 
 }  // namespace dtf
