@@ -5,6 +5,8 @@
 // dtf-ckpt lists and exports tables.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+
 #include <dtf/hooks/checkpoint_saver.hpp>
 #include <dtf/ps.hpp>
 
@@ -281,8 +283,12 @@ TEST_CASE("a crafted table file is refused, naming the file and the cause", "[sp
     CHECK_THROWS_WITH(restore_tables(*b.c.client, b.tables, dir.path.string(), name),
                       Catch::Contains(file0) && Catch::Contains("id 57"));
   }
-  SECTION("a table whose dim differs from the manifest's") {
-    rewrite_table_file(dir.path, name, 0, [&](nlohmann::json& h, std::string&) { h["tables"][0]["dim"] = 4; });
+  SECTION("a table whose dim differs from its rows' bytes, or from the manifest's") {
+    rewrite_table_file(dir.path, name, 0, [&](nlohmann::json& h, std::string&) { h["tables"][table_index(h, "fd")]["dim"] = 4; });
+    refused("exceed the file's");
+    reset();
+    // A header that fits its bytes but describes another table than the manifest's.
+    rewrite_table_file(dir.path, name, 0, [&](nlohmann::json& h, std::string&) { h["tables"][table_index(h, "fd")]["init_seed"] = 9; });
     refused("table 'fd' is not the manifest's");
   }
   SECTION("a truncated file") {
@@ -314,7 +320,7 @@ TEST_CASE("dtf-ckpt lists a checkpoint's tables and exports one as ids and rows"
     const auto out = dir.path / "tool.out";
     const int rc = std::system((std::string(DTF_CKPT_TOOL) + " " + args + " >" + out.string() + " 2>&1").c_str());
     std::ifstream in(out);
-    return std::pair(rc, std::string((std::istreambuf_iterator<char>(in)), {}));
+    return std::pair(WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, std::string((std::istreambuf_iterator<char>(in)), {}));
   };
   const auto [rc, list] = run("list " + dir.path.string());
   REQUIRE(rc == 0);
