@@ -11,6 +11,7 @@
 #include <dtf/ps.hpp>
 
 #include "checkpoint_helpers.hpp"
+#include "sparse_helpers.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 
 using namespace dtf;
 using namespace dtf::test::ckpt;
+using dtf::test::gather;
 
 namespace {
 
@@ -70,15 +72,6 @@ std::vector<std::uint64_t> all(std::uint64_t n) {
   return ids;
 }
 
-std::vector<float> gather(embedding_tables& t, std::uint32_t table, const std::vector<std::uint64_t>& ids) {
-  const auto l = t.plan(table, ids);
-  std::vector<float> rows(l.rows() * l.dim), out(ids.size() * l.dim);
-  t.gather(l, rows);
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    std::copy_n(rows.begin() + l.index[i] * l.dim, l.dim, out.begin() + i * l.dim);
-  return out;
-}
-
 void push(embedding_tables& t, std::uint32_t table, const std::vector<std::uint64_t>& ids, std::uint64_t seed) {
   const auto l = t.plan(table, ids);
   const auto g = seeded(l.rows() * l.dim, seed);  // by position in the plan: same plan, same rows
@@ -103,6 +96,13 @@ struct snapshot {
 };
 snapshot rows_of(table_run& r) {
   return {gather(r.tables, r.fd, all(50)), gather(r.tables, r.fm, all(37)), gather(r.tables, r.h, h_ids())};
+}
+
+// A checkpoint of the three tables saved by 2 ps after `steps` pushes (the ps then stop); its name.
+std::string saved_by_two_ps(const fs::path& dir, int steps) {
+  table_run a(dir.string(), 2);
+  train_tables(a, steps, 5);
+  return save_checkpoint(*a.c.client, {.directory = dir.string()}, {}).name;
 }
 
 // Rewrites table file `index` of checkpoint `name` with edit(header, data) and, with fix, the
@@ -201,12 +201,7 @@ TEST_CASE("restore_latest and the ps scaffold restore tables beside the dense mo
 TEST_CASE("a table restore names the table: not created, missing, another kind, dim, rows or rule",
           "[sparse][checkpoint][errors]") {
   temp_dir dir("sparse_mismatch");
-  std::string name;
-  {
-    table_run a(dir.path.string(), 2);
-    train_tables(a, 1, 5);
-    name = save_checkpoint(*a.c.client, {.directory = dir.path.string()}, {}).name;
-  }
+  const auto name = saved_by_two_ps(dir.path, 1);
   auto try_restore = [&](const embedding_spec& spec, bool hashed, std::optional<optim::rule> rule) {
     cluster_of c(dir.path.string(), placement{{}, 1});
     embedding_tables t(*c.client);
@@ -235,12 +230,7 @@ TEST_CASE("a table restore names the table: not created, missing, another kind, 
 
 TEST_CASE("a crafted table file is refused, naming the file and the cause", "[sparse][checkpoint][input]") {
   temp_dir dir("sparse_crafted");
-  std::string name;
-  {
-    table_run a(dir.path.string(), 2);
-    train_tables(a, 1, 5);
-    name = save_checkpoint(*a.c.client, {.directory = dir.path.string()}, {}).name;
-  }
+  const auto name = saved_by_two_ps(dir.path, 1);
   REQUIRE_NOTHROW(verify_checkpoint(dir.path, name));
   const std::string file0 = name + ".tables-0-of-2";
   // Keep a pristine copy of every file to restore between the cases.
@@ -310,12 +300,7 @@ TEST_CASE("a crafted table file is refused, naming the file and the cause", "[sp
 #ifdef DTF_CKPT_TOOL
 TEST_CASE("dtf-ckpt lists a checkpoint's tables and exports one as ids and rows", "[sparse][checkpoint][tool]") {
   temp_dir dir("sparse_tool");
-  std::string name;
-  {
-    table_run a(dir.path.string(), 2);
-    train_tables(a, 2, 5);
-    name = save_checkpoint(*a.c.client, {.directory = dir.path.string()}, {}).name;
-  }
+  const auto name = saved_by_two_ps(dir.path, 2);
   auto run = [&](const std::string& args) {
     const auto out = dir.path / "tool.out";
     const int rc = std::system((std::string(DTF_CKPT_TOOL) + " " + args + " >" + out.string() + " 2>&1").c_str());

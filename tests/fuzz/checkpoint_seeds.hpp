@@ -71,25 +71,22 @@ inline int write_checkpoint_seeds(const fs::path& work, const fs::path& corpus) 
   for (const auto& v : vars) m.variables.push_back({v.name, v.shape, v.offset, 3});
   m.shards = {{0, 0, 0, 0, 0, 2, 0, 6}, {1, 0, 1, 1, 2, 4, 6, 6}, {2, 1, 0, 1, 0, 3, 12, 3},
               {3, 2, 0, 0, 0, 1, 15, 1}, {4, 3, 0, 1, 0, 0, 16, 0}};
-  for (std::size_t ps = 0; ps < 2; ++ps) {
-    std::vector<dtf::detail::ckpt::shard_record> records;
-    for (const auto& s : m.shards)
-      if (s.ps == ps)
-        records.push_back({.id = s.id, .size = s.size, .iterations = 3, .tensors = {values.data() + s.offset, s0.data() + s.offset}});
-    m.files.push_back(dtf::detail::ckpt::write_shard_file(dir, m.name, ps, 2, 3, 1, records));
-  }
+  auto write_shards = [&] {
+    m.files.clear();
+    for (std::size_t ps = 0; ps < 2; ++ps) {
+      std::vector<dtf::detail::ckpt::shard_record> records;
+      for (const auto& s : m.shards)
+        if (s.ps == ps)
+          records.push_back({.id = s.id, .size = s.size, .iterations = 3, .tensors = {values.data() + s.offset, s0.data() + s.offset}});
+      m.files.push_back(dtf::detail::ckpt::write_shard_file(dir, m.name, ps, 2, 3, 1, records));
+    }
+  };
+  write_shards();
   dtf::commit_checkpoint(dir, m, 0);
   seeds::pack(dir, m.name, corpus / "two_ps");
   // The same with embedding tables: a fixed one over both ps, a hashed one on ps 0.
   m.name = "ckpt-4";
-  m.files.clear();
-  for (std::size_t ps = 0; ps < 2; ++ps) {
-    std::vector<dtf::detail::ckpt::shard_record> records;
-    for (const auto& s : m.shards)
-      if (s.ps == ps)
-        records.push_back({.id = s.id, .size = s.size, .iterations = 3, .tensors = {values.data() + s.offset, s0.data() + s.offset}});
-    m.files.push_back(dtf::detail::ckpt::write_shard_file(dir, m.name, ps, 2, 3, 1, records));
-  }
+  write_shards();
   const dtf::checkpoint_table words{{.name = "words", .rows = 5, .dim = 2}, 2, "momentum", 1, 5};
   const dtf::checkpoint_table users{{.name = "users", .dim = 2, .max_rows = 8, .evict_after = 3}, 1, "momentum", 1, 3};
   auto snapshot = [&](const dtf::checkpoint_table& t, std::uint32_t shard, std::vector<std::uint64_t> ids) {

@@ -13,12 +13,22 @@
 
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
+#include <vector>
 
 namespace dtf {
+
+/// One file of a checkpoint (a ps's shard file or table file) and its checksum.
+struct checkpoint_file {
+  std::string name;  ///< relative to the checkpoint directory (a plain file name)
+  std::size_t ps = 0;
+  std::uint64_t bytes = 0;
+  std::string sha256;  ///< 64 hex digits of the whole file
+};
 
 namespace detail::ckpt {
 
@@ -130,6 +140,26 @@ inline std::string item(const char* array, std::size_t i) { return std::string(a
 
 inline bool is_sha256_hex(const std::string& s) noexcept {
   return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+/// An entry of a manifest's array of files (at `path`): a confined name not in `names` (added),
+/// a ps below seen.size() that has no other file of the array (marked in seen), at least a
+/// prefix's bytes, a SHA-256.
+inline checkpoint_file parse_file_entry(const nlohmann::json& e, const std::string& what, const std::string& path,
+                                        std::vector<bool>& seen, std::set<std::string>& names) {
+  checkpoint_file f;
+  f.name = string_at(e, "name", what, path);
+  require_confined(f.name, what, path + ".name");
+  if (!names.insert(f.name).second) corrupt(what, path + ".name", "'" + f.name + "' is named twice");
+  f.ps = u64_at(e, "ps", what, path);
+  if (f.ps >= seen.size() || seen[f.ps])
+    corrupt(what, path + ".ps", "ps " + std::to_string(f.ps) + " is out of range or has two files");
+  seen[f.ps] = true;
+  f.bytes = u64_at(e, "bytes", what, path);
+  if (f.bytes < shard_prefix_bytes) corrupt(what, path + ".bytes", std::to_string(f.bytes) + " bytes is too short");
+  f.sha256 = string_at(e, "sha256", what, path, 64);
+  if (!is_sha256_hex(f.sha256)) corrupt(what, path + ".sha256", "is not 64 lowercase hex digits");
+  return f;
 }
 
 }  // namespace detail::ckpt

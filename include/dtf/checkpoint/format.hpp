@@ -57,14 +57,6 @@ struct checkpoint_shard {
   std::size_t variable = 0, part = 0, ps = 0, row_begin = 0, row_end = 0, offset = 0, size = 0;
 };
 
-/// One shard file and its checksum.
-struct checkpoint_file {
-  std::string name;  ///< relative to the checkpoint directory (a plain file name)
-  std::size_t ps = 0;
-  std::uint64_t bytes = 0;
-  std::string sha256;  ///< 64 hex digits of the whole file
-};
-
 /// What restore does when the latest checkpoint fails verification.
 enum class checkpoint_fallback {
   newest_valid,  ///< says so and uses the newest kept checkpoint that verifies
@@ -168,22 +160,7 @@ struct checkpoint_manifest {
       corrupt(what, "files", std::to_string(fs.size()) + " shard files for " + std::to_string(num_ps) + " ps");
     std::vector<bool> seen(num_ps, false);
     std::set<std::string> names;
-    for (std::size_t i = 0; i < fs.size(); ++i) {
-      const auto path = item("files", i);
-      checkpoint_file f;
-      f.name = string_at(fs[i], "name", what, path);
-      require_confined(f.name, what, path + ".name");
-      if (!names.insert(f.name).second) corrupt(what, path + ".name", "'" + f.name + "' is named twice");
-      f.ps = u64_at(fs[i], "ps", what, path);
-      if (f.ps >= num_ps || seen[f.ps])
-        corrupt(what, path + ".ps", "ps " + std::to_string(f.ps) + " is out of range or has two files");
-      seen[f.ps] = true;
-      f.bytes = u64_at(fs[i], "bytes", what, path);
-      if (f.bytes < shard_prefix_bytes) corrupt(what, path + ".bytes", std::to_string(f.bytes) + " bytes is too short");
-      f.sha256 = string_at(fs[i], "sha256", what, path, 64);
-      if (!is_sha256_hex(f.sha256)) corrupt(what, path + ".sha256", "is not 64 lowercase hex digits");
-      files.push_back(std::move(f));
-    }
+    for (std::size_t i = 0; i < fs.size(); ++i) files.push_back(parse_file_entry(fs[i], what, item("files", i), seen, names));
   }
 
   void parse_variables(const nlohmann::json& j, const std::string& what) {

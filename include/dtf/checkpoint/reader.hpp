@@ -173,15 +173,7 @@ class checkpoint_reader {
       if (!wanted[i]) continue;
       const auto& f = m_.files[i];
       const auto& in = files_[i];
-      if (in.size() != f.bytes)
-        corrupt(in.what(), "", std::to_string(in.size()) + " bytes, the manifest says " + std::to_string(f.bytes));
-      const auto sum = in.sha256_hex();
-      if (sum != f.sha256) corrupt(in.what(), "", "SHA-256 " + sum + " does not match the manifest's " + f.sha256);
-      char prefix[shard_prefix_bytes];
-      in.read(0, prefix, sizeof prefix);
-      const auto len = parse_shard_prefix(prefix, in.size(), in.what());
-      std::string text(std::size_t(len), '\0');
-      in.read(shard_prefix_bytes, text.data(), text.size());
+      const auto text = verified_header_text(in, f);
       const auto h = parse_shard_header(text, in.size(), f.ps, m_.num_ps, m_.num_slots, in.what());
       std::uint64_t at = h.data_offset;
       for (std::size_t e = 0; e < h.entries.size(); ++e) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dtf/checkpoint/format.hpp>
+#include <dtf/checkpoint/input_file.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -43,6 +44,21 @@ inline std::uint64_t parse_shard_prefix(const char (&prefix)[shard_prefix_bytes]
     corrupt(what, "header length", std::to_string(len) + " bytes exceeds the file of " + std::to_string(file_bytes) +
                                        " bytes (or " + std::to_string(max_header_bytes) + ")");
   return len;
+}
+
+/// Checks `in` against the manifest's record of it (size, SHA-256) and its prefix (magic of a
+/// `kind` file); returns its JSON header's text.
+inline std::string verified_header_text(const input_file& in, const checkpoint_file& f,
+                                        const char (&magic)[8] = shard_magic, const char* kind = "shard") {
+  if (in.size() != f.bytes)
+    corrupt(in.what(), "", std::to_string(in.size()) + " bytes, the manifest says " + std::to_string(f.bytes));
+  const auto sum = in.sha256_hex();
+  if (sum != f.sha256) corrupt(in.what(), "", "SHA-256 " + sum + " does not match the manifest's " + f.sha256);
+  char prefix[shard_prefix_bytes];
+  in.read(0, prefix, sizeof prefix);
+  std::string text(std::size_t(parse_shard_prefix(prefix, in.size(), in.what(), magic, kind)), '\0');
+  in.read(shard_prefix_bytes, text.data(), text.size());
+  return text;
 }
 
 /// Parses a shard file's JSON header `text` (of a file of file_bytes bytes, for ps `ps` of a

@@ -122,16 +122,8 @@ class table_file_reader {
  public:
   /// Checks `in` against the manifest's record `f` and tables; reads no row yet.
   table_file_reader(input_file in, const checkpoint_table_file& f, const checkpoint_manifest& m) : in_(std::move(in)) {
-    if (in_.size() != f.bytes)
-      corrupt(in_.what(), "", std::to_string(in_.size()) + " bytes, the manifest says " + std::to_string(f.bytes));
-    const auto sum = in_.sha256_hex();
-    if (sum != f.sha256) corrupt(in_.what(), "", "SHA-256 " + sum + " does not match the manifest's " + f.sha256);
-    char prefix[shard_prefix_bytes];
-    in_.read(0, prefix, sizeof prefix);
-    const auto len = parse_shard_prefix(prefix, in_.size(), in_.what(), table_magic, "table");
-    std::string text(std::size_t(len), '\0');
-    in_.read(shard_prefix_bytes, text.data(), text.size());
-    header_ = parse_table_header(text, in_.size(), f.ps, m.num_ps, in_.what());
+    header_ = parse_table_header(verified_header_text(in_, f, table_magic, "table"), in_.size(), f.ps, m.num_ps,
+                                 in_.what());
     for (std::size_t i = 0; i < header_.tables.size(); ++i) {
       const auto& t = header_.tables[i].table;
       const auto* saved = m.find_table(t.spec.name);

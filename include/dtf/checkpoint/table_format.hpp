@@ -61,12 +61,7 @@ struct checkpoint_table {
 };
 
 /// One table file (the rows of the table shards one ps held) and its checksum.
-struct checkpoint_table_file {
-  std::string name;  ///< relative to the checkpoint directory (a plain file name)
-  std::size_t ps = 0;
-  std::uint64_t bytes = 0;
-  std::string sha256;
-};
+using checkpoint_table_file = checkpoint_file;
 
 namespace detail::ckpt {
 
@@ -159,21 +154,9 @@ inline void parse_manifest_tables(const nlohmann::json& j, const std::string& wh
   std::vector<bool> seen(num_ps, false);
   std::uint64_t file_bytes = 0;
   for (std::size_t i = 0; i < fs.size(); ++i) {
-    const auto path = item("table_files", i);
-    checkpoint_table_file f;
-    f.name = string_at(fs[i], "name", what, path);
-    require_confined(f.name, what, path + ".name");
-    if (!names.insert(f.name).second) corrupt(what, path + ".name", "'" + f.name + "' is named twice");
-    f.ps = u64_at(fs[i], "ps", what, path);
-    if (f.ps >= num_ps || seen[f.ps])
-      corrupt(what, path + ".ps", "ps " + std::to_string(f.ps) + " is out of range or has two table files");
-    seen[f.ps] = true;
-    f.bytes = u64_at(fs[i], "bytes", what, path);
-    if (f.bytes < shard_prefix_bytes || !checked_add(file_bytes, f.bytes, file_bytes))
-      corrupt(what, path + ".bytes", std::to_string(f.bytes) + " bytes is too short, or the total overflows");
-    f.sha256 = string_at(fs[i], "sha256", what, path, 64);
-    if (!is_sha256_hex(f.sha256)) corrupt(what, path + ".sha256", "is not 64 lowercase hex digits");
-    files.push_back(std::move(f));
+    files.push_back(parse_file_entry(fs[i], what, item("table_files", i), seen, names));
+    if (!checked_add(file_bytes, files.back().bytes, file_bytes))
+      corrupt(what, item("table_files", i) + ".bytes", "the byte counts overflow");
   }
   std::set<std::string> table_names;
   std::uint64_t bytes = 0;
