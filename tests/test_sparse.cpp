@@ -7,6 +7,7 @@
 #include <dtf/ps.hpp>
 
 #include "ps_helpers.hpp"
+#include "sparse_helpers.hpp"
 
 #include <map>
 #include <random>
@@ -14,6 +15,7 @@
 
 using namespace dtf;
 using dtf::test::opts;
+using dtf::test::gather;
 using dtf::test::running_ps;
 
 namespace {
@@ -29,15 +31,6 @@ struct sparse_cluster {
 std::vector<float> initial_rows(const embedding_spec& spec, std::span<const std::uint64_t> ids) {
   std::vector<float> out(ids.size() * spec.dim);
   for (std::size_t i = 0; i < ids.size(); ++i) spec.init(ids[i], std::span<float>(out).subspan(i * spec.dim, spec.dim));
-  return out;
-}
-
-std::vector<float> gather(embedding_tables& t, std::uint32_t table, const std::vector<std::uint64_t>& ids) {
-  const auto l = t.plan(table, ids);
-  std::vector<float> rows(l.rows() * l.dim), out(ids.size() * l.dim);
-  t.gather(l, rows);
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    std::copy_n(rows.begin() + l.index[i] * l.dim, l.dim, out.begin() + i * l.dim);
   return out;
 }
 

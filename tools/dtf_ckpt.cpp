@@ -1,16 +1,22 @@
 // dtf-ckpt — inspects dtf checkpoints (dtf/checkpoint.hpp).
 //
 //   dtf-ckpt list   DIR [NAME]                    variables with shapes, dtype and SHA-256 of
-//                                                 their values; shard files with sizes and checksums
-//   dtf-ckpt verify DIR [NAME | --all]            every field, file size, SHA-256 and the shard layout;
-//                                                 --all: every kept checkpoint, which are usable and
-//                                                 which one a restore would use
+//                                                 their values; embedding tables (kind, dim, rows
+//                                                 saved); shard and table files with sizes, checksums
+//                                                 and the rows of each table in each table file
+//   dtf-ckpt verify DIR [NAME | --all]            every field, file size, SHA-256, the shard layout
+//                                                 and every table row's id; --all: every kept
+//                                                 checkpoint, which are usable and which one a
+//                                                 restore would use
 //   dtf-ckpt export DIR VARIABLE OUT.npy [--name NAME] [--slot K]
-//                                                 one variable (or its update-rule slot K) as .npy
+//                                                 one variable (or its update-rule slot K) as .npy;
+//                                                 an embedding table: its rows sorted by id as
+//                                                 OUT.npy [rows, dim] float32 and their ids as
+//                                                 OUT.ids.npy [rows] uint64
 //
 // NAME defaults to the latest checkpoint named by DIR/checkpoint. Everything goes through the
 // library's one reader (dtf::checkpoint_reader: the same checks as restore), streaming: no
-// command holds a whole checkpoint in memory. Exit status: 0 ok, 1 a checkpoint failed
+// command holds a whole checkpoint in memory (export holds the one variable or table). Exit status: 0 ok, 1 a checkpoint failed
 // verification or a variable is missing, 2 bad usage.
 #include <dtf/checkpoint.hpp>
 
@@ -29,8 +35,9 @@ int usage(const char* why) {
   std::fprintf(stderr,
                "usage: dtf-ckpt list DIR [NAME]\n"
                "       dtf-ckpt verify DIR [NAME | --all]\n"
-               "       dtf-ckpt export DIR VARIABLE OUT.npy [--name NAME] [--slot K]\n"
-               "NAME defaults to the latest checkpoint in DIR (its 'checkpoint' state file).\n");
+               "       dtf-ckpt export DIR VARIABLE|TABLE OUT.npy [--name NAME] [--slot K]\n"
+               "NAME defaults to the latest checkpoint in DIR (its 'checkpoint' state file).\n"
+               "A table exports its rows sorted by id to OUT.npy and their ids to OUT.ids.npy.\n");
   return 2;
 }
 
@@ -62,17 +69,36 @@ int list(const std::string& dir, const std::string& name_arg) {
     std::printf("%-32s %-14s %-8s %10zu %8zu  %s\n", v.name.c_str(), dtf::to_string(v.shape).c_str(), m.dtype.c_str(),
                 v.size(), shards, h.hex().c_str());
   }
+  if (!m.tables.empty()) {
+    std::printf("%-32s %-7s %8s %12s %8s %-10s %12s\n", "table", "kind", "dim", "rows", "shards", "rule", "rows saved");
+    for (const auto& t : m.tables)
+      std::printf("%-32s %-7s %8u %12s %8llu %-10s %12llu\n", t.spec.name.c_str(), t.spec.hashed() ? "hashed" : "fixed",
+                  unsigned(t.spec.dim), t.spec.hashed() ? "-" : std::to_string(t.spec.rows).c_str(),
+                  static_cast<unsigned long long>(t.num_shards), t.rule.c_str(),
+                  static_cast<unsigned long long>(t.rows_saved));
+  }
   std::printf("files:\n");
   for (const auto& f : m.files)
     std::printf("  %-40s ps %zu  %12llu bytes  sha256 %s\n", f.name.c_str(), f.ps,
                 static_cast<unsigned long long>(f.bytes), f.sha256.c_str());
+  for (std::size_t i = 0; i < m.table_files.size(); ++i) {
+    const auto& f = m.table_files[i];
+    std::printf("  %-40s ps %zu  %12llu bytes  sha256 %s\n", f.name.c_str(), f.ps,
+                static_cast<unsigned long long>(f.bytes), f.sha256.c_str());
+    for (const auto& t : r.table_files()[i].header().tables) {
+      unsigned long long rows = 0;
+      for (const auto& s : t.shards) rows += s.rows;
+      std::printf("    %-38s %zu shards  %12llu rows\n", t.table.spec.name.c_str(), t.shards.size(), rows);
+    }
+  }
   return 0;
 }
 
 void print_verdict(const std::string& name, const std::optional<dtf::checkpoint_manifest>& m, const std::string& why) {
   if (m)
-    std::printf("%s: OK (global step %lld, %zu variables, %zu files)\n", name.c_str(),
-                static_cast<long long>(m->global_step), m->variables.size(), m->files.size());
+    std::printf("%s: OK (global step %lld, %zu variables, %zu tables, %zu files)\n", name.c_str(),
+                static_cast<long long>(m->global_step), m->variables.size(), m->tables.size(),
+                m->files.size() + m->table_files.size());
   else
     std::printf("%s: FAILED: %s\n", name.c_str(), why.c_str());
 }
@@ -110,6 +136,16 @@ int export_npy(const std::string& dir, const std::string& variable, const std::s
                int slot) {
   const auto name = resolve_name(dir, name_arg);
   const auto r = dtf::checkpoint_reader::open(dir, name);
+  if (!r.manifest().find(variable) && r.manifest().find_table(variable)) {
+    const auto t = dtf::read_checkpoint_table(r, variable, slot);
+    const std::string ids = (out.size() > 4 && out.ends_with(".npy") ? out.substr(0, out.size() - 4) : out) + ".ids.npy";
+    dtf::write_npy(out, {t.ids.size(), t.dim}, t.rows);
+    dtf::write_npy(ids, {t.ids.size()}, std::span<const std::uint64_t>(t.ids));
+    std::printf("table %s%s of %s: %zu rows x %u float32 -> %s, ids -> %s\n", variable.c_str(),
+                slot < 0 ? "" : (" slot " + std::to_string(slot)).c_str(), name.c_str(), t.ids.size(), unsigned(t.dim),
+                out.c_str(), ids.c_str());
+    return 0;
+  }
   const auto& v = r.variable(variable);
   std::vector<float> data(v.size());
   r.read_variable(variable, slot, data);

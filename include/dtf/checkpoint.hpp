@@ -4,6 +4,9 @@
 //   DIR/NAME.ps-I-of-N.shard   one file per ps task I: the shards it held (values, then the
 //                              update rule's slots: momentum, Adagrad accumulators, Adam's m
 //                              and v), with each shard's update count (Adam's t)
+//   DIR/NAME.tables-I-of-N     one file per ps task I that held embedding tables: their rows
+//                              (dtf/checkpoint/table_file.hpp; restored by restore_tables,
+//                              dtf/ps/table_checkpoint.hpp)
 //   DIR/NAME.manifest.json     written by the chief after every shard file: the variables
 //                              (name, shape, dtype, place in the flat buffer), the shard layout
 //                              (which rows of which variable each ps held), the global step,
@@ -40,7 +43,8 @@
 // a checkpoint saved by 2 ps tasks restores into 1 or 3.
 //
 // Headers: checkpoint/format.hpp (the types and the checks of every field),
-// checkpoint/shard_header.hpp (a shard file's header), checkpoint/input_file.hpp (bounds-checked
+// checkpoint/shard_header.hpp (a shard file's header), checkpoint/fields.hpp (typed, checked
+// JSON fields), checkpoint/table_format.hpp and checkpoint/table_file.hpp (embedding tables), checkpoint/input_file.hpp (bounds-checked
 // reads), checkpoint/reader.hpp (reading, verifying, the fallback), checkpoint/writer.hpp
 // (crash-safe writing, commit and pruning).
 //

@@ -11,8 +11,10 @@
 //   dtf/ps/checkpointing.hpp    save_checkpoint / restore_checkpoint / restore_latest
 //   dtf/ps/embedding_layout.hpp sparse variables: fixed (div/mod) and hashed tables, row routing
 //   dtf/ps/sparse_store.hpp     the ps's table shards and their lazy per-row updates
-//   dtf/ps/sparse_service.hpp   the ps's sparse requests (create, gather, push, stats) and their checks
+//   dtf/ps/sparse_service.hpp   the ps's sparse requests (create, gather, push, stats, restore), its
+//                               table file at a save, and their checks
 //   dtf/ps/sparse_client.hpp    embedding_tables: plan, gather, push (only the touched rows)
+//   dtf/ps/table_checkpoint.hpp the tables in checkpoints: restore_tables (re-routes rows to the ps)
 #pragma once
 
 #include <dtf/ps/checkpointing.hpp>
@@ -20,3 +22,4 @@
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/server.hpp>
 #include <dtf/ps/sparse_client.hpp>
+#include <dtf/ps/table_checkpoint.hpp>

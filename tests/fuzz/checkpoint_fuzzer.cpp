@@ -1,10 +1,11 @@
-// libFuzzer target for the checkpoint reader: the manifest, the state file and shard files
-// (headers and data) as dtf::checkpoint_reader sees them. Whatever the bytes, reading either
+// libFuzzer target for the checkpoint reader: the manifest, the state file, shard files and
+// embedding-table files (headers and rows) as dtf::checkpoint_reader sees them. Whatever the bytes, reading either
 // succeeds or throws dtf::error; it never crashes, reads or writes out of bounds, or allocates
 // more than the input's bytes back. Input: sections (checkpoint_input.hpp) — manifest, state
-// file, shard files. Each input runs twice: as given (checksums and sizes as written), and with
-// the manifest's sizes and SHA-256 replaced by the shard sections' own, so the fuzzer gets past
-// the checksum into the shard headers and the layout.
+// file, shard files (as many as the manifest's "files", when it parses), then table files. Each
+// input runs twice: as given (checksums and sizes as written), and with the manifest's sizes and
+// SHA-256 replaced by the sections' own, so the fuzzer gets past the checksum into the headers,
+// the layout and the table rows.
 #include <dtf/checkpoint.hpp>
 
 #include "checkpoint_input.hpp"
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -27,11 +29,15 @@ void read_everything(const dtf::checkpoint_reader& r) {
     std::vector<float> one(v.size());
     r.read_variable(v.name, -1, one);
   }
+  dtf::detail::ckpt::check_table_rows(r.table_files());
+  for (const auto& t : r.manifest().tables)
+    for (int slot = -1; slot < int(t.num_slots); ++slot) (void)dtf::read_checkpoint_table(r, t.spec.name, slot);
 }
 
-void open_and_read(const std::string& manifest, const std::vector<std::span<const std::byte>>& shards) {
+void open_and_read(const std::string& manifest, const std::vector<std::span<const std::byte>>& shards,
+                   const std::vector<std::span<const std::byte>>& tables) {
   try {
-    read_everything(dtf::checkpoint_reader::from_memory(manifest, shards, "fuzz.manifest.json"));
+    read_everything(dtf::checkpoint_reader::from_memory(manifest, shards, "fuzz.manifest.json", tables));
   } catch (const dtf::error&) {
   }
 }
@@ -58,22 +64,35 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                           "fuzz/checkpoint");
   } catch (const dtf::error&) {
   }
-  std::vector<std::span<const std::byte>> shards;
+  // The first sections after the state file are shard files (as many as the manifest names, when
+  // it parses), the rest table files.
+  std::size_t num_shards = sections.size() > 2 ? sections.size() - 2 : 0;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(manifest);
+    if (j.is_object() && j.contains("files") && j["files"].is_array()) num_shards = std::min(num_shards, j["files"].size());
+  } catch (const nlohmann::json::exception&) {
+    j = nullptr;
+  }
+  std::vector<std::span<const std::byte>> shards, tables;
   for (std::size_t i = 2; i < sections.size(); ++i)
-    shards.emplace_back(reinterpret_cast<const std::byte*>(sections[i].data()), sections[i].size());
-  open_and_read(manifest, shards);
+    (i < 2 + num_shards ? shards : tables)
+        .emplace_back(reinterpret_cast<const std::byte*>(sections[i].data()), sections[i].size());
+  open_and_read(manifest, shards, tables);
   // The same with the manifest's file sizes and checksums made to agree with the sections.
   try {
-    auto j = nlohmann::json::parse(manifest);
-    if (j.is_object() && j.contains("files") && j["files"].is_array()) {
-      auto& files = j["files"];
-      for (std::size_t i = 0; i < files.size() && i < shards.size(); ++i)
+    auto fix = [&](const char* key, const std::vector<std::span<const std::byte>>& given) {
+      if (!j.is_object() || !j.contains(key) || !j[key].is_array()) return;
+      auto& files = j[key];
+      for (std::size_t i = 0; i < files.size() && i < given.size(); ++i)
         if (files[i].is_object()) {
-          files[i]["bytes"] = shards[i].size();
-          files[i]["sha256"] = dtf::detail::sha256_hex(shards[i].data(), shards[i].size());
+          files[i]["bytes"] = given[i].size();
+          files[i]["sha256"] = dtf::detail::sha256_hex(given[i].data(), given[i].size());
         }
-      open_and_read(j.dump(), shards);
-    }
+    };
+    fix("files", shards);
+    fix("table_files", tables);
+    if (j.is_object()) open_and_read(j.dump(), shards, tables);
   } catch (const nlohmann::json::exception&) {
   }
   return 0;

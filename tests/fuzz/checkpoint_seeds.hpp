@@ -1,6 +1,6 @@
 // The checkpoint fuzz target's seed corpus: real checkpoints written by the library's own
 // writers (one process's host state with each update rule, and a 2-ps checkpoint written shard
-// file by shard file as the ps tasks do), each packed as the target's input
+// file by shard file as the ps tasks do, without and with embedding-table files), each packed as the target's input
 // (checkpoint_input.hpp). The target writes them at start-up when DTF_SEED_WORK and
 // DTF_SEED_CORPUS name a scratch directory and its corpus directory (run_checkpoint_fuzzer.sh).
 #pragma once
@@ -29,6 +29,7 @@ inline void pack(const fs::path& dir, const std::string& name, const fs::path& o
   const auto m = dtf::read_manifest(dir, name);
   std::vector<std::string> parts{slurp(dir / (name + ".manifest.json")), slurp(dir / "checkpoint")};
   for (const auto& f : m.files) parts.push_back(slurp(dir / f.name));
+  for (const auto& f : m.table_files) parts.push_back(slurp(dir / f.name));
   std::ofstream(out, std::ios::binary) << dtf::fuzz::join_sections(parts);
 }
 
@@ -70,16 +71,44 @@ inline int write_checkpoint_seeds(const fs::path& work, const fs::path& corpus) 
   for (const auto& v : vars) m.variables.push_back({v.name, v.shape, v.offset, 3});
   m.shards = {{0, 0, 0, 0, 0, 2, 0, 6}, {1, 0, 1, 1, 2, 4, 6, 6}, {2, 1, 0, 1, 0, 3, 12, 3},
               {3, 2, 0, 0, 0, 1, 15, 1}, {4, 3, 0, 1, 0, 0, 16, 0}};
-  for (std::size_t ps = 0; ps < 2; ++ps) {
-    std::vector<dtf::detail::ckpt::shard_record> records;
-    for (const auto& s : m.shards)
-      if (s.ps == ps)
-        records.push_back({.id = s.id, .size = s.size, .iterations = 3, .tensors = {values.data() + s.offset, s0.data() + s.offset}});
-    m.files.push_back(dtf::detail::ckpt::write_shard_file(dir, m.name, ps, 2, 3, 1, records));
-  }
+  auto write_shards = [&] {
+    m.files.clear();
+    for (std::size_t ps = 0; ps < 2; ++ps) {
+      std::vector<dtf::detail::ckpt::shard_record> records;
+      for (const auto& s : m.shards)
+        if (s.ps == ps)
+          records.push_back({.id = s.id, .size = s.size, .iterations = 3, .tensors = {values.data() + s.offset, s0.data() + s.offset}});
+      m.files.push_back(dtf::detail::ckpt::write_shard_file(dir, m.name, ps, 2, 3, 1, records));
+    }
+  };
+  write_shards();
   dtf::commit_checkpoint(dir, m, 0);
   seeds::pack(dir, m.name, corpus / "two_ps");
-  return k + 1;
+  // The same with embedding tables: a fixed one over both ps, a hashed one on ps 0.
+  m.name = "ckpt-4";
+  write_shards();
+  const dtf::checkpoint_table words{{.name = "words", .rows = 5, .dim = 2}, 2, "momentum", 1, 5};
+  const dtf::checkpoint_table users{{.name = "users", .dim = 2, .max_rows = 8, .evict_after = 3}, 1, "momentum", 1, 3};
+  auto snapshot = [&](const dtf::checkpoint_table& t, std::uint32_t shard, std::vector<std::uint64_t> ids) {
+    dtf::detail::ckpt::table_snapshot::shard s{shard, 4, ids.size(), {}};
+    for (auto id : ids) {
+      std::vector<float> row{0.25f * float(id % 16), -1.0f, 0.5f, 0.125f};  // values, slot
+      const auto* at = reinterpret_cast<const std::byte*>(&id);
+      s.records.insert(s.records.end(), at, at + 8);
+      const auto* f = reinterpret_cast<const std::byte*>(row.data());
+      s.records.insert(s.records.end(), f, f + row.size() * sizeof(float));
+      if (t.spec.hashed()) s.records.insert(s.records.end(), at, at + 8);  // an age
+    }
+    return dtf::detail::ckpt::table_snapshot{t, {s}};
+  };
+  m.tables = {words, users};
+  m.table_files = {
+      dtf::detail::ckpt::write_table_file(dir, m.name, 0, 2,
+                                          {snapshot(words, 0, {0, 1, 2}), snapshot(users, 0, {7, 12345, 1ull << 40})}),
+      dtf::detail::ckpt::write_table_file(dir, m.name, 1, 2, {snapshot(words, 1, {3, 4})})};
+  dtf::commit_checkpoint(dir, m, 0);
+  seeds::pack(dir, m.name, corpus / "two_ps_tables");
+  return k + 2;
 }
 
 }  // namespace dtf::fuzz

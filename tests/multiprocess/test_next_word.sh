@@ -3,6 +3,9 @@
 # and 2 workers on the first 3,000 verses: both ps hold a shard of the table, each worker
 # gathers and pushes rows, the held-out perplexity is reported beside the n-gram baselines and
 # is below the unigram's (the full run, README's table, is measured against the bigram).
+# Then the table's checkpoint: a run of 2 ps and 1 worker saves into --model_dir, and a run of
+# 3 ps restores it (the rows re-routed to 3 shards) and, stopped at the saved step, evaluates to
+# exactly the saved run's perplexity and accuracy; dtf-ckpt lists the table.
 # Usage: test_next_word.sh <dtfrun> <next_word>
 source "$(dirname "$0")/lib.sh"
 log="$work/next_word.log"
@@ -20,4 +23,20 @@ read -r model bigram unigram < <(echo "$line" | sed 's/[^0-9. ]//g' | awk '{prin
 echo "model $model bigram $bigram unigram $unigram"
 awk -v m="$model" -v u="$unigram" 'BEGIN { exit !(m > 1 && m < u) }' ||
   fail "the model's perplexity $model is not below the unigram's $unigram"
+
+ckpt="$work/ckpt"
+"$dtfrun" --ps 2 --workers 1 --grace_ms 20000 -- "$example" --max_verses 1000 --epochs 1 --log_every 100 \
+  --model_dir "$ckpt" >"$work/save.log" 2>&1 || { cat "$work/save.log"; fail "the saving run failed"; }
+final=$(grep -o "final test accuracy [0-9.]*  test_loss [0-9.]*  global_step [0-9]*" "$work/save.log") ||
+  fail "the saving run printed no final evaluation"
+step=${final##* }
+"$(dirname "$dtfrun")/dtf-ckpt" list "$ckpt" >"$work/list.log" 2>&1 || { cat "$work/list.log"; fail "dtf-ckpt list failed"; }
+grep -q "words" "$work/list.log" || fail "dtf-ckpt list does not show the table"
+"$dtfrun" --ps 3 --workers 1 --grace_ms 20000 -- "$example" --max_verses 1000 --epochs 1 --log_every 100 \
+  --model_dir "$ckpt" --last_step "$step" >"$work/restore.log" 2>&1 ||
+  { cat "$work/restore.log"; fail "the restoring run failed"; }
+grep -q "resumed from the checkpoint at global step $step" "$work/restore.log" || fail "no resume at step $step"
+again=$(grep -o "final test accuracy [0-9.]*  test_loss [0-9.]*  global_step [0-9]*" "$work/restore.log")
+[[ "$again" == "$final" ]] || fail "restored into 3 ps: '$again', saved: '$final'"
+echo "restored into 3 ps: $again"
 echo "PASS"

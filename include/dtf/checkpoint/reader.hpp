@@ -2,9 +2,9 @@
 // functions below all go through checkpoint_reader.
 //
 // checkpoint_reader::open(dir, name) reads and checks the manifest (dtf/checkpoint/format.hpp),
-// opens every shard file (regular files only, never through a symlink), checks its size and
-// SHA-256 against the manifest, parses and checks its header, and maps every shard of the
-// manifest to its place in exactly one file. Only then does read() hand out tensor bytes, one
+// opens every shard file and table file (regular files only, never through a symlink), checks
+// its size and SHA-256 against the manifest, parses and checks its header, and maps every shard
+// of the manifest to its place in exactly one file (table shards: dtf/checkpoint/table_file.hpp). Only then does read() hand out tensor bytes, one
 // range at a time, straight from the files: nothing holds the whole checkpoint, so restore and
 // dtf-ckpt stream (memory: the caller's buffers plus a 1 MiB hashing buffer).
 //
@@ -21,6 +21,7 @@
 #include <dtf/checkpoint/format.hpp>
 #include <dtf/checkpoint/input_file.hpp>
 #include <dtf/checkpoint/shard_header.hpp>
+#include <dtf/checkpoint/table_file.hpp>
 #include <dtf/detail/sha256.hpp>
 #include <dtf/variable.hpp>
 
@@ -58,20 +59,30 @@ class checkpoint_reader {
   static checkpoint_reader open_for(const std::filesystem::path& dir, const std::string& name,
                                     std::span<const element_range> ranges);
 
+  /// Opens checkpoint `name` of `dir` for its embedding tables only: the manifest is checked
+  /// whole, the table files verified, no shard file opened (read() refuses every range).
+  static checkpoint_reader open_tables(const std::filesystem::path& dir, const std::string& name);
+
   /// Verifies a checkpoint given as bytes: its manifest and, in the manifest's file order,
-  /// every shard file (the fuzz target drives the reader through this).
+  /// every shard file and every table file (the fuzz target drives the reader through this).
   static checkpoint_reader from_memory(const std::string& manifest_json, std::vector<std::span<const std::byte>> shard_files,
-                                       const std::string& what) {
+                                       const std::string& what, std::vector<std::span<const std::byte>> table_files = {}) {
     auto m = checkpoint_manifest::from_json(detail::ckpt::parse_json(manifest_json, what), what);
-    if (shard_files.size() != m.files.size())
-      detail::ckpt::corrupt(what, "files", std::to_string(shard_files.size()) + " given");
-    std::vector<detail::ckpt::input_file> files;
+    if (shard_files.size() != m.files.size() || table_files.size() != m.table_files.size())
+      detail::ckpt::corrupt(what, "files", std::to_string(shard_files.size()) + " shard and " +
+                                               std::to_string(table_files.size()) + " table files given");
+    std::vector<detail::ckpt::input_file> files, tables;
     for (std::size_t i = 0; i < m.files.size(); ++i)
       files.push_back(detail::ckpt::input_file::memory(shard_files[i], m.files[i].name));
-    return checkpoint_reader(std::move(m), std::move(files));
+    for (std::size_t i = 0; i < m.table_files.size(); ++i)
+      tables.push_back(detail::ckpt::input_file::memory(table_files[i], m.table_files[i].name));
+    return checkpoint_reader(std::move(m), std::move(files), {}, std::move(tables));
   }
 
   const checkpoint_manifest& manifest() const noexcept { return manifest_; }
+  /// The verified table files, in the manifest's order (empty for a reader of open_for, which
+  /// opens no table file). Their rows are read with table_file_reader::read.
+  const std::vector<detail::ckpt::table_file_reader>& table_files() const noexcept { return table_files_; }
   /// Elements of the saved flat layout (bounded by the verified files' bytes).
   std::size_t num_parameters() const noexcept { return extent_; }
 
@@ -142,10 +153,14 @@ class checkpoint_reader {
   };
 
   // wanted[i]: files_[i] is opened (and verified here); empty: every file is.
-  checkpoint_reader(checkpoint_manifest m, std::vector<detail::ckpt::input_file> files, std::vector<bool> wanted = {})
+  // tables: the table files, all of them (then verified here) or none.
+  checkpoint_reader(checkpoint_manifest m, std::vector<detail::ckpt::input_file> files, std::vector<bool> wanted = {},
+                    std::vector<detail::ckpt::input_file> tables = {})
       : manifest_(std::move(m)), files_(std::move(files)), extent_(manifest_.num_parameters()) {
     using namespace detail::ckpt;
     const auto& m_ = manifest_;
+    for (std::size_t i = 0; i < tables.size(); ++i) table_files_.emplace_back(std::move(tables[i]), m_.table_files[i], m_);
+    if (!tables.empty()) check_table_files(m_, table_files_);
     if (wanted.empty()) wanted.assign(files_.size(), true);
     opened_ = wanted;
     std::vector<std::size_t> file_of_ps(m_.num_ps);  // the manifest gives every ps one file
@@ -158,15 +173,7 @@ class checkpoint_reader {
       if (!wanted[i]) continue;
       const auto& f = m_.files[i];
       const auto& in = files_[i];
-      if (in.size() != f.bytes)
-        corrupt(in.what(), "", std::to_string(in.size()) + " bytes, the manifest says " + std::to_string(f.bytes));
-      const auto sum = in.sha256_hex();
-      if (sum != f.sha256) corrupt(in.what(), "", "SHA-256 " + sum + " does not match the manifest's " + f.sha256);
-      char prefix[shard_prefix_bytes];
-      in.read(0, prefix, sizeof prefix);
-      const auto len = parse_shard_prefix(prefix, in.size(), in.what());
-      std::string text(std::size_t(len), '\0');
-      in.read(shard_prefix_bytes, text.data(), text.size());
+      const auto text = verified_header_text(in, f);
       const auto h = parse_shard_header(text, in.size(), f.ps, m_.num_ps, m_.num_slots, in.what());
       std::uint64_t at = h.data_offset;
       for (std::size_t e = 0; e < h.entries.size(); ++e) {
@@ -202,6 +209,7 @@ class checkpoint_reader {
 
   checkpoint_manifest manifest_;
   std::vector<detail::ckpt::input_file> files_;
+  std::vector<detail::ckpt::table_file_reader> table_files_;
   std::vector<bool> opened_;                  // per manifest file
   std::vector<place> places_;                 // per manifest shard
   std::vector<std::size_t> shards_by_offset_;  // manifest shard indices by flat offset
@@ -241,8 +249,10 @@ inline checkpoint_manifest read_manifest(const std::filesystem::path& dir, const
 inline checkpoint_reader checkpoint_reader::open(const std::filesystem::path& dir, const std::string& name) {
   auto m = read_manifest(dir, name);
   std::vector<detail::ckpt::input_file> files;
+  std::vector<detail::ckpt::input_file> tables;
   for (const auto& f : m.files) files.push_back(detail::ckpt::input_file::open(dir / f.name));
-  return checkpoint_reader(std::move(m), std::move(files));
+  for (const auto& f : m.table_files) tables.push_back(detail::ckpt::input_file::open(dir / f.name));
+  return checkpoint_reader(std::move(m), std::move(files), {}, std::move(tables));
 }
 
 inline checkpoint_reader checkpoint_reader::open_for(const std::filesystem::path& dir, const std::string& name,
@@ -257,6 +267,15 @@ inline checkpoint_reader checkpoint_reader::open_for(const std::filesystem::path
   for (std::size_t i = 0; i < m.files.size(); ++i)
     if (wanted[i]) files[i] = detail::ckpt::input_file::open(dir / m.files[i].name);
   return checkpoint_reader(std::move(m), std::move(files), std::move(wanted));
+}
+
+inline checkpoint_reader checkpoint_reader::open_tables(const std::filesystem::path& dir, const std::string& name) {
+  auto m = read_manifest(dir, name);
+  std::vector<detail::ckpt::input_file> tables;
+  for (const auto& f : m.table_files) tables.push_back(detail::ckpt::input_file::open(dir / f.name));
+  std::vector<detail::ckpt::input_file> files(m.files.size());
+  std::vector<bool> wanted(m.files.size(), false);
+  return checkpoint_reader(std::move(m), std::move(files), std::move(wanted), std::move(tables));
 }
 
 /// The full contents of a checkpoint in its saved flat layout (manifest.variables' offsets).
@@ -290,9 +309,19 @@ inline checkpoint_tensors read_checkpoint(const std::filesystem::path& dir, cons
   return t;
 }
 
-/// Verifies a checkpoint (every checksum, size, header and the layout); returns its manifest.
+/// Verifies a checkpoint (every checksum, size, header, the layout and every table row's id);
+/// returns its manifest.
 inline checkpoint_manifest verify_checkpoint(const std::filesystem::path& dir, const std::string& name) {
-  return checkpoint_reader::open(dir, name).manifest();
+  const auto r = checkpoint_reader::open(dir, name);
+  detail::ckpt::check_table_rows(r.table_files());
+  return r.manifest();
+}
+
+/// Embedding table `table` of a checkpoint whole (see checkpoint_table_rows), values (slot < 0)
+/// or slot `slot`. Errors: invalid_argument naming the tables there are; out_of_range for a slot
+/// the table lacks; the table files' errors.
+inline checkpoint_table_rows read_checkpoint_table(const checkpoint_reader& r, const std::string& table, int slot = -1) {
+  return detail::ckpt::read_table(r.manifest(), r.table_files(), table, slot);
 }
 
 /// Copies a checkpoint's values (slot < 0) or a slot into `out`, laid out as `vars` (the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <dtf/checkpoint/format.hpp>
+#include <dtf/checkpoint/input_file.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -31,16 +32,33 @@ struct shard_header {
 
 /// Checks a shard file's first 16 bytes (magic, header length) against its size; returns the
 /// header length.
+/// (A table file starts the same way with its own magic: dtf/checkpoint/table_file.hpp.)
 inline std::uint64_t parse_shard_prefix(const char (&prefix)[shard_prefix_bytes], std::uint64_t file_bytes,
-                                        const std::string& what) {
-  if (file_bytes < shard_prefix_bytes || std::memcmp(prefix, shard_magic, sizeof shard_magic) != 0)
-    corrupt(what, "", "not a dtf shard file (bad magic)");
+                                        const std::string& what, const char (&magic)[8] = shard_magic,
+                                        const char* kind = "shard") {
+  if (file_bytes < shard_prefix_bytes || std::memcmp(prefix, magic, sizeof magic) != 0)
+    corrupt(what, "", std::string("not a dtf ") + kind + " file (bad magic)");
   std::uint64_t len = 0;
   std::memcpy(&len, prefix + 8, sizeof len);
   if (len > file_bytes - shard_prefix_bytes || len > max_header_bytes)
     corrupt(what, "header length", std::to_string(len) + " bytes exceeds the file of " + std::to_string(file_bytes) +
                                        " bytes (or " + std::to_string(max_header_bytes) + ")");
   return len;
+}
+
+/// Checks `in` against the manifest's record of it (size, SHA-256) and its prefix (magic of a
+/// `kind` file); returns its JSON header's text.
+inline std::string verified_header_text(const input_file& in, const checkpoint_file& f,
+                                        const char (&magic)[8] = shard_magic, const char* kind = "shard") {
+  if (in.size() != f.bytes)
+    corrupt(in.what(), "", std::to_string(in.size()) + " bytes, the manifest says " + std::to_string(f.bytes));
+  const auto sum = in.sha256_hex();
+  if (sum != f.sha256) corrupt(in.what(), "", "SHA-256 " + sum + " does not match the manifest's " + f.sha256);
+  char prefix[shard_prefix_bytes];
+  in.read(0, prefix, sizeof prefix);
+  std::string text(std::size_t(parse_shard_prefix(prefix, in.size(), in.what(), magic, kind)), '\0');
+  in.read(shard_prefix_bytes, text.data(), text.size());
+  return text;
 }
 
 /// Parses a shard file's JSON header `text` (of a file of file_bytes bytes, for ps `ps` of a

@@ -190,6 +190,38 @@ inline checkpoint_file write_shard_file(const std::filesystem::path& dir, const 
   return f;
 }
 
+/// Writes one ps's table file of checkpoint `name` (crash-safely; layout in
+/// dtf/checkpoint/table_file.hpp). Returns its file record.
+/// Errors: invalid_argument when `name` is not a plain file name; io_error.
+inline checkpoint_table_file write_table_file(const std::filesystem::path& dir, const std::string& name,
+                                              std::size_t ps, std::size_t num_ps,
+                                              const std::vector<table_snapshot>& tables,
+                                              const checkpoint_fault& fault = {}) {
+  if (!confined_name(manifest_file_name(name)) || ps >= num_ps)
+    throw error(errc::invalid_argument, "write_table_file: '" + name.substr(0, 64) + "' (ps " + std::to_string(ps) +
+                                            " of " + std::to_string(num_ps) + ") names no file inside " + dir.string());
+  nlohmann::json header{{"format", 1}, {"ps", ps}, {"num_ps", num_ps}, {"tables", nlohmann::json::array()}};
+  for (const auto& t : tables) {
+    auto e = table_to_json(t.table);
+    e["shards"] = nlohmann::json::array();
+    for (const auto& s : t.shards) {
+      DTF_ASSERT(s.records.size() == s.rows * t.table.record_bytes(), "a table shard's records are its rows");
+      e["shards"].push_back({{"shard", s.index}, {"iterations", s.iterations}, {"rows", s.rows}});
+    }
+    header["tables"].push_back(std::move(e));
+  }
+  const std::string text = header.dump();
+  std::uint64_t len = text.size();
+  std::vector<piece> pieces{{table_magic, sizeof table_magic}, {&len, sizeof len}, {text.data(), text.size()}};
+  for (const auto& t : tables)
+    for (const auto& s : t.shards) pieces.push_back({s.records.data(), s.records.size()});
+  checkpoint_table_file f{table_file_name(name, ps, num_ps), ps, 0, {}};
+  const auto w = write_atomically(dir / f.name, pieces, fault);
+  f.bytes = w.bytes;
+  f.sha256 = w.sha256;
+  return f;
+}
+
 }  // namespace detail::ckpt
 
 /// Writes DIR/checkpoint crash-safely. Errors: invalid_argument for a name that is not a plain
@@ -310,13 +342,15 @@ inline checkpoint_manifest write_checkpoint(const checkpoint_options& options, c
   return m;
 }
 
-/// Writes a float32 array as a NumPy .npy file (format 1.0, little-endian '<f4', C order),
-/// crash-safely.
-inline void write_npy(const std::filesystem::path& path, const dims& shape, std::span<const float> data) {
-  if (num_elements(shape) != data.size())
-    throw error(errc::shape_mismatch, "write_npy: " + std::to_string(data.size()) + " elements for shape " +
+namespace detail::ckpt {
+
+// A .npy file of `elements` items of NumPy type `descr` (e.g. '<f4') in `bytes`.
+inline void write_npy_bytes(const std::filesystem::path& path, const char* descr, const dims& shape,
+                            std::size_t elements, const void* bytes, std::size_t size) {
+  if (num_elements(shape) != elements)
+    throw error(errc::shape_mismatch, "write_npy: " + std::to_string(elements) + " elements for shape " +
                                           to_string(shape));
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) dict += std::to_string(shape[i]) + (shape.size() == 1 ? "," : i + 1 < shape.size() ? ", " : "");
   dict += "), }";
   // magic(6) + version(2) + header length(2) + dict + padding + '\n' is a multiple of 64.
@@ -330,8 +364,21 @@ inline void write_npy(const std::filesystem::path& path, const dims& shape, std:
   head += char(len & 0xff);
   head += char(len >> 8);
   head += dict;
-  const detail::ckpt::piece pieces[] = {{head.data(), head.size()}, {data.data(), data.size_bytes()}};
-  detail::ckpt::write_atomically(path, pieces);
+  const piece pieces[] = {{head.data(), head.size()}, {bytes, size}};
+  write_atomically(path, pieces);
+}
+
+}  // namespace detail::ckpt
+
+/// Writes a float32 array as a NumPy .npy file (format 1.0, little-endian '<f4', C order),
+/// crash-safely.
+inline void write_npy(const std::filesystem::path& path, const dims& shape, std::span<const float> data) {
+  detail::ckpt::write_npy_bytes(path, "<f4", shape, data.size(), data.data(), data.size_bytes());
+}
+
+/// The same for a uint64 array ('<u8'): an embedding table's ids.
+inline void write_npy(const std::filesystem::path& path, const dims& shape, std::span<const std::uint64_t> data) {
+  detail::ckpt::write_npy_bytes(path, "<u8", shape, data.size(), data.data(), data.size_bytes());
 }
 
 }  // namespace dtf

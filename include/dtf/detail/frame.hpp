@@ -55,6 +55,7 @@ enum class message_kind : std::uint16_t {
   ps_gather = 28,
   ps_sparse_push = 29,
   ps_sparse_stats = 30,
+  ps_sparse_restore = 31,  // rows of a checkpoint's table (ps_sparse_restore_msg)
   // collectives (dtf/collectives.hpp); 40..59 are reserved for them
   collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
   rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
@@ -63,7 +64,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 6) || (k >= 16 && k <= 30) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 6) || (k >= 16 && k <= 31) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

@@ -183,9 +183,15 @@ struct ps_saved_msg {
   std::int64_t global_step = 0;
   std::vector<std::uint32_t> ids;            // shards saved
   std::vector<std::int64_t> iterations;      // per shard: updates its rule had applied
+  // Embedding tables (when the ps holds any): the table file written, and per table its JSON
+  // (dtf/checkpoint/table_format.hpp) with "shards" (the indices held here) and "rows_saved" (here).
+  std::string table_file, table_sha256;
+  std::uint64_t table_bytes = 0;
+  std::vector<std::string> tables;
   template <class A>
   void serialize(A& ar) {
-    ar(file, sha256, rule, bytes, num_slots, global_step, ids, iterations);
+    ar(file, sha256, rule, bytes, num_slots, global_step, ids, iterations, table_file, table_sha256, table_bytes,
+       tables);
   }
 };
 /// Chief -> ps: replace your state with these shards (values, then num_slots slots each, in
@@ -254,6 +260,23 @@ struct ps_sparse_push_msg {
   template <class A>
   void serialize(A& ar) {
     ar(table, count, delta, learning_rate);
+  }
+};
+/// Chief -> ps: restore rows of embedding table `table` from checkpoint `checkpoint`. With begin
+/// (no payload): the shards of the table this ps holds (all of them) start at these push counts,
+/// a hashed shard emptied. Otherwise: `count` rows (payload: count uint64 ids, the rows' values,
+/// then each of the num_slots slots (count * dim floats each), then for a hashed table count
+/// uint64 ages: pushes of its shard since the row was last touched) replace the rows of those ids.
+struct ps_sparse_restore_msg {
+  std::uint32_t table = 0;
+  bool begin = false;
+  std::vector<std::uint32_t> shards;
+  std::vector<std::int64_t> iterations;  // begin: per shard
+  std::uint64_t count = 0, num_slots = 0;
+  std::string checkpoint;
+  template <class A>
+  void serialize(A& ar) {
+    ar(table, begin, shards, iterations, count, num_slots, checkpoint);
   }
 };
 /// ps -> worker: rows held and evicted per table held here.

@@ -140,6 +140,9 @@ struct ps_scaffold_options {
   /// When the latest checkpoint fails verification: restore the newest kept one that verifies
   /// (saying so in the log), or refuse (the session's creation fails).
   checkpoint_fallback fallback = checkpoint_fallback::newest_valid;
+  /// The run's embedding tables (each created by the chief before the session is): restored
+  /// with the dense variables (restore_tables, dtf/ps/table_checkpoint.hpp); nullptr: none.
+  embedding_tables* tables = nullptr;
 };
 
 /// The session scaffold of a ps cluster: the chief restores every ps from the latest
@@ -153,7 +156,8 @@ inline session_scaffold ps_scaffold(ps_client& ps, ps_scaffold_options o) {
   s.restore = [&ps, shared]() -> std::optional<std::int64_t> {
     if (shared->checkpoint_dir.empty()) return std::nullopt;
     std::vector<float> values(num_parameters(shared->variables));
-    auto step = restore_latest(ps, shared->checkpoint_dir, shared->variables, shared->config, values, shared->fallback);
+    auto step = restore_latest(ps, shared->checkpoint_dir, shared->variables, shared->config, values, shared->fallback,
+                               restore_transfer::through_chief, shared->tables);
     if (step && shared->restored) shared->restored(values);
     return step;
   };

@@ -1,11 +1,15 @@
 // dtf/ps/checkpointing.hpp — checkpoints of a ps cluster, as free functions over a ps_client:
 // save (every ps writes its own shard file, the chief the manifest) and restore (through the
-// chief, or each ps reading its own files), resharding to the client's placement.
+// chief, or each ps reading its own files), resharding to the client's placement. Embedding
+// tables are saved with them (each ps its own table file) and restored when the restore is given
+// the restoring run's tables (dtf/ps/table_checkpoint.hpp).
 // The ps tasks write and read only in their own ps_options::checkpoint_dir.
 #pragma once
 
 #include <dtf/checkpoint.hpp>
 #include <dtf/ps/client.hpp>
+#include <dtf/ps/sparse_client.hpp>
+#include <dtf/ps/table_checkpoint.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -32,7 +36,9 @@ inline std::pair<std::vector<const checkpoint_variable*>, std::size_t> plan_rest
   const std::size_t num_slots = optim::detail::slot_count(how.config.rule);
   const std::string rule_name =
       std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, how.config.rule);
-  if (num_slots != 0 && (man.num_slots != num_slots || man.rule != rule_name))
+  // (A model of embedding tables alone has no dense slots to match: the tables' rules are checked
+  // per table.)
+  if (!vars.empty() && num_slots != 0 && (man.num_slots != num_slots || man.rule != rule_name))
     throw error(errc::invalid_config, "checkpoint " + man.name + " holds the slots of rule " + man.rule +
                                           ", the restoring run uses " + rule_name);
   client.check_size(num_parameters(vars), "restore_checkpoint");
@@ -115,8 +121,8 @@ inline std::int64_t restore_by_ps(ps_client& client, const checkpoint_manifest& 
 
 }  // namespace detail
 
-/// Saves a checkpoint (the chief does this): every ps writes its shard file into its own
-/// ps_options::checkpoint_dir, which must be options.directory (the ps never takes a directory
+/// Saves a checkpoint (the chief does this): every ps writes its shard file (and, holding
+/// embedding tables, its table file) into its own ps_options::checkpoint_dir, which must be options.directory (the ps never takes a directory
 /// from the wire), then the manifest and the state file are written here, and
 /// checkpoints beyond options.max_to_keep are deleted. `vars` are the model's variables
 /// (the placement's variable indices refer to them). The checkpoint is named
@@ -145,8 +151,10 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
                               detail::encode_message(detail::ps_save_msg{m.name, ps, client.layout().num_ps})));
   client.call_all(calls);
   std::vector<std::int64_t> iterations(vars.size(), 0);
+  detail::saved_tables tables;
   for (const auto& c : calls) {
     const auto r = detail::decode_message<detail::ps_saved_msg>(c.reply_meta, "saved");
+    tables.add(r, c.peer);
     if (c.peer == 0) m.global_step = r.global_step;
     if (!r.ids.empty()) {
       m.rule = r.rule;
@@ -167,6 +175,7 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
     const auto& sh = client.layout().shards[id];
     m.shards.push_back({std::uint32_t(id), sh.variable, sh.part, sh.ps, sh.row_begin, sh.row_end, sh.offset, sh.size});
   }
+  tables.finish(m);
   commit_checkpoint(options.directory, m, options.max_to_keep);
   return m;
 }
@@ -182,17 +191,26 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
 /// checkpoint, never the whole model. With ps_reads_files the chief reads only the manifest
 /// and each ps opens, verifies and reads its own slices from its own ps_options::checkpoint_dir
 /// (which must hold the same checkpoint; params are then pulled from the ps).
+/// With `tables` (the restoring run's embedding tables, each created first), their rows are
+/// restored too, through the chief either way (restore_tables, dtf/ps/table_checkpoint.hpp).
 /// Errors: errc::corrupt_data / io_error (a file missing or damaged), invalid_argument /
-/// shape_mismatch (a variable missing or reshaped), invalid_config (the checkpoint's slots
-/// belong to another update rule).
+/// shape_mismatch (a variable or table missing or reshaped), invalid_config (the checkpoint's
+/// slots belong to another update rule).
 inline std::int64_t restore_checkpoint(ps_client& client, const std::string& directory, const std::string& name,
-                                     const std::vector<variable_spec>& vars, const ps_config& config,
-                                     std::span<float> params = {},
-                                     restore_transfer transfer = restore_transfer::through_chief) {
-const detail::restore_settings how{vars, config, params};
-if (transfer == restore_transfer::ps_reads_files)
-  return detail::restore_by_ps(client, read_manifest(directory, name), how);
-return detail::restore_from(client, checkpoint_reader::open(directory, name), how);
+                                       const std::vector<variable_spec>& vars, const ps_config& config,
+                                       std::span<float> params = {},
+                                       restore_transfer transfer = restore_transfer::through_chief,
+                                       embedding_tables* tables = nullptr) {
+  const detail::restore_settings how{vars, config, params};
+  if (transfer == restore_transfer::ps_reads_files) {
+    const auto step = detail::restore_by_ps(client, read_manifest(directory, name), how);
+    if (tables) restore_tables(client, *tables, checkpoint_reader::open_tables(directory, name));
+    return step;
+  }
+  const auto reader = checkpoint_reader::open(directory, name);
+  const auto step = detail::restore_from(client, reader, how);
+  if (tables) restore_tables(client, *tables, reader);
+  return step;
 }
 
 /// Restores the latest checkpoint of `directory` (see restore_checkpoint); returns its
@@ -201,18 +219,22 @@ return detail::restore_from(client, checkpoint_reader::open(directory, name), ho
 /// log says so and the newest kept checkpoint that verifies is restored; with refuse, or when
 /// none verifies, the error is thrown (errc::corrupt_data naming the latest's cause). The
 /// chief verifies the candidates either way (reading every file once, holding nothing).
+/// With `tables`, their rows are restored from the same checkpoint (see restore_checkpoint).
 inline std::optional<std::int64_t> restore_latest(ps_client& client, const std::string& directory,
-                                                const std::vector<variable_spec>& vars, const ps_config& config,
-                                                std::span<float> params = {},
-                                                checkpoint_fallback fallback = checkpoint_fallback::newest_valid,
-                                                restore_transfer transfer = restore_transfer::through_chief) {
-auto reader = open_latest_checkpoint(directory, fallback, [&client](const std::string& line) {
+                                                  const std::vector<variable_spec>& vars, const ps_config& config,
+                                                  std::span<float> params = {},
+                                                  checkpoint_fallback fallback = checkpoint_fallback::newest_valid,
+                                                  restore_transfer transfer = restore_transfer::through_chief,
+                                                  embedding_tables* tables = nullptr) {
+  auto reader = open_latest_checkpoint(directory, fallback, [&client](const std::string& line) {
     detail::log_line(client.transport(), "dtf " + client.identity() + ": " + line);
   });
   if (!reader) return std::nullopt;
   const detail::restore_settings how{vars, config, params};
-if (transfer == restore_transfer::ps_reads_files) return detail::restore_by_ps(client, reader->manifest(), how);
-return detail::restore_from(client, *reader, how);
+  const auto step = transfer == restore_transfer::ps_reads_files ? detail::restore_by_ps(client, reader->manifest(), how)
+                                                                 : detail::restore_from(client, *reader, how);
+  if (tables) restore_tables(client, *tables, *reader);
+  return step;
 }
 
 }  // namespace dtf

@@ -135,7 +135,8 @@ class parameter_server {
       case message_kind::ps_embedding_init:
       case message_kind::ps_gather:
       case message_kind::ps_sparse_push:
-      case message_kind::ps_sparse_stats: {
+      case message_kind::ps_sparse_stats:
+      case message_kind::ps_sparse_restore: {
         const bool skipped = sparse_.handle(peer, h.kind, meta, payload, reply);
         if (reply.meta.empty()) status(reply, updates_.load(), 0, false, 0, skipped);
         return;
@@ -262,7 +263,7 @@ class parameter_server {
     std::size_t num_slots = 0;
     {
       std::shared_lock lock(shards_mu_);
-      require_initialized();
+      if (!sparse_.holds_tables()) require_initialized();  // a model of tables alone saves them
       out.global_step = global_step_.load();
       out.rule = store_.rule_name();
       for (auto& [id, s] : store_.shards()) {
@@ -289,6 +290,7 @@ class parameter_server {
     out.sha256 = f.sha256;
     out.bytes = f.bytes;
     out.num_slots = num_slots;
+    sparse_.save(options_.checkpoint_dir, m, options_.save_fault, out);
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
                                              std::to_string(records.size()) + " shards to " + options_.checkpoint_dir +
                                              "/" + f.name + " (" + std::to_string(f.bytes) + " bytes) at global step " +

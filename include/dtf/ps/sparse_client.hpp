@@ -63,16 +63,24 @@ class embedding_tables {
                                             std::to_string(layout.num_ps) + " ps, the client has " +
                                             std::to_string(ps_.layout().num_ps));
     layouts_.push_back(std::move(layout));
+    rules_.emplace_back();
     return std::uint32_t(layouts_.size() - 1);
   }
 
   const embedding_layout& layout(std::uint32_t table) const { return layouts_.at(table); }
   std::size_t size() const noexcept { return layouts_.size(); }
+  /// The update rule this task created the table with (create), or nullptr before that.
+  const optim::rule* rule(std::uint32_t table) const {
+    const auto& r = rules_.at(table);
+    return r ? &*r : nullptr;
+  }
 
   /// The chief: creates the table on every ps with update rule `rule` (each ps initialises its
-  /// rows itself). A ps that already holds it (a restarted chief) keeps its rows.
+  /// rows itself). A ps that already holds it (a restarted chief) keeps its rows. The rule is
+  /// remembered (rule()): restore_tables creates the table again on a ps that lost it.
   void create(std::uint32_t table, const optim::rule& rule) {
     const auto& l = layout(table);
+    rules_.at(table) = rule;
     std::vector<rpc_call> calls;
     for (std::size_t p = 0; p < l.num_ps; ++p) {
       detail::ps_embedding_init_msg m{table,
@@ -194,6 +202,7 @@ class embedding_tables {
 
   ps_client& ps_;
   std::vector<embedding_layout> layouts_;
+  std::vector<std::optional<optim::rule>> rules_;  // per table, once created here
   mutable std::unordered_map<std::uint64_t, std::uint32_t> first_;  // plan()'s scratch
 };
 

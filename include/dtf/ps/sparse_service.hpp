@@ -1,5 +1,7 @@
 // dtf/ps/sparse_service.hpp — the ps's requests on embedding tables: embedding init, gather,
-// sparse push, sparse stats (messages in dtf/detail/messages.hpp; rows in sparse_store.hpp).
+// sparse push, sparse stats, sparse restore (messages in dtf/detail/messages.hpp; rows in
+// sparse_store.hpp), and the tables' part of a checkpoint (save: this ps's table file,
+// dtf/checkpoint/table_file.hpp).
 //
 // Each request is checked before anything is allocated for it: a table's creation against
 // ps_options::max_sparse_bytes, a gather's reply against the transport's payload limit, a
@@ -10,6 +12,7 @@
 // each shard locks its own rows.
 #pragma once
 
+#include <dtf/checkpoint/writer.hpp>
 #include <dtf/detail/messages.hpp>
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/shard_store.hpp>
@@ -42,10 +45,48 @@ class sparse_service {
         return false;
       case message_kind::ps_sparse_push:
         return push(peer, detail::decode_message<detail::ps_sparse_push_msg>(meta, "sparse push"), payload);
+      case message_kind::ps_sparse_restore:
+        restore(peer, detail::decode_message<detail::ps_sparse_restore_msg>(meta, "sparse restore"), payload);
+        return false;
       default:
         stats(reply);
         return false;
     }
+  }
+
+  /// Whether this ps holds any table (then a save writes a table file).
+  bool holds_tables() {
+    std::shared_lock lock(mu_);
+    return !store_.tables().empty();
+  }
+
+  /// Writes the tables this ps holds (if any) into a table file of checkpoint m.name in `dir`
+  /// and records it in `out`: each table copied under its shards' locks, written outside them.
+  void save(const std::string& dir, const detail::ps_save_msg& m, const checkpoint_fault& fault,
+            detail::ps_saved_msg& out) {
+    std::vector<detail::ckpt::table_snapshot> tables;
+    {
+      std::shared_lock lock(mu_);
+      for (const auto& [id, t] : store_.tables()) tables.push_back(store_.snapshot(id));
+    }
+    if (tables.empty()) return;
+    const auto f = detail::ckpt::write_table_file(dir, m.name, std::size_t(m.ps_index), std::size_t(m.num_ps), tables, fault);
+    out.table_file = f.name;
+    out.table_sha256 = f.sha256;
+    out.table_bytes = f.bytes;
+    std::uint64_t rows = 0;
+    for (const auto& t : tables) {
+      auto j = detail::ckpt::table_to_json(t.table);
+      j["shards"] = nlohmann::json::array();
+      std::uint64_t n = 0;
+      for (const auto& s : t.shards) j["shards"].push_back(s.index), n += s.rows;
+      j["rows_saved"] = n;
+      rows += n;
+      out.tables.push_back(j.dump());
+    }
+    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
+                                             std::to_string(tables.size()) + " embedding tables (" + std::to_string(rows) +
+                                             " rows) to " + dir + "/" + f.name + " (" + std::to_string(f.bytes) + " bytes)");
   }
 
  private:
@@ -128,6 +169,37 @@ class sparse_service {
     }
     store_.push(m.table, ids, rows, m.delta, m.learning_rate);
     return false;
+  }
+
+  void restore(const rpc_peer& peer, const detail::ps_sparse_restore_msg& m, std::span<const std::byte> payload) {
+    std::shared_lock lock(mu_);
+    const auto& t = store_.table(m.table);
+    const auto& spec = t.layout.spec;
+    if (m.begin) {
+      if (!payload.empty()) throw error(errc::corrupt_data, "sparse restore of '" + spec.name + "': a payload with begin");
+      store_.reset(m.table, m.shards, m.iterations);
+      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": restoring embedding '" + spec.name +
+                                               "' from checkpoint " + m.checkpoint.substr(0, 256) + ", sent by " +
+                                               peer.identity);
+      return;
+    }
+    if (m.num_slots != t.num_slots)
+      throw error(errc::invalid_argument, "sparse restore of '" + spec.name + "': " + std::to_string(m.num_slots) +
+                                              " slots sent, its rule has " + std::to_string(t.num_slots));
+    // Per row: an id, (1 + slots) * dim floats, a hashed row's age; the count checked first
+    // against the payload (no product of what the peer sent can wrap around).
+    const std::uint64_t row_bytes =
+        8 + std::uint64_t(spec.dim) * sizeof(float) * (1 + t.num_slots) + (spec.hashed() ? 8 : 0);
+    if (m.count > payload.size() / row_bytes || m.count * row_bytes != payload.size())
+      throw error(errc::shape_mismatch, "sparse restore of " + peer.identity + ": " + std::to_string(payload.size()) +
+                                            " payload bytes for " + std::to_string(m.count) + " rows of '" + spec.name + "'");
+    const std::size_t n = std::size_t(m.count), floats = n * spec.dim * (1 + t.num_slots);
+    std::vector<std::uint64_t> id_copy, age_copy;
+    std::vector<float> row_copy;
+    const auto ids = view(payload, 0, n, id_copy);
+    const auto rows = view(payload, n * 8, floats, row_copy);
+    const auto ages = view(payload, n * 8 + floats * sizeof(float), spec.hashed() ? n : 0, age_copy);
+    store_.restore_rows(m.table, ids, rows, ages);
   }
 
   void stats(rpc_reply& reply) {

@@ -9,6 +9,10 @@
 // Ids in one request are distinct (the client deduplicates): a repeated id is an error, as is an
 // id outside the table or held by another ps, each naming the table and the id.
 //
+// snapshot(table)     its shards' rows as a checkpoint's table file records them
+// reset, restore_rows a restore from a checkpoint: push counts set (hashed shards emptied), then
+//                     rows replaced
+//
 // Bounds: a fixed table's shard is allocated at init, checked against
 // ps_options::max_sparse_bytes (no payload backs it, so this is what a peer could ask for); a
 // hashed shard holds at most capacity() rows (values and slots), and refuses new ids when full
@@ -18,6 +22,7 @@
 // tables is guarded by the caller (dtf/ps/sparse_service.hpp: creation exclusive, the rest shared).
 #pragma once
 
+#include <dtf/checkpoint/table_format.hpp>
 #include <dtf/error.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/ps/embedding_layout.hpp>
@@ -29,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -186,6 +192,98 @@ class sparse_store {
       n += s->evicted;
     }
     return n;
+  }
+
+  /// The table as a checkpoint records it (spec, shards, rule), and its shards held here with
+  /// their rows as records (dtf/checkpoint/table_file.hpp), ids rising; each shard copied under
+  /// its lock.
+  detail::ckpt::table_snapshot snapshot(std::uint32_t table_id) {
+    auto& t = table(table_id);
+    const std::string rule = std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, t.rule);
+    detail::ckpt::table_snapshot out{{t.layout.spec, t.layout.shards.size(), rule, t.num_slots, 0}, {}};
+    const std::size_t dim = t.layout.spec.dim, rb = std::size_t(out.table.record_bytes());
+    for (auto& [j, sp] : t.shards) {
+      auto& s = *sp;
+      std::lock_guard g(s.mu);
+      std::vector<std::pair<std::uint64_t, std::uint64_t>> rows;  // (id, row)
+      if (t.layout.spec.hashed()) {
+        rows.assign(s.row_of.begin(), s.row_of.end());
+        std::sort(rows.begin(), rows.end());
+      } else {
+        for (std::uint64_t r = 0; r < s.capacity; ++r) rows.emplace_back(t.layout.id_of(j, r), r);  // ids rise with r
+      }
+      auto& out_shard = out.shards.emplace_back();
+      out_shard.index = j;
+      out_shard.iterations = s.iterations;
+      out_shard.rows = rows.size();
+      out_shard.records.resize(rows.size() * rb);
+      std::byte* at = out_shard.records.data();
+      const float* tensors[] = {s.values.data(), s.slot0.data(), s.slot1.data()};
+      for (const auto& [id, r] : rows) {
+        std::memcpy(at, &id, 8);
+        at += 8;
+        for (std::size_t k = 0; k <= t.num_slots; ++k, at += dim * sizeof(float))
+          std::memcpy(at, tensors[k] + r * dim, dim * sizeof(float));
+        if (t.layout.spec.hashed()) {
+          const std::uint64_t age = std::uint64_t(s.iterations) - s.last_seen[r];
+          std::memcpy(at, &age, 8);
+          at += 8;
+        }
+      }
+    }
+    return out;
+  }
+
+  /// A restore's start: the shards of the table held here (`shards`, exactly those) take these
+  /// push counts; a hashed shard is emptied. Errors: invalid_argument naming the table.
+  void reset(std::uint32_t table_id, std::span<const std::uint32_t> shards, std::span<const std::int64_t> iterations) {
+    auto& t = table(table_id);
+    std::set<std::uint32_t> listed(shards.begin(), shards.end());
+    bool negative = false;
+    for (auto it : iterations) negative = negative || it < 0;
+    if (shards.size() != iterations.size() || listed.size() != shards.size() || listed.size() != t.shards.size() ||
+        negative || !std::equal(listed.begin(), listed.end(), t.shards.begin(), t.shards.end(),
+                                [](std::uint32_t a, const auto& b) { return a == b.first; }))
+      throw error(errc::invalid_argument, "restore of embedding '" + t.layout.spec.name +
+                                              "': the shards or push counts named are not those held here");
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      auto& s = *t.shards.at(shards[i]);
+      std::lock_guard g(s.mu);
+      s.iterations = iterations[i];
+      if (!t.layout.spec.hashed()) continue;
+      s.row_of.clear();
+      s.id_of_row.clear();
+      s.last_seen.clear();
+      s.free_rows.clear();
+      s.values.clear();
+      s.slot0.clear();
+      s.slot1.clear();
+      s.evicted = 0;
+    }
+  }
+
+  /// Replaces the rows of `ids` (distinct, held here; a hashed row created, within the shard's
+  /// capacity) by tensors (values of every row, then each slot's) and, hashed, sets when each was
+  /// last touched from its age.
+  void restore_rows(std::uint32_t table_id, std::span<const std::uint64_t> ids, std::span<const float> tensors,
+                    std::span<const std::uint64_t> ages) {
+    auto& t = table(table_id);
+    const std::size_t dim = t.layout.spec.dim, n = ids.size();
+    if (tensors.size() != n * dim * (1 + t.num_slots) || ages.size() != (t.layout.spec.hashed() ? n : 0))
+      throw error(errc::internal, "restore_rows: rows of the wrong size");
+    for_each_shard(t, ids, [&](sparse_shard& s, std::span<const std::size_t> at) {
+      float* dst[] = {s.values.data(), s.slot0.data(), s.slot1.data()};
+      for (auto i : at) {
+        const std::uint64_t r = row(t, s, ids[i], true);
+        if (t.layout.spec.hashed()) {  // row() may have grown the shard
+          dst[0] = s.values.data(), dst[1] = s.slot0.data(), dst[2] = s.slot1.data();
+          const std::uint64_t clock = std::uint64_t(s.iterations);
+          s.last_seen[r] = clock - std::min(ages[i], clock);
+        }
+        for (std::size_t k = 0; k <= t.num_slots; ++k)
+          std::memcpy(dst[k] + r * dim, tensors.data() + (k * n + i) * dim, dim * sizeof(float));
+      }
+    });
   }
 
   /// The row of `id` in shard s (locked by the caller): fixed, its local row; hashed, found or

@@ -162,10 +162,7 @@ class async_worker {
   /// embedding model's tables first (so that no worker finds the ps ready without them), with
   /// the embedding rule (set_embedding_rule; the strategy's ps rule by default).
   void initialize_ps(std::uint64_t seed) {
-    if constexpr (embedding_model<M>) {
-      auto& tables = gradient_.tables();
-      for (std::uint32_t t = 0; t < tables.size(); ++t) tables.create(t, embedding_rule());
-    }
+    if constexpr (embedding_model<M>) create_tables();
     detail::initialize_centre(model_, params_, state_.ps, seed,
                               {.rule = strategy_.ps_rule(),
                                .mode = strategy_.lock_free() ? apply_mode::lock_free : apply_mode::locked});
@@ -191,6 +188,14 @@ class async_worker {
   /// The rule the ps applies to the tables' row gradients (an embedding model's).
   void set_embedding_rule(optim::rule r) { embedding_rule_ = std::move(r); }
   optim::rule embedding_rule() const { return embedding_rule_ ? *embedding_rule_ : strategy_.ps_rule(); }
+  /// The chief: creates an embedding model's tables on every ps with the embedding rule (a ps
+  /// that holds one already keeps its rows); before a restore (restore_tables fills them).
+  void create_tables()
+    requires embedding_model<M>
+  {
+    auto& tables = gradient_.tables();
+    for (std::uint32_t t = 0; t < tables.size(); ++t) tables.create(t, embedding_rule());
+  }
   /// An embedding model's tables, as this worker's client registered them.
   embedding_tables& tables()
     requires embedding_model<M>

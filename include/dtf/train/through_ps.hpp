@@ -129,17 +129,15 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   }
   auto& w = *worker;
   if constexpr (embedding_model<M>) {
-    // Checkpoints and recovery hold the dense variables only: a restore would lose the tables.
-    if (!o.model_dir.empty())
-      throw error(errc::invalid_config, o.name + ": model_dir: checkpoints of embedding tables are not supported yet");
-    if (o.max_recoveries > 0)
-      throw error(errc::invalid_config, o.name + ": max_recoveries: a lost ps would lose its embedding rows");
     if (o.embedding_rule) w.set_embedding_rule(*o.embedding_rule);
     if (o.evaluate_rows)
       evaluate = [&, reader = strategies::detail::read_rows(w.tables())](std::span<const float> p) {
         return o.evaluate_rows(p, reader);
       };
   }
+  // An embedding model's tables: saved with every checkpoint, restored with the dense variables.
+  embedding_tables* tables = nullptr;
+  if constexpr (embedding_model<M>) tables = &w.tables();
   ps_config config{.rule = w.strategy().ps_rule(), .replicas_to_aggregate = replicas, .num_workers = trainers};
   if constexpr (!sync) config.mode = w.strategy().lock_free() ? apply_mode::lock_free : apply_mode::locked;
   auto init = [&] {
@@ -163,14 +161,16 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
                                     .ready_timeout = std::chrono::milliseconds(o.timeout_ms),
                                     .restored = [&](std::span<const float> v) {
                                       std::copy(v.begin(), v.end(), w.params().begin());
-                                    }})});
+                                    },
+                                    .tables = tables})});
   hooks::stop_on_signal signals(session);
   std::optional<ps_recovery> recovery;
   if (o.max_recoveries > 0) {
     // The chief re-initialises a ps that came back empty: every ps from the latest checkpoint,
     // or from scratch when there is none.
     auto reinitialise = [&] {
-      if (o.model_dir.empty() || !restore_latest(ps, o.model_dir, vars, config)) {
+      if (o.model_dir.empty() || !restore_latest(ps, o.model_dir, vars, config, {}, checkpoint_fallback::newest_valid,
+                                                 restore_transfer::through_chief, tables)) {
         std::fprintf(stderr, "%s: no checkpoint to restore the parameter servers from; initialising afresh\n",
                      me.c_str());
         init();
@@ -197,6 +197,9 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
         {.every_n_steps = o.save_checkpoints_steps, .every_secs = o.save_checkpoints_secs}));
   }
   (session.add_hook(std::move(user_hooks)), ...);
+  // The tables exist before the session restores or initialises (a restore fills them).
+  if constexpr (embedding_model<M>)
+    if (is_chief) recoverable([&] { w.create_tables(); });
   session.create();
 
   train_result result;
