@@ -38,8 +38,23 @@ struct log_sink {
     std::unique_lock g(mu);
     return logged.wait_for(g, limit, [&] { return holds(s); });
   }
+  // Lines containing s so far.
+  std::size_t count(const std::string& s) {
+    std::lock_guard g(mu);
+    return count_of(s);
+  }
+  // Waits (bounded) until n lines containing s are logged; false when the limit passed first.
+  bool wait_for_count(const std::string& s, std::size_t n, std::chrono::milliseconds limit) {
+    std::unique_lock g(mu);
+    return logged.wait_for(g, limit, [&] { return count_of(s) >= n; });
+  }
 
  private:
+  std::size_t count_of(const std::string& s) const {
+    std::size_t n = 0;
+    for (auto& l : lines) n += l.find(s) != std::string::npos;
+    return n;
+  }
   bool holds(const std::string& s) const {
     for (auto& l : lines)
       if (l.find(s) != std::string::npos) return true;

@@ -525,11 +525,7 @@ TEST_CASE("a worker that finished before its ps restarted still counts: the chie
   // The chief's finish: mark done, then wait (bounded) for both training tasks.
   rec.run([&] { chief.mark_done(); });
   CHECK(rec.reinitialisations() == 1);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  std::size_t done = 0;
-  while ((done = rec.run([&] { return chief.workers_done(); })) < 2 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling interval, as job.hpp's finish()
-  CHECK(done == 2);
+  CHECK(rec.run([&] { return chief.wait_workers_done(2, std::chrono::seconds(10)); }) == 2);
   // The restarted ps itself knows both again (another client with no memory of its own sees them).
   ps_client observer(addr, layout, test::opts("worker.1"));
   observer.connect();

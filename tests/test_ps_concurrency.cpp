@@ -8,6 +8,8 @@
 
 #include "ps_helpers.hpp"
 
+#include <chrono>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -62,4 +64,29 @@ TEST_CASE("locked apply of Adam with 4 ps I/O threads equals the same pushes in 
   std::vector<float> v(64);
   CHECK(chief.pull(v) == 200);
   for (std::size_t i = 0; i < 64; ++i) REQUIRE(v[i] == ref[i]);
+}
+
+TEST_CASE("the chief's wait for the workers ends when the last one reports done, or at its limit",
+          "[ps][done][concurrency]") {
+  running_ps ps0(opts("ps.0"), 2);
+  const auto layout = partitioners::fixed_size{2}.place(vars64(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.mark_done();
+  // Nobody else reports: the wait (held by the ps, not polled) ends at its limit with 1.
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(chief.wait_workers_done(2, std::chrono::milliseconds(300)) == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(300));
+  // Two workers report from their threads while the chief waits (or before: either order
+  // ends the wait with all three).
+  std::vector<std::thread> ts;
+  for (int k = 0; k < 2; ++k)
+    ts.emplace_back([&, k] {
+      ps_client w({ps0.address()}, layout, opts("worker." + std::to_string(k)));
+      w.connect();
+      w.mark_done();
+    });
+  CHECK(chief.wait_workers_done(3, std::chrono::seconds(20)) == 3);
+  for (auto& t : ts) t.join();
+  CHECK(chief.done_tasks() == std::set<std::string>{"chief.0", "worker.0", "worker.1"});
 }

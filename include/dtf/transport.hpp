@@ -160,6 +160,9 @@ struct rpc_peer {
   std::vector<std::byte>* scratch = nullptr;  ///< per-connection buffer a handler may fill for its payload
   /// For a handler that sets rpc_reply::deferred: the way to answer this request later.
   std::function<rpc_responder()> defer;
+  /// The same with a deadline: the request is answered once, by the responder's send or, when
+  /// `limit` passes first, by at_deadline()'s reply (built then, on the connection's strand).
+  std::function<rpc_responder(std::chrono::milliseconds limit, std::function<rpc_reply()> at_deadline)> defer_until;
 };
 
 /// The server side. Handler: `void operator()(const rpc_peer&, const detail::frame_header&,

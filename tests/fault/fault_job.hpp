@@ -123,13 +123,9 @@ class job {
   int finish(dtf::ps_client& ps, const std::string& extra) {
     ps.mark_done();
     if (!is_chief()) return 0;
-    const auto deadline = clock::now() + std::chrono::seconds(finish_timeout_s_);
-    while (wait_for_workers && ps.workers_done() < trainers) {
-      if (clock::now() > deadline)
-        throw dtf::error(dtf::errc::timeout,
-                         "workers did not finish within " + std::to_string(finish_timeout_s_) + " s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling interval
-    }
+    if (wait_for_workers && ps.wait_workers_done(trainers, std::chrono::seconds(finish_timeout_s_)) < trainers)
+      throw dtf::error(dtf::errc::timeout,
+                       "workers did not finish within " + std::to_string(finish_timeout_s_) + " s");
     const auto e = evaluate_centre(ps);
     const double wall = std::chrono::duration<double>(clock::now() - started_).count();
     const std::int64_t global_step = ps.global_step();

@@ -213,12 +213,15 @@ struct ps_restore_msg {
   }
 };
 /// ps_done_tasks, both ways: the request names the done tasks the sender knows of (the ps
-/// adds them to its own); the reply names every task this ps knows to be done.
+/// adds them to its own); the reply names every task this ps knows to be done. With wait_for,
+/// the ps answers once it knows of that many, or after wait_ms (then with what it knows).
 struct ps_done_tasks_msg {
   std::vector<std::string> tasks;
+  std::uint64_t wait_for = 0;  // request: 0 answers at once
+  std::uint32_t wait_ms = 0;   // request: the longest the answer may wait
   template <class A>
   void serialize(A& ar) {
-    ar(tasks);
+    ar(tasks, wait_for, wait_ms);
   }
 };
 // ---- sparse variables (dtf/ps/embedding_layout.hpp, dtf/ps/sparse_client.hpp) ---------------

@@ -262,6 +262,26 @@ class ps_client {
     return done_seen_.size();
   }
 
+  /// Waits until n tasks have called mark_done() (as workers_done() counts them), or `limit`
+  /// has passed; returns the count. Blocks on ps 0, which answers when a task reports done
+  /// (no polling); each wait is shorter than half the request deadline.
+  std::size_t wait_workers_done(std::size_t n, std::chrono::milliseconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      const std::size_t have = workers_done();
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (have >= n || left.count() <= 0) return have;
+      detail::ps_done_tasks_msg m;
+      m.tasks.assign(done_seen_.begin(), done_seen_.end());
+      m.wait_for = have + 1;  // answered as soon as ps 0 hears of one more
+      m.wait_ms = std::uint32_t(std::min<std::int64_t>(left.count(), transport().timeout_ms / 2));
+      std::vector<rpc_call> one{make_call(0, detail::message_kind::ps_done_tasks, detail::encode_message(m))};
+      run(one);
+      for (auto& t : detail::decode_message<detail::ps_done_tasks_msg>(one[0].reply_meta, "done tasks").tasks)
+        done_seen_.insert(std::move(t));
+    }
+  }
+
   /// The tasks this client knows to have called mark_done() (see workers_done()).
   const std::set<std::string>& done_tasks() const noexcept { return done_seen_; }
 

@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <new>
@@ -98,6 +99,7 @@ class parameter_server {
     {
       std::lock_guard g(done_mu_);
       finished = done_.count(peer.identity) > 0;
+      waiting_done_.erase(peer.remote);
     }
     if (auto why = sync_.disconnected(peer.identity, finished))
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + *why);
@@ -114,19 +116,8 @@ class parameter_server {
       case message_kind::ps_done:
         add_done({peer.identity});
         return status(reply);
-      case message_kind::ps_done_tasks: {
-        // The tasks a client knows to be done join this ps's set (a restarted ps lost it);
-        // the reply is the whole set, so the client learns the names others reported.
-        auto m = detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks");
-        add_done(m.tasks);
-        detail::ps_done_tasks_msg out;
-        {
-          std::lock_guard g(done_mu_);
-          out.tasks.assign(done_.begin(), done_.end());
-        }
-        reply.meta = detail::encode_message(out);
-        return;
-      }
+      case message_kind::ps_done_tasks:
+        return done_tasks(peer, detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks"), reply);
       case message_kind::ps_pull: return pull(detail::decode_message<detail::ps_pull_msg>(meta, "pull"), peer, reply);
       case message_kind::ps_push:
         return push(peer, detail::decode_message<detail::ps_push_msg>(meta, "push"), payload, reply);
@@ -170,6 +161,34 @@ class parameter_server {
   void status(rpc_reply& reply) const { status(reply, updates_.load()); }
 
   // Only known workers (ps_options::known_workers), or, without that list, at most
+  // The tasks a client knows to be done join this ps's set (a restarted ps lost it); the reply
+  // is the whole set, so the client learns the names others reported. A request with wait_for
+  // is answered when the set holds that many (add_done) or after its wait_ms, whichever is
+  // first; one waiting request per connection (a connection has one request in flight).
+  void done_tasks(const rpc_peer& peer, const detail::ps_done_tasks_msg& m, rpc_reply& reply) {
+    add_done(m.tasks);
+    std::lock_guard g(done_mu_);
+    if (m.wait_for <= done_.size() || !peer.defer_until) {
+      reply.meta = done_reply();
+      return;
+    }
+    const auto limit = std::chrono::milliseconds(std::min<std::uint32_t>(m.wait_ms, options_.transport.timeout_ms));
+    waiting_done_[peer.remote] = done_waiter{m.wait_for, peer.defer_until(limit, [this, remote = peer.remote] {
+                                    std::lock_guard g2(done_mu_);
+                                    waiting_done_.erase(remote);
+                                    rpc_reply r;
+                                    r.meta = done_reply();
+                                    return r;
+                                  })};
+    reply.deferred = true;
+  }
+  // The reply to ps_done_tasks: every task known to be done. Caller holds done_mu_.
+  std::vector<std::byte> done_reply() const {
+    detail::ps_done_tasks_msg out;
+    out.tasks.assign(done_.begin(), done_.end());
+    return detail::encode_message(out);
+  }
+
   // max_done_tasks names of at most 256 characters.
   void add_done(const std::vector<std::string>& names) {
     const auto& known = options_.known_workers;
@@ -184,6 +203,15 @@ class parameter_server {
       added.insert(n);
     }
     done_.merge(added);
+    for (auto it = waiting_done_.begin(); it != waiting_done_.end();)
+      if (it->second.target <= done_.size()) {
+        rpc_reply r;
+        r.meta = done_reply();
+        it->second.answer.send(std::move(r));
+        it = waiting_done_.erase(it);
+      } else {
+        ++it;
+      }
   }
 
   static ps_config config_of(const detail::ps_init_msg& m) {
@@ -440,6 +468,11 @@ class parameter_server {
   std::atomic<std::uint64_t> updates_{0};
   mutable std::mutex done_mu_;
   std::set<std::string> done_;  // identities that reported the end of their training
+  struct done_waiter {
+    std::uint64_t target;  // answer when done_ holds this many
+    rpc_responder answer;
+  };
+  std::map<std::string, done_waiter> waiting_done_;  // per connection (its remote address); done_mu_
   rpc_server<parameter_server> server_;  // last: its handler (this) is complete before it starts
 };
 

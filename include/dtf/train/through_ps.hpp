@@ -314,12 +314,8 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     ps.mark_done();
     result.global_step = w.global_step();
     if (!is_chief) return 0;
-    const auto deadline = train_clock::now() + std::chrono::seconds(o.finish_timeout_s);
-    while (!result.stopped_by_signal && ps.workers_done() < trainers) {
-      if (train_clock::now() > deadline)
-        throw error(errc::timeout, "workers did not finish within " + std::to_string(o.finish_timeout_s) + " s");
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling interval of workers_done
-    }
+    if (!result.stopped_by_signal && ps.wait_workers_done(trainers, std::chrono::seconds(o.finish_timeout_s)) < trainers)
+      throw error(errc::timeout, "workers did not finish within " + std::to_string(o.finish_timeout_s) + " s");
     result.evaluation = evaluate_centre();
     result.global_step = ps.global_step();
     const double wall = std::chrono::duration<double>(train_clock::now() - started).count();

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <functional>
+#include <memory>
 #include <thread>
 
 namespace dtf {
@@ -32,6 +35,28 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
         asio::post(self->strand_, [self, r = std::move(r)]() mutable {
           if (!self->closed_) self->send_reply(std::move(r));
         });
+      });
+    };
+    peer_.defer_until = [this](std::chrono::milliseconds limit, std::function<rpc_reply()> at_deadline) {
+      // One answer: whichever of send() and the deadline reaches the strand first.
+      struct pending {
+        explicit pending(detail::io_strand& strand) : timer(strand) {}
+        detail::steady_timer_on<detail::io_strand> timer;
+        bool answered = false;
+      };
+      auto p = std::make_shared<pending>(strand_);
+      auto answer = [self = this->shared_from_this(), p](rpc_reply r) {
+        if (p->answered) return;
+        p->answered = true;
+        p->timer.cancel();
+        if (!self->closed_) self->send_reply(std::move(r));
+      };
+      p->timer.expires_after(limit);
+      p->timer.async_wait([p, answer, at_deadline = std::move(at_deadline)](std::error_code ec) {
+        if (!ec && !p->answered) answer(at_deadline());
+      });
+      return rpc_responder([self = this->shared_from_this(), answer](rpc_reply r) {
+        asio::post(self->strand_, [answer, r = std::move(r)]() mutable { answer(std::move(r)); });
       });
     };
     ++server_.open_;
