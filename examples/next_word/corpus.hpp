@@ -12,6 +12,7 @@
 
 #include <dtf/data/dataset.hpp>
 #include <dtf/error.hpp>
+#include <dtf/flags.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -186,6 +187,36 @@ inline baselines ngram_baselines(const corpus& c) {
     }
   }
   return {std::exp(-log_uni / double(n)), std::exp(-log_bi / double(n))};
+}
+
+/// The text's flags, and the corpus and datasets they describe.
+struct text_flags {
+  std::string text;
+  int max_verses = 0, vocabulary = 4000, context = 3;
+
+  void add_to(dtf::flag_parser& f) {
+    f.add("text", text, "verses, one per line after its number (default: the output of 'bible -l100000 Gen1:1-Rev22:21')")
+        .add("max_verses", max_verses, "use only the first N verses (0: all)")
+        .add("vocabulary", vocabulary, "words in the vocabulary, </s> and <unk> included")
+        .add("context", context, "previous words the model sees");
+  }
+  corpus load() const {
+    if (context < 1) throw dtf::error(dtf::errc::invalid_config, "--context must be positive");
+    auto verses = read_verses(text);
+    if (max_verses > 0 && std::size_t(max_verses) < verses.size()) verses.resize(std::size_t(max_verses));
+    return corpus(verses, std::size_t(vocabulary));
+  }
+};
+
+/// The chief's first line: the corpus and the baselines' held-out perplexities.
+inline baselines report_baselines(const corpus& c) {
+  const auto b = ngram_baselines(c);
+  std::printf("next_word: %zu training verses (%zu tokens), %zu held out (%zu tokens, %.1f%% <unk>); vocabulary %zu; "
+              "held-out perplexity of the unigram %.1f, of the Kneser-Ney bigram %.1f\n",
+              c.train.size(), c.train_tokens, c.test.size(), c.test_tokens, 100 * c.test_unknown, c.vocabulary.size(),
+              b.unigram, b.bigram);
+  std::fflush(stdout);
+  return b;
 }
 
 }  // namespace examples
