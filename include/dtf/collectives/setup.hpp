@@ -87,16 +87,7 @@ inline detail::ring_link tcp_backend::partner_link(std::size_t k) const {
 
 inline detail::collective_descriptor tcp_backend::descriptor(detail::collective_kind kind, const std::string& name,
                                                               std::uint64_t name_hash, dtype type, std::size_t count) {
-  detail::collective_descriptor d;
-  d.sequence = sequence_++;
-  d.origin = std::uint32_t(rank_);
-  d.world = std::uint32_t(size_);
-  d.kind = kind;
-  d.type = type;
-  d.count = count;
-  d.name = name;
-  d.name_hash = name_hash;
-  return d;
+  return detail::collective_descriptor::make(sequence_++, rank_, size_, kind, name, name_hash, type, count);
 }
 
 // A step that sends our descriptor and receives the left neighbour's, then

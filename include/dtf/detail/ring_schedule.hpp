@@ -76,6 +76,15 @@ inline std::uint64_t fnv1a(std::string_view s, std::uint64_t h = 0xcbf29ce484222
   return h;
 }
 
+/// The elements of `type` in `bytes` bytes of collective `name`. Errors: invalid_argument when
+/// bytes is not a whole number of them.
+inline std::uint64_t elements_of(std::string_view name, dtype type, std::size_t bytes) {
+  if (size_of(type) == 0 || bytes % size_of(type) != 0)
+    throw error(errc::invalid_argument, "collective on '" + std::string(name) + "': " + std::to_string(bytes) +
+                                            " bytes is not a whole number of " + std::string(dtf::name_of(type)));
+  return bytes / size_of(type);
+}
+
 /// What a rank is about to do; every rank of a collective must agree on all of it but origin.
 struct collective_descriptor {
   std::uint64_t sequence = 0;  ///< collectives on this communicator before this one
@@ -89,6 +98,25 @@ struct collective_descriptor {
   std::uint32_t root = 0;   ///< broadcast only
   std::string name;         ///< at most descriptor_name_bytes are sent; the hash covers all of it
   std::uint64_t name_hash = 0;
+
+  /// Collective number `sequence` of rank `origin` in a world of `world` ranks: count
+  /// elements of `type` under `name` (name_hash: fnv1a(name), passed when already known).
+  static collective_descriptor make(std::uint64_t sequence, std::size_t origin, std::size_t world,
+                                    collective_kind kind, std::string_view name, std::uint64_t name_hash, dtype type,
+                                    std::uint64_t count, reduce_op op = reduce_op::sum, std::size_t root = 0) {
+    collective_descriptor d;
+    d.sequence = sequence;
+    d.origin = std::uint32_t(origin);
+    d.world = std::uint32_t(world);
+    d.kind = kind;
+    d.type = type;
+    d.op = op;
+    d.count = count;
+    d.root = std::uint32_t(root);
+    d.name = std::string(name);
+    d.name_hash = name_hash;
+    return d;
+  }
 
   std::string describe() const {
     std::string s = std::string(detail::name_of(kind)) + " of '" + name + "' (" + std::to_string(count) + " " +

@@ -148,20 +148,8 @@ class mpi_backend {
            std::size_t root, F&& body) {
     if (failed_) throw error(errc::peer_failure, "communicator failed earlier: " + *failed_);
     try {
-      if (size_of(type) == 0 || bytes % size_of(type) != 0)
-        throw error(errc::invalid_argument, "collective on '" + std::string(name) + "': " + std::to_string(bytes) +
-                                                " bytes is not a whole number of " + std::string(name_of(type)));
-      detail::collective_descriptor d;
-      d.sequence = sequence_++;
-      d.origin = std::uint32_t(rank_);
-      d.world = std::uint32_t(size_);
-      d.kind = kind;
-      d.type = type;
-      d.op = op;
-      d.root = std::uint32_t(root);
-      d.count = bytes / size_of(type);
-      d.name = std::string(name);
-      d.name_hash = detail::fnv1a(name);
+      const auto d = detail::collective_descriptor::make(sequence_++, rank_, size_, kind, name, detail::fnv1a(name), type,
+                                                         detail::elements_of(name, type, bytes), op, root);
       exchange_descriptors(d);
       body();
     } catch (const error& e) {

@@ -161,20 +161,8 @@ class nccl_backend {
            std::size_t root, F&& body) {
     if (failed_) throw error(errc::peer_failure, "communicator failed earlier: " + *failed_);
     try {
-      if (size_of(type) == 0 || bytes % size_of(type) != 0)
-        throw error(errc::invalid_argument, "collective on '" + std::string(name) + "': " + std::to_string(bytes) +
-                                                " bytes is not a whole number of " + std::string(name_of(type)));
-      detail::collective_descriptor d;
-      d.sequence = sequence_++;
-      d.origin = std::uint32_t(rank());
-      d.world = std::uint32_t(size());
-      d.kind = kind;
-      d.type = type;
-      d.op = op;
-      d.root = std::uint32_t(root);
-      d.count = bytes / size_of(type);
-      d.name = std::string(name);
-      d.name_hash = detail::fnv1a(name);
+      const auto d = detail::collective_descriptor::make(sequence_++, rank(), size(), kind, name, detail::fnv1a(name), type,
+                                                         detail::elements_of(name, type, bytes), op, root);
       const auto mine = detail::encode_descriptor(d, 0);
       headers_.resize(mine.size() * size());
       ring_.allgather_bytes("<nccl descriptors>", dtype::uint8, mine, headers_);
