@@ -25,12 +25,7 @@ inline void tcp_backend::hypercube_allreduce(detail::collective_descriptor& d, s
       const auto link = partner_link(k);
       steps.clear();
       steps.push_back(header_step(d, data.size(), rank_ ^ (std::size_t(1) << k), link.left_name));
-      detail::ring_step st;
-      st.send = data.data();
-      st.send_bytes = data.size();
-      st.recv = staging_.data();
-      st.recv_bytes = data.size();
-      steps.push_back(std::move(st));
+      steps.push_back(detail::ring_step::exchange(data, staging_.data()));
       detail::run_ring(link, steps, reduce, scale, context);
       if (!data.empty()) reduce(data.data(), staging_.data(), data.size());
     }

@@ -17,12 +17,7 @@ inline void tcp_backend::two_rank_allreduce(detail::collective_descriptor& d, st
   d.algorithm = detail::ring_algorithm::small;
   staging_.resize(data.size());
   steps.push_back(header_step(d, data.size()));
-  detail::ring_step st;
-  st.send = data.data();
-  st.send_bytes = data.size();
-  st.recv = staging_.data();
-  st.recv_bytes = data.size();
-  steps.push_back(std::move(st));
+  steps.push_back(detail::ring_step::exchange(data, staging_.data()));
   detail::run_ring(link_, steps, reduce, scale, context);
   if (!data.empty()) {
     reduce(data.data(), staging_.data(), data.size());

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -237,6 +238,16 @@ struct ring_step {
   std::size_t divide_by = 0;         ///< with reduce_into: divide each reduced range by this (average)
   bool windowed = false;  ///< with reduce_into: recv is a window of 2 segments reused in turn
   std::function<void()> on_received;  ///< runs once all recv_bytes are in (and reduced)
+
+  /// Sends `data` whole and receives as many bytes into `into` (a pairwise exchange).
+  static ring_step exchange(std::span<const std::byte> data, std::byte* into) {
+    ring_step st;
+    st.send = data.data();
+    st.send_bytes = data.size();
+    st.recv = into;
+    st.recv_bytes = data.size();
+    return st;
+  }
 };
 
 /// dst[i] = op(dst[i], src[i]) over `bytes` bytes of elements.
