@@ -83,8 +83,13 @@ class embedding_sequential {
                            const tensor& y, std::span<float> g) {
     lookup(rows, x.dim(0));
     const float loss = dense_.loss_and_gradients(p, input_, y, g, &input_grad_);
-    input_grad_.copy_to_host<float>(std::span<float>(host_));
-    bag_.backward(host_, rows[0].index, offsets_, rows[0].grads);
+    if constexpr (device_memory_is_host_accessible) {
+      bag_.backward(std::as_const(input_grad_).span<float>(), rows[0].index, offsets_, rows[0].grads);
+    } else {
+      host_.resize(input_grad_.size());
+      input_grad_.copy_to_host<float>(std::span<float>(host_));
+      bag_.backward(host_, rows[0].index, offsets_, rows[0].grads);
+    }
     return loss;
   }
 
@@ -102,24 +107,26 @@ class embedding_sequential {
     if (rows.size() != 1 || rows[0].dim != in_.table.dim)
       throw error(errc::shape_mismatch, "nn::embedding_sequential: " + std::to_string(rows.size()) +
                                             " tables of rows, the model has 1 of dim " + std::to_string(in_.table.dim));
-    const std::size_t ids = n * in_.ids_per_example;
-    offsets_ = in_.combine == embedding_combine::concat ? embedding_bag::singletons(ids) : bag_offsets(n);
-    host_.resize(n * width());
-    bag_.forward(rows[0].values, rows[0].index, offsets_, host_);
+    // Bags: one id each (concat) or ids_per_example each; rebuilt in place, no allocation per step.
+    const std::size_t per_bag = in_.combine == embedding_combine::concat ? 1 : in_.ids_per_example;
+    const std::size_t bags = n * in_.ids_per_example / per_bag;
+    offsets_.resize(bags + 1);
+    for (std::size_t i = 0; i <= bags; ++i) offsets_[i] = i * per_bag;
     input_.resize({n, width()}, dtype::float32);
-    input_.copy_from_host<float>(std::span<const float>(host_));
-  }
-  std::vector<std::size_t> bag_offsets(std::size_t n) const {
-    std::vector<std::size_t> o(n + 1);
-    for (std::size_t i = 0; i <= n; ++i) o[i] = i * in_.ids_per_example;
-    return o;
+    if constexpr (device_memory_is_host_accessible) {  // straight into the dense layers' input
+      bag_.forward(rows[0].values, rows[0].index, offsets_, input_.span<float>());
+    } else {
+      host_.resize(n * width());
+      bag_.forward(rows[0].values, rows[0].index, offsets_, host_);
+      input_.copy_from_host<float>(std::span<const float>(host_));
+    }
   }
 
   embedding_input in_;
   sequential dense_;
   embedding_bag bag_;
   std::vector<std::size_t> offsets_;
-  std::vector<float> host_;  // the lookup's output, then d loss / d output (host)
+  std::vector<float> host_;  // CUDA builds: the lookup's output, then d loss / d output, on the host
   tensor input_, input_grad_;
 };
 

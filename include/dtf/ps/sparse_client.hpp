@@ -104,38 +104,43 @@ class embedding_tables {
   /// The distinct ids of `ids` grouped by ps. Errors: out_of_range naming the table and an id
   /// outside a fixed table.
   lookup plan(std::uint32_t table, std::span<const std::uint64_t> ids) const {
-    const auto& l = layout(table);
     lookup out;
+    plan(table, ids, out);
+    return out;
+  }
+  /// The same into `out`, reusing its buffers (a worker's plan per step allocates nothing once
+  /// its buffers have grown).
+  void plan(std::uint32_t table, std::span<const std::uint64_t> ids, lookup& out) const {
+    const auto& l = layout(table);
     out.table = table;
     out.dim = l.spec.dim;
-    auto& first = first_;  // id -> position in `seen` (kept between calls: no rehash per step)
-    first.clear();
-    first.reserve(ids.size());
-    std::vector<std::uint64_t> seen;
-    std::vector<std::uint32_t> ps_of;
+    // Scratch kept between calls: id -> position in seen_, and each distinct id's ps.
+    first_.clear();
+    first_.reserve(ids.size());
+    seen_.clear();
+    ps_of_.clear();
     out.index.resize(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
-      auto [it, fresh] = first.try_emplace(ids[i], std::uint32_t(seen.size()));
+      auto [it, fresh] = first_.try_emplace(ids[i], std::uint32_t(seen_.size()));
       if (fresh) {
-        seen.push_back(ids[i]);
-        ps_of.push_back(std::uint32_t(l.shards[l.place(ids[i]).shard].ps));
+        seen_.push_back(ids[i]);
+        ps_of_.push_back(std::uint32_t(l.shards[l.place(ids[i]).shard].ps));
       }
       out.index[i] = it->second;
     }
-    // Counting sort by ps (stable: first-seen order within a ps).
+    // Counting sort by ps (stable: first-seen order within a ps); moved_[u]: seen_[u]'s place.
     out.ps_begin.assign(l.num_ps + 1, 0);
-    for (auto p : ps_of) ++out.ps_begin[p + 1];
+    for (auto p : ps_of_) ++out.ps_begin[p + 1];
     for (std::size_t p = 0; p < l.num_ps; ++p) out.ps_begin[p + 1] += out.ps_begin[p];
-    std::vector<std::size_t> next(out.ps_begin.begin(), out.ps_begin.end() - 1);
-    std::vector<std::uint32_t> moved(seen.size());
-    out.unique.resize(seen.size());
-    for (std::size_t u = 0; u < seen.size(); ++u) {
-      const std::size_t to = next[ps_of[u]]++;
-      out.unique[to] = seen[u];
-      moved[u] = std::uint32_t(to);
+    next_.assign(out.ps_begin.begin(), out.ps_begin.end() - 1);
+    moved_.resize(seen_.size());
+    out.unique.resize(seen_.size());
+    for (std::size_t u = 0; u < seen_.size(); ++u) {
+      const std::size_t to = next_[ps_of_[u]]++;
+      out.unique[to] = seen_[u];
+      moved_[u] = std::uint32_t(to);
     }
-    for (auto& x : out.index) x = moved[x];
-    return out;
+    for (auto& x : out.index) x = moved_[x];
   }
 
   /// Reads the rows of l.unique into rows (l.rows() * dim floats, row r for l.unique[r]).
@@ -203,7 +208,11 @@ class embedding_tables {
   ps_client& ps_;
   std::vector<embedding_layout> layouts_;
   std::vector<std::optional<optim::rule>> rules_;  // per table, once created here
-  mutable std::unordered_map<std::uint64_t, std::uint32_t> first_;  // plan()'s scratch
+  // plan()'s scratch
+  mutable std::unordered_map<std::uint64_t, std::uint32_t> first_;
+  mutable std::vector<std::uint64_t> seen_;
+  mutable std::vector<std::uint32_t> ps_of_, moved_;
+  mutable std::vector<std::size_t> next_;
 };
 
 }  // namespace dtf

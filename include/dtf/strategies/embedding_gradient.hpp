@@ -55,7 +55,7 @@ class embedding_gradient {
     assign_from_host(y_, b.labels);
     for (std::size_t t = 0; t < tables_.size(); ++t) {
       model_.embedding_ids(b, t, ids_[t]);
-      lookups_[t] = tables_.plan(std::uint32_t(t), ids_[t]);
+      tables_.plan(std::uint32_t(t), ids_[t], lookups_[t]);
       const std::size_t floats = lookups_[t].rows() * lookups_[t].dim;
       values_[t].resize(floats);
       grads_[t].resize(floats);
