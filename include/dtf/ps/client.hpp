@@ -269,8 +269,9 @@ class ps_client {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     for (;;) {
       const std::size_t have = workers_done();
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      if (have >= n || left.count() <= 0) return have;
+      const auto now = std::chrono::steady_clock::now();
+      if (have >= n || now >= deadline) return have;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
       detail::ps_done_tasks_msg m;
       m.tasks.assign(done_seen_.begin(), done_seen_.end());
       m.wait_for = have + 1;  // answered as soon as ps 0 hears of one more
