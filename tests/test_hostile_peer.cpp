@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtf/collectives.hpp>
+#include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
 #include <dtf/transport/address.hpp>
 
@@ -16,6 +17,7 @@
 
 #include <chrono>
 #include <exception>
+#include <new>
 #include <thread>
 
 using namespace dtf;
@@ -320,6 +322,113 @@ TEST_CASE("a worker does not allocate the payload a malicious ps announces", "[t
     CHECK(ec == make_error_code(errc::peer_failure));
     fake.join();
   }
+}
+
+namespace {
+
+// The reason a failure reply carries.
+std::string reason_of(const std::pair<detail::frame_header, std::vector<std::byte>>& reply) {
+  return detail::decode_message<detail::refused_msg>(reply.second, "reply").reason;
+}
+
+}  // namespace
+
+TEST_CASE("a ps refuses a payload its request cannot carry before reading or allocating it", "[ps][hostile]") {
+  log_sink log;
+  running_ps ps0(opts("ps.0", "", &log));
+  const std::vector<variable_spec> vars{{"w", {10, 3}, 0}, {"b", {10}, 30}};
+  const auto layout = partitioners::fixed_size{1}.place(vars, 1);
+  std::vector<std::uint32_t> ids;
+  for (const auto id : layout.shards_on(0)) ids.push_back(id);
+  const std::uint64_t huge = std::uint64_t(3) << 30;
+  // The refusal comes at once, before any payload byte is sent: nothing waited for, nothing
+  // allocated for the 3 GiB (the connection then drops them unread, here until we hang up).
+  auto refused = [&](detail::message_kind kind, const std::vector<std::byte>& meta, std::uint64_t payload) {
+    raw_peer p(ps0.ps->port());
+    REQUIRE(p.hello("worker.1") == detail::message_kind::welcome);
+    const auto t0 = std::chrono::steady_clock::now();
+    p.send_frame(kind, meta, payload);
+    const auto reply = p.read_frame();
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    CHECK(reply.first.status == std::uint32_t(errc::invalid_argument));
+    return reason_of(reply);
+  };
+  // Before init a push may carry nothing.
+  CHECK_THAT(refused(detail::message_kind::ps_push, detail::encode_message(detail::ps_push_msg{ids}), huge),
+             Catch::Contains("announcing 3221225472 payload bytes, where at most 0 are expected"));
+  // An init whose payload disagrees with the sizes it names.
+  detail::ps_init_msg init;
+  init.ids = ids;
+  for (const auto id : ids) init.sizes.push_back(layout.shards[id].size);
+  CHECK_THAT(refused(detail::message_kind::ps_init, detail::encode_message(init), huge),
+             Catch::Contains("init: 3221225472 payload bytes for 40 floats"));
+  CHECK_FALSE(ps0.ps->initialized());
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  std::vector<float> values(40);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i);
+  chief.initialize(values, {optim::sgd{}});
+  // After init a push carries at most the model (160 bytes here); a sparse request names a
+  // table, and this ps holds none.
+  CHECK_THAT(refused(detail::message_kind::ps_gather, detail::encode_message(detail::ps_gather_msg{}), huge),
+             Catch::Contains("embedding table 0 is not held here"));
+  {
+    // One byte too many: refused at once, its bytes dropped, and the connection goes on.
+    raw_peer p(ps0.ps->port());
+    REQUIRE(p.hello("worker.1") == detail::message_kind::welcome);
+    p.send_frame(detail::message_kind::ps_sync_push, detail::encode_message(detail::ps_sync_push_msg{}), 161);
+    const auto reply = p.read_frame();
+    CHECK_THAT(reason_of(reply), Catch::Contains("announcing 161 payload bytes, where at most 160 are expected"));
+    const std::vector<std::byte> junk(161, std::byte{0x7f});
+    asio::write(p.s, asio::buffer(junk));
+    p.send_frame(detail::message_kind::ps_step, {});
+    const auto step = p.read_frame();
+    CHECK(step.first.status == 0);
+    CHECK(detail::decode_message<detail::ps_status_msg>(step.second, "status").initialized);
+  }
+  CHECK(log.wait_for("refused a request of 'worker.1' unread", std::chrono::seconds(2)));
+  // The ps kept its data and serves: a whole-model push of ones at rate 1 is applied.
+  std::vector<float> v(40), ones(40, 1.0f);
+  chief.push_gradients(ones, 1.0f);
+  chief.pull(v);
+  for (std::size_t i = 0; i < v.size(); ++i) CHECK(v[i] == float(i) - 1.0f);
+}
+
+namespace {
+
+// A handler whose every request runs out of memory.
+struct out_of_memory_handler {
+  void operator()(const rpc_peer&, const detail::frame_header&, std::span<const std::byte>, std::span<std::byte>,
+                  rpc_reply&) {
+    throw std::bad_alloc();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bad_alloc in a handler is an error reply, and the server goes on serving", "[transport][hostile]") {
+  out_of_memory_handler handler;
+  rpc_server<out_of_memory_handler> server(handler, opts("ps.0"), "127.0.0.1:0");
+  std::thread serving([&] { server.run(); });
+  rpc_client c(opts("worker.0"));
+  c.add_peer("ps.0", "127.0.0.1:" + std::to_string(server.port()));
+  c.connect_all();
+  for (int i = 0; i < 2; ++i) {
+    rpc_call call;
+    call.kind = detail::message_kind::ps_step;
+    std::error_code ec;
+    try {
+      c.call(call);
+      FAIL("the request succeeded");
+    } catch (const error& e) {
+      INFO(e.what());
+      CHECK(e.code() == make_error_code(errc::invalid_argument));
+      CHECK(std::string(e.what()).find("out of memory while handling a request of kind 20") != std::string::npos);
+    }
+  }
+  CHECK(server.connections() == 1);  // the same connection answered both
+  server.stop();
+  serving.join();
 }
 
 TEST_CASE("one address parser: host:port, [v6]:port, bind addresses", "[transport][address]") {

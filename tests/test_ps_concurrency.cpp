@@ -90,3 +90,61 @@ TEST_CASE("the chief's wait for the workers ends when the last one reports done,
   for (auto& t : ts) t.join();
   CHECK(chief.done_tasks() == std::set<std::string>{"chief.0", "worker.0", "worker.1"});
 }
+
+TEST_CASE("a leased shard keeps its values while an update writes into a copy, then updates go in place again",
+          "[ps][concurrency]") {
+  ps_detail::shard_values values;
+  values.resize(4);
+  for (std::size_t i = 0; i < 4; ++i) values.unshared()[i] = float(i + 1);
+  const float* first = values.view().data();
+  auto [leased, hold] = values.lease();
+  CHECK(leased.data() == first);
+  auto w = values.writable();  // a lease is out: the update gets a copy
+  CHECK(w.data() != first);
+  for (auto& x : w) x += 10.0f;
+  CHECK(std::vector<float>(leased.begin(), leased.end()) == std::vector<float>{1, 2, 3, 4});
+  CHECK(std::vector<float>(values.view().begin(), values.view().end()) == std::vector<float>{11, 12, 13, 14});
+  hold.reset();
+  const float* second = values.view().data();
+  CHECK(values.writable().data() == second);  // no lease: in place
+  auto [again, hold2] = values.lease();
+  CHECK(again.data() == second);
+}
+
+TEST_CASE("locked pulls sent from leased shards never see an update part-way, with 4 ps I/O threads",
+          "[ps][concurrency]") {
+  // Every push adds 1 to every element of the one 64 Ki-float shard: a pull is consistent exactly
+  // when all its elements are equal, and its value never goes down for one puller.
+  running_ps ps0(opts("ps.0"), 4);
+  const std::vector<variable_spec> vars{{"v", {65536}, 0}};
+  const auto layout = partitioners::round_robin{}.place(vars, 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(std::vector<float>(65536, 0.0f), {optim::sgd{1.0f}});
+  constexpr int pushes = 60;
+  std::vector<std::thread> ts;
+  std::vector<std::string> failures(4);
+  for (std::size_t k = 0; k < 4; ++k)
+    ts.emplace_back([&, k] {
+      ps_client c({ps0.address()}, layout, opts("worker." + std::to_string(k)));
+      c.connect();
+      std::vector<float> v(65536), d(65536, 1.0f);
+      float last = 0.0f;
+      for (int i = 0; i < pushes; ++i) {
+        if (k % 2 == 0) {
+          c.push_deltas(d, false);
+          continue;
+        }
+        c.pull(v);
+        for (float x : v)
+          if (x != v[0]) failures[k] = "a pull saw " + std::to_string(v[0]) + " and " + std::to_string(x);
+        if (v[0] < last) failures[k] = "values went back from " + std::to_string(last) + " to " + std::to_string(v[0]);
+        last = v[0];
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (const auto& f : failures) CHECK(f.empty());
+  std::vector<float> v(65536);
+  chief.pull(v);
+  for (float x : v) REQUIRE(x == float(2 * pushes));
+}

@@ -127,6 +127,7 @@ struct rpc_reply {
   std::uint32_t status = 0;                  ///< 0, or an errc value (then meta is a refused_msg)
   std::vector<std::byte> meta;
   std::vector<asio::const_buffer> payload;   ///< must stay valid until the reply is written
+  std::vector<std::shared_ptr<const void>> holds;  ///< kept until the reply is written (e.g. leases of the payload)
   bool stop_server = false;                  ///< stop the server once the reply is written
   bool deferred = false;                     ///< the handler answers later through an rpc_responder
 
@@ -169,7 +170,13 @@ struct rpc_peer {
 /// std::span<const std::byte> meta, std::span<std::byte> payload, rpc_reply&)`; it may throw
 /// dtf::error, which becomes a failure reply with the message (the connection stays up).
 /// Optionally `void disconnected(const rpc_peer&)`, called when an authenticated peer's
-/// connection ends. Heartbeats are answered by the server itself.
+/// connection ends, and `std::uint64_t payload_limit(const rpc_peer&, const detail::frame_header&,
+/// std::span<const std::byte> meta)`: before a request's payload needs a larger buffer than
+/// its connection has, the server reads the meta and asks this for the most payload bytes that
+/// request may carry; a larger announcement (or a throw) is answered at once with a failure
+/// naming both sizes (or the reason thrown), and the payload's bytes are read and dropped
+/// without allocating for them; the connection goes on. Without it, payloads are bounded
+/// by transport_options::limits only. Heartbeats are answered by the server itself.
 template <class Handler>
 class rpc_server {
  public:

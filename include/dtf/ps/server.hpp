@@ -15,10 +15,11 @@
 //   step, done, done tasks, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp
 //
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
-//   make it allocate beyond the model: init/restore payloads are checked against the sizes
-//   they announce, pulls and pushes name distinct shards held here, pushes carry exactly their
-//   shards' bytes; bad_alloc in a handler is an error reply (the transport, not the ps, reads a
-//   request's payload before the handler sees it: transport_options::limits bounds that);
+//   make it allocate beyond the model: a request's announced payload is checked before the
+//   transport allocates for it (payload_limit: init and restore exactly what their meta names,
+//   a push at most this ps's shards, a sparse request at most the rows held of its table;
+//   larger is refused and its bytes dropped unread), pulls and pushes name distinct shards
+//   held here, pushes carry exactly their shards' bytes; bad_alloc in a handler is an error reply;
 //   apply NaN or infinity (ps_options::nonfinite, default reject, naming the worker); advance the
 //   global step with an empty push on a ps that holds shards; count in another worker's name in
 //   a synchronous step (contributions are the connection's); corrupt a step with a malformed
@@ -90,6 +91,35 @@ class parameter_server {
       dispatch(peer, h, meta, payload, reply);
     } catch (const std::bad_alloc&) {
       throw error(errc::invalid_argument, "request of " + peer.identity + " needs more memory than this ps has");
+    }
+  }
+
+  /// Transport callback, before a request's payload is allocated: the most bytes it may carry.
+  /// Init and a restore by payload carry exactly what their meta announces (checked against it
+  /// here); a push at most this ps's model; sparse requests at most the rows held of their
+  /// table; everything else nothing. A larger announcement is refused unread.
+  std::uint64_t payload_limit(const rpc_peer&, const detail::frame_header& h, std::span<const std::byte> meta) {
+    using detail::message_kind;
+    switch (h.kind) {
+      case message_kind::ps_init: {
+        const auto m = detail::decode_message<detail::ps_init_msg>(meta, "init");
+        ps_detail::shard_store::check_model(m.ids, m.sizes, h.payload_size, 1, "init");
+        return h.payload_size;
+      }
+      case message_kind::ps_restore: {
+        const auto m = detail::decode_message<detail::ps_restore_msg>(meta, "restore");
+        if (m.from_files) return 0;
+        if (m.num_slots > 2) throw error(errc::corrupt_data, "restore: " + std::to_string(m.num_slots) + " slots (at most 2)");
+        ps_detail::shard_store::check_model(m.init.ids, m.init.sizes, h.payload_size, 1 + std::uint64_t(m.num_slots),
+                                            "restore");
+        return h.payload_size;
+      }
+      case message_kind::ps_push:
+      case message_kind::ps_sync_push: return model_bytes_.load();
+      case message_kind::ps_gather:
+      case message_kind::ps_sparse_push:
+      case message_kind::ps_sparse_restore: return sparse_.payload_limit(h.kind, meta);
+      default: return 0;
     }
   }
 
@@ -243,6 +273,7 @@ class parameter_server {
       return status(reply);
     }
     store_.init(m.ids, m.sizes, cfg.rule, cfg.mode, payload);
+    model_bytes_ = payload.size();
     sync_.configure(cfg.replicas_to_aggregate, store_, 0, "initialised");
     synchronous_ = cfg.replicas_to_aggregate > 0;
     initialized_ = true;
@@ -299,7 +330,8 @@ class parameter_server {
         num_slots = optim::detail::slot_count(s->opt->update_rule());
         const auto it = ps_detail::shard_store::iterations(*s);
         records.push_back({id, s->values.size(), it, {}});
-        copies.emplace_back(s->values.begin(), s->values.end());
+        const auto v = s->values.view();
+        copies.emplace_back(v.begin(), v.end());
         for (std::size_t k = 0; k < num_slots; ++k) {
           auto slot = s->opt->slot(k);
           copies.emplace_back(slot.begin(), slot.end());
@@ -345,7 +377,10 @@ class parameter_server {
       fresh = ps_detail::shard_store::from_payload(init.ids, init.sizes, m.iterations, cfg.rule, m.num_slots, payload);
     }
     std::unique_lock lock(shards_mu_);
+    std::uint64_t floats = 0;
+    for (const auto& [id, sh] : fresh) floats += sh->values.size();
     store_.install(std::move(fresh), cfg.rule, cfg.mode);
+    model_bytes_ = floats * sizeof(float);
     // Contributors waiting on a step that the restore replaced learn it (they retry).
     sync_.configure(cfg.replicas_to_aggregate, store_, m.global_step,
                     options_.transport.identity + " was restored from checkpoint " + m.checkpoint +
@@ -387,7 +422,7 @@ class parameter_server {
     for (std::size_t i = 0; i < init.ids.size(); ++i) {
       if (fresh.count(init.ids[i])) throw error(errc::corrupt_data, "restore: a shard id appears twice");
       auto s = ps_detail::shard_store::make(rule, init.sizes[i]);
-      ck.read(0, m.from[i], s->values);
+      ck.read(0, m.from[i], s->values.unshared());
       for (std::size_t k = 0; k < m.num_slots; ++k) ck.read(k + 1, m.from[i], s->opt->slot(k));
       s->opt->set_iterations(m.iterations[i]);
       fresh[init.ids[i]] = std::move(s);
@@ -407,12 +442,19 @@ class parameter_server {
     // is in the values (updates that land during the read make the staleness over-, not under-,
     // counted).
     const std::uint64_t seen = updates_.load();
-    // A copy into the connection's buffer: locked, a consistent snapshot of each shard;
-    // lock-free, read with atomic loads while updates go on (sending straight from the shards'
-    // memory would be a data race with the concurrent fetch_adds).
-    peer.scratch->resize(bytes);
-    store_.copy_out(m.ids, peer.scratch->data());
-    reply.payload.push_back(asio::buffer(*peer.scratch));
+    if (store_.mode() == apply_mode::locked) {
+      // Written straight from the shards: each leased as it is now (copy on write keeps the
+      // leased values unchanged while the socket reads them).
+      std::vector<std::span<const float>> values;
+      store_.lease(m.ids, values, reply.holds);
+      for (const auto v : values) reply.payload.push_back(asio::buffer(v.data(), v.size_bytes()));
+    } else {
+      // Lock-free: copied with atomic loads while updates go on (sending straight from the
+      // shards' memory would race with the concurrent fetch_adds).
+      peer.scratch->resize(bytes);
+      store_.copy_out(m.ids, peer.scratch->data());
+      reply.payload.push_back(asio::buffer(*peer.scratch));
+    }
     status(reply, seen);
   }
 
@@ -466,6 +508,7 @@ class parameter_server {
   std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
   std::atomic<std::int64_t> global_step_{0};
   std::atomic<std::uint64_t> updates_{0};
+  std::atomic<std::uint64_t> model_bytes_{0};  // the dense shards held here, in bytes (init/restore)
   mutable std::mutex done_mu_;
   std::set<std::string> done_;  // identities that reported the end of their training
   struct done_waiter {

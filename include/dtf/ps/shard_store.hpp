@@ -4,8 +4,9 @@
 // rule's optimiser state. apply(shard, update) is the only code that changes a shard's values:
 // gradients go through the rule (dtf::optim), deltas are added (scaled for DynSGD).
 //
-// Modes: locked (the shard's mutex is held for the whole update, and copy_out() takes it, so a
-// pull never sees an update half-applied) and lock-free (Hogwild; a pull copies with relaxed
+// Modes: locked (the shard's mutex is held for the whole update, and a pull leases the values
+// under it, so a pull never sees an update half-applied; the reply is written from the leased
+// buffer without a copy: see shard_values) and lock-free (Hogwild; a pull copies with relaxed
 // atomic loads). Lock-free is allowed only
 // for plain SGD, whose only state is the update count: every element is updated with an atomic
 // relaxed fetch_add (updates from several I/O threads interleave element by element, none is
@@ -44,8 +45,59 @@ struct update {
   float scale = 1.0f;                  ///< scaled_delta: the factor (1 / (staleness + 1))
 };
 
+/// A shard's values, shared with the pulls whose replies are still being written (copy on
+/// write): a pull leases the current buffer under the shard's lock and the socket reads it
+/// after the lock is released, without a copy; an update that finds a lease outstanding writes
+/// into a copy, which takes the buffer's place (the leased one is freed with its last lease).
+/// A reply therefore never sees an update part-way, and an update never waits for a socket.
+/// Memory: besides the current buffer, at most one leased buffer per connection in flight.
+class shard_values {
+  struct buffer {
+    std::vector<float> v;
+    std::atomic<std::uint32_t> leases{0};
+  };
+
+ public:
+  shard_values() : buf_(std::make_shared<buffer>()) {}
+
+  std::size_t size() const noexcept { return buf_->v.size(); }
+  /// Reading: under the shard's lock, or in lock-free mode with atomic loads.
+  std::span<const float> view() const noexcept { return buf_->v; }
+  /// Writing, under the shard's lock: the current buffer, or first a copy of it when a pull's
+  /// reply still reads it. The acquire load pairs with a lease's release, so the socket's reads
+  /// of a returned lease happen before these writes.
+  std::span<float> writable() {
+    if (buf_->leases.load(std::memory_order_acquire) != 0) {
+      auto fresh = std::make_shared<buffer>();
+      fresh->v = buf_->v;
+      buf_ = std::move(fresh);
+    }
+    return buf_->v;
+  }
+  /// Writing where no lease can exist: a shard not yet shared (init, restore) or a lock-free
+  /// shard (its pulls copy with atomic loads and take no lease).
+  std::span<float> unshared() noexcept { return buf_->v; }
+  void resize(std::size_t n) { buf_->v.resize(n); }  // a shard not yet shared
+
+  /// Under the shard's lock: the current values, unchanged until the returned hold is released
+  /// (from any thread).
+  std::pair<std::span<const float>, std::shared_ptr<const void>> lease() const {
+    std::shared_ptr<buffer> b = buf_;
+    b->leases.fetch_add(1, std::memory_order_relaxed);  // seen by writers: they hold the same lock
+    const std::span<const float> v = b->v;
+    const buffer* raw = b.get();
+    return {v, std::shared_ptr<const void>(raw, [b = std::move(b)](const void*) mutable {
+              b->leases.fetch_sub(1, std::memory_order_release);
+              b.reset();
+            })};
+  }
+
+ private:
+  std::shared_ptr<buffer> buf_;
+};
+
 struct shard {
-  std::vector<float> values;
+  shard_values values;
   std::unique_ptr<optim::optimizer<optim::host_space>> opt;
   std::mutex mu;
   std::atomic<std::int64_t> lock_free_iterations{0};
@@ -71,7 +123,7 @@ class shard_store {
     std::size_t at = 0;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       auto s = make(rule, sizes[i]);
-      std::memcpy(s->values.data(), values.data() + at, sizes[i] * sizeof(float));
+      std::memcpy(s->values.unshared().data(), values.data() + at, sizes[i] * sizeof(float));
       at += sizes[i] * sizeof(float);
       fresh[ids[i]] = std::move(s);
     }
@@ -101,7 +153,7 @@ class shard_store {
     };
     for (std::size_t i = 0; i < ids.size(); ++i) {
       auto s = make(rule, sizes[i]);
-      take(s->values);
+      take(s->values.unshared());
       for (std::size_t k = 0; k < num_slots; ++k) take(s->opt->slot(k));
       s->opt->set_iterations(iterations.at(i));
       fresh[ids[i]] = std::move(s);
@@ -179,7 +231,8 @@ class shard_store {
     if (u.values.size() != n) throw error(errc::shape_mismatch, "update of the wrong size");
     if (mode_ == apply_mode::lock_free) return apply_lock_free(s, u);
     std::lock_guard g(s.mu);
-    float* v = s.values.data();
+    const std::span<float> values = s.values.writable();
+    float* v = values.data();
     const float* in = u.values.data();
     switch (u.kind) {
       case detail::update_kind::delta:
@@ -190,29 +243,36 @@ class shard_store {
         break;
       case detail::update_kind::gradient:
         if (u.learning_rate)
-          s.opt->apply(std::span<float>(s.values), u.values, *u.learning_rate);
+          s.opt->apply(values, u.values, *u.learning_rate);
         else
-          s.opt->apply(std::span<float>(s.values), u.values);
+          s.opt->apply(values, u.values);
         break;
     }
   }
 
-  /// Copies shards `ids` into dst, which holds bytes_of(ids) bytes: locked, each under its
-  /// lock (no update half-applied in it); lock-free, element by element with relaxed atomic
-  /// loads (updates may land part-way through the copy, as Hogwild allows; no data race).
+  /// Lock-free mode: copies shards `ids` into dst (bytes_of(ids) bytes) element by element with
+  /// relaxed atomic loads (updates may land part-way through the copy, as Hogwild allows; no
+  /// data race). Locked mode: use lease().
   void copy_out(const std::vector<std::uint32_t>& ids, std::byte* dst) const {
     for (auto id : ids) {
       auto& s = find(id);
-      const std::size_t n = s.values.size();
-      if (mode_ == apply_mode::lock_free) {
-        auto* out = reinterpret_cast<float*>(dst);
-        for (std::size_t i = 0; i < n; ++i)
-          out[i] = std::atomic_ref<float>(s.values[i]).load(std::memory_order_relaxed);
-      } else {
-        std::lock_guard g(s.mu);
-        std::memcpy(dst, s.values.data(), n * sizeof(float));
-      }
-      dst += n * sizeof(float);
+      const std::span<float> v = s.values.unshared();
+      auto* out = reinterpret_cast<float*>(dst);
+      for (std::size_t i = 0; i < v.size(); ++i) out[i] = std::atomic_ref<float>(v[i]).load(std::memory_order_relaxed);
+      dst += v.size() * sizeof(float);
+    }
+  }
+
+  /// Locked mode: leases of shards `ids` (each taken under its lock, so no update is half-applied
+  /// in it), appended to `values` and `holds`; the values stay as they are until the holds go.
+  void lease(const std::vector<std::uint32_t>& ids, std::vector<std::span<const float>>& values,
+             std::vector<std::shared_ptr<const void>>& holds) const {
+    for (auto id : ids) {
+      auto& s = find(id);
+      std::lock_guard g(s.mu);
+      auto [v, hold] = s.values.lease();
+      values.push_back(v);
+      holds.push_back(std::move(hold));
     }
   }
 
@@ -232,8 +292,9 @@ class shard_store {
     } else if (u.kind == detail::update_kind::scaled_delta) {
       scale = u.scale;
     }
-    for (std::size_t i = 0; i < s.values.size(); ++i)
-      std::atomic_ref<float>(s.values[i]).fetch_add(scale * u.values[i], std::memory_order_relaxed);
+    const std::span<float> v = s.values.unshared();
+    for (std::size_t i = 0; i < v.size(); ++i)
+      std::atomic_ref<float>(v[i]).fetch_add(scale * u.values[i], std::memory_order_relaxed);
   }
 
   std::map<std::uint32_t, std::unique_ptr<shard>> shards_;

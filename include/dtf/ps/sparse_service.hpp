@@ -31,6 +31,47 @@ class sparse_service {
  public:
   explicit sparse_service(const ps_options& options) : options_(options) {}
 
+  /// The most payload bytes a sparse request may carry, before it is read (the transport's
+  /// payload_limit): a gather, push or restore of a table names at most as many rows as this ps
+  /// holds of it (its ids are distinct). Table creation bounds those rows by max_sparse_bytes,
+  /// so the products below cannot wrap. Errors: the table is not held here, a malformed meta.
+  std::uint64_t payload_limit(detail::message_kind kind, std::span<const std::byte> meta) {
+    using detail::message_kind;
+    std::shared_lock lock(mu_);
+    // The rows held here of t, and an error when a request names more.
+    auto rows_here = [](const sparse_table& t, std::uint64_t count, const char* what) {
+      std::uint64_t n = 0;
+      for (const auto& [j, s] : t.shards) n += s->capacity;
+      if (count > n)
+        throw error(errc::invalid_argument,
+                    std::string(what) + " of " + std::to_string(count) + " rows of embedding '" + t.layout.spec.name +
+                        "': this ps holds at most " + std::to_string(n) +
+                        (t.layout.spec.hashed() ? " (the table would be full; raise max_rows or set evict_after)" : ""));
+      return n;
+    };
+    switch (kind) {
+      case message_kind::ps_gather: {
+        const auto m = detail::decode_message<detail::ps_gather_msg>(meta, "gather");
+        const auto& t = store_.table(m.table);
+        return rows_here(t, m.count, "gather") * sizeof(std::uint64_t);
+      }
+      case message_kind::ps_sparse_push: {
+        const auto m = detail::decode_message<detail::ps_sparse_push_msg>(meta, "sparse push");
+        const auto& t = store_.table(m.table);
+        return rows_here(t, m.count, "sparse push") *
+               (sizeof(std::uint64_t) + std::uint64_t(t.layout.spec.dim) * sizeof(float));
+      }
+      case message_kind::ps_sparse_restore: {
+        const auto m = detail::decode_message<detail::ps_sparse_restore_msg>(meta, "sparse restore");
+        if (m.begin) return 0;
+        const auto& t = store_.table(m.table);
+        return rows_here(t, m.count, "sparse restore") * (8 + std::uint64_t(t.layout.spec.dim) * sizeof(float) * (1 + t.num_slots) +
+                               (t.layout.spec.hashed() ? 8 : 0));
+      }
+      default: return 0;  // embedding init and stats carry no payload
+    }
+  }
+
   /// Handles one sparse request. Sets reply.meta (stats) or leaves it for the server's status
   /// reply; returns true when a push was skipped (non-finite rows, nonfinite_policy::skip).
   bool handle(const rpc_peer& peer, detail::message_kind kind, std::span<const std::byte> meta,

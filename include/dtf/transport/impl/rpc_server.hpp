@@ -9,6 +9,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <new>
+#include <span>
 #include <thread>
 
 namespace dtf {
@@ -187,11 +189,77 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     // Bytes of a frame are arriving: the whole frame must follow within frame_timeout_ms.
     arm(server_.options_.frame_timeout_ms, "sent an incomplete frame");
     meta_.resize(header_.meta_size);
-    if (header_.payload_size > payload_.size()) payload_.resize(header_.payload_size);
-    std::array bufs{asio::buffer(meta_), asio::buffer(payload_.data(), header_.payload_size)};
+    // A payload that needs a larger buffer than this connection has: with a handler that
+    // bounds payloads, the meta is read first and the handler says what this request may
+    // carry, before anything is allocated for it.
+    if constexpr (requires(std::span<const std::byte> m) { server_.handler_.payload_limit(peer_, header_, m); }) {
+      if (header_.payload_size > payload_.size()) {
+        asio::async_read(socket_, asio::buffer(meta_),
+                         asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code e2, std::size_t) {
+                           self->on_meta(e2);
+                         }));
+        return;
+      }
+    }
+    read_body(true);
+  }
+
+  void on_meta(std::error_code ec) {
+    if (closed_) return;
+    if (ec) return drop("truncated frame: " + ec.message());
+    std::uint64_t limit = 0;
+    try {
+      limit = server_.handler_.payload_limit(peer_, header_, std::span<const std::byte>(meta_));
+    } catch (const std::exception& e) {
+      return refuse_payload(e.what(), header_.payload_size);
+    }
+    if (header_.payload_size > limit)
+      return refuse_payload("a request of kind " + std::to_string(int(header_.kind)) + " announcing " +
+                            std::to_string(header_.payload_size) + " payload bytes, where at most " +
+                            std::to_string(limit) + " are expected",
+                            header_.payload_size);
+    read_body(false);
+  }
+
+  // The rest of the frame: the meta too unless on_meta read it, then the payload.
+  void read_body(bool with_meta) {
+    if (header_.payload_size > payload_.size()) {
+      try {
+        payload_.resize(header_.payload_size);
+      } catch (const std::bad_alloc&) {
+        return refuse_payload("no memory for the " + std::to_string(header_.payload_size) +
+                              " payload bytes of a request of kind " + std::to_string(int(header_.kind)),
+                              (with_meta ? header_.meta_size : 0) + header_.payload_size);
+      }
+    }
+    std::array bufs{with_meta ? asio::buffer(meta_) : asio::mutable_buffer(),
+                    asio::buffer(payload_.data(), header_.payload_size)};
     asio::async_read(socket_, bufs, detail::transfer_all_large{},
                      asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code e2, std::size_t) {
                        self->on_frame(e2);
+                     }));
+  }
+
+  // A request refused before its payload was read: its sender gets the reason at once, then
+  // the payload's bytes are read into a small fixed buffer and dropped (nothing is allocated for
+  // them; the frame deadline still bounds them), and the connection goes on.
+  void refuse_payload(std::string why, std::uint64_t unread) {
+    detail::log_line(server_.options_, "dtf " + server_.options_.identity + ": refused a request of '" +
+                                           peer_.identity + "' unread: " + why);
+    discard_ = unread;
+    send_reply(rpc_reply::failure(errc::invalid_argument, std::move(why)));
+  }
+
+  void discard_payload() {
+    if (discard_ == 0) return read_header();
+    sink_.resize(64 * 1024);
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(discard_, sink_.size()));
+    asio::async_read(socket_, asio::buffer(sink_.data(), n),
+                     asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code ec, std::size_t got) {
+                       if (self->closed_) return;
+                       if (ec) return self->drop("truncated frame: " + ec.message());
+                       self->discard_ -= got;
+                       self->discard_payload();
                      }));
   }
 
@@ -205,6 +273,9 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
       server_.handler_(peer_, header_, meta_, std::span<std::byte>(payload_.data(), header_.payload_size), reply);
     } catch (const error& e) {
       reply = rpc_reply::failure(static_cast<errc>(e.code().value()), e.message());
+    } catch (const std::bad_alloc&) {
+      reply = rpc_reply::failure(errc::invalid_argument, "out of memory while handling a request of kind " +
+                                                             std::to_string(int(header_.kind)));
     } catch (const std::exception& e) {
       reply = rpc_reply::failure(errc::internal, e.what());
     }
@@ -227,11 +298,16 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     out_bufs_.insert(out_bufs_.end(), reply_.payload.begin(), reply_.payload.end());
     asio::async_write(socket_, out_bufs_, detail::transfer_all_large{},
                       asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code ec, std::size_t) {
+                        self->reply_.holds.clear();  // the payload's buffers are written (or never will be)
                         if (ec) return self->drop("reply not delivered: " + ec.message());
                         if (self->reply_.stop_server) {
                           self->closed_ = true;
                           self->server_.stop();
                           return;
+                        }
+                        if (self->discard_ > 0) {
+                          self->arm(self->server_.options_.frame_timeout_ms, "sent an incomplete frame");
+                          return self->discard_payload();
                         }
                         self->read_header();
                       }));
@@ -254,6 +330,8 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
   detail::frame_header header_{};
   std::vector<std::byte> in_, out_, meta_, payload_, scratch_;
   rpc_reply reply_;
+  std::uint64_t discard_ = 0;   // bytes of a refused payload still to read and drop
+  std::vector<std::byte> sink_;  // where they go
   std::vector<asio::const_buffer> out_bufs_;
 };
 
