@@ -385,9 +385,10 @@ int main(int argc, char** argv) try {
   // 2. one variable, sizes 4 KiB .. max_mib MiB
   cpu_meter load2;
   std::printf("\n== 2. one ps (thread in this process, 1 I/O thread) + one ps_client, one variable ==\n");
-  std::printf("ps in LOCKED mode (default): each pull memcpy's a snapshot of the shard into a reply buffer;\n"
-              "'pull lf' = the same pull from a ps initialised with lock_free=true (reply sent straight from\n"
-              "the shard, zero-copy). push d = push_deltas (ps adds), push g = push_gradients (ps applies sgd).\n"
+  std::printf("ps in LOCKED mode (default): each pull leases the shard and its reply is written from the\n"
+              "shard's memory (copy on write: no copy); 'pull lf' = the same pull from a ps initialised with\n"
+              "lock_free=true (values copied with relaxed atomic loads into a reply buffer).\n"
+              "push d = push_deltas (ps adds), push g = push_gradients (ps applies sgd).\n"
               "Median of `reps` calls after 2 warm-up calls; every size verified (pull after push_deltas exact).\n\n");
   std::vector<size_row> rows;
   for (std::size_t bytes = 4 << 10; bytes <= (std::size_t(max_mib) << 20); bytes *= 4) rows.push_back(measure_size(bytes, repeats));
