@@ -60,7 +60,8 @@ class shard_values {
  public:
   shard_values() : buf_(std::make_shared<buffer>()) {}
 
-  std::size_t size() const noexcept { return buf_->v.size(); }
+  /// Fixed once the shard is made: read without the lock (the buffer pointer is not).
+  std::size_t size() const noexcept { return size_; }
   /// Reading: under the shard's lock, or in lock-free mode with atomic loads.
   std::span<const float> view() const noexcept { return buf_->v; }
   /// Writing, under the shard's lock: the current buffer, or first a copy of it when a pull's
@@ -77,7 +78,10 @@ class shard_values {
   /// Writing where no lease can exist: a shard not yet shared (init, restore) or a lock-free
   /// shard (its pulls copy with atomic loads and take no lease).
   std::span<float> unshared() noexcept { return buf_->v; }
-  void resize(std::size_t n) { buf_->v.resize(n); }  // a shard not yet shared
+  void resize(std::size_t n) {  // a shard not yet shared
+    buf_->v.resize(n);
+    size_ = n;
+  }
 
   /// Under the shard's lock: the current values, unchanged until the returned hold is released
   /// (from any thread).
@@ -93,7 +97,8 @@ class shard_values {
   }
 
  private:
-  std::shared_ptr<buffer> buf_;
+  std::shared_ptr<buffer> buf_;  // swapped by writable() under the shard's lock
+  std::size_t size_ = 0;
 };
 
 struct shard {
