@@ -15,14 +15,11 @@
 //                               table file at a save, and their checks
 //   dtf/ps/sparse_client.hpp    embedding_tables: plan, gather, push (only the touched rows)
 //   dtf/ps/table_checkpoint.hpp the tables in checkpoints: restore_tables (re-routes rows to the ps)
-//   dtf/ps/position_table.hpp   the ps's table of the training tasks' data positions
-//   dtf/ps/positions.hpp        report_position / recorded_position: where a restarted task resumes
 #pragma once
 
 #include <dtf/ps/checkpointing.hpp>
 #include <dtf/ps/client.hpp>
 #include <dtf/ps/config.hpp>
-#include <dtf/ps/positions.hpp>
 #include <dtf/ps/server.hpp>
 #include <dtf/ps/sparse_client.hpp>
 #include <dtf/ps/table_checkpoint.hpp>
