@@ -95,7 +95,7 @@ TEST_CASE("a data position follows the trained batches and refuses another layou
   CHECK(*hollow.unusable_in(here, 13) == "it counts 2 steps but no example");
 }
 
-TEST_CASE("ps 0 keeps each task's data position; checkpoints carry them and a restore refills a ps that lost them",
+TEST_CASE("ps 0 keeps each task's data position, checkpoints carry them, and a restore refills a ps that lost them",
           "[checkpoint][positions]") {
   using namespace dtf;
   using namespace dtf::test::ckpt;
