@@ -27,6 +27,9 @@
 // checkpoints and ends the job; collective ranks agree on the stop first (hooks/agreed_stop.hpp).
 // A lost ps: with max_recoveries > 0 the step, save or end is retried after the ps comes back
 // (dtf/recovery.hpp; the chief re-initialises it from the latest checkpoint).
+// A restarted task (ps strategies) redoes no work: every task reports its data position to ps 0
+// after each step (position_every), checkpoints carry the positions, and a task started into a
+// running job resumes its shard at its own (dtf/ps/positions.hpp; its epochs count those done).
 //
 // The RESULT line (chief) is machine-readable for benchmarks/:
 //   RESULT scheme=<name> workers=<n> accuracy=<a> wall_s=<s> <kind-specific key=value ...>

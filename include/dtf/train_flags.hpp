@@ -16,7 +16,7 @@
 //                  --last_step --num_steps --summary_every --nan_policy fail|stop
 //                  --metrics_file --target_accuracy
 //   ps             --partitioner greedy|round_robin|fixed_size --num_shards --finish_timeout_s
-//                  --max_recoveries --ps_threads --slow_worker --slow_ms
+//                  --max_recoveries --ps_threads --position_every --slow_worker --slow_ms
 //   collective     --segment_kib
 // Errors: a value out of range is dtf::error(errc::invalid_config) naming the flag.
 #pragma once
@@ -97,6 +97,8 @@ struct train_flags {
           .add("max_recoveries", train.max_recoveries,
                "recover from a lost parameter server up to N times (with dtfrun --max-restarts; 0: fail)")
           .add("ps_threads", train.ps_threads, "I/O threads of a ps")
+          .add("position_every", train.position_every,
+               "local steps between reports of this task's data position to ps 0, where a restarted task resumes (0: none)")
           .add("slow_worker", slow_worker, "synchronous strategies: index of a worker to slow down (-1: none)")
           .add("slow_ms", slow_ms, "extra milliseconds per gradient of the slowed worker");
     } else {

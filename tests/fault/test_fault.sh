@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The fault test: one ps and two workers (worker 0 is the chief) under
-# `dtfrun --max-restarts 2`. While the run goes on, this script SIGKILLs
+# The fault test: one ps and two workers (worker 0 is the chief), each training 13 epochs of its
+# half of Fashion-MNIST, under `dtfrun --max-restarts 2`. While the run goes on, this script
+# SIGKILLs
 #   1. the ps        when the chief's log shows step >= 25% of the run; the restarted ps then
 #                    SIGKILLs itself part-way through writing its shard of the next checkpoint
 #                    (--ps_crash_at_restart 1), and the chief must restore the previous one,
 #   2. worker 1      once the chief has restored the restarted ps and shows step >= 45%,
 #   3. the chief     once worker 1 is back and the chief shows step >= 65%.
 # The run must complete (dtfrun exit 0 and a RESULT line), its test accuracy must be within
-# one point of an undisturbed run with the same seed and flags, every checkpoint on disk must
-# verify with dtf-ckpt (list and export work on the latest), and no process may be left.
+# one point of an undisturbed run with the same seed and flags, restarts must redo no work (the
+# examples every process trained on, killed ones included, add up to the undisturbed run's
+# within one checkpoint interval's worth, and the restarted worker resumes its shard where it
+# was), every checkpoint on disk must verify with dtf-ckpt (list and export work on the latest),
+# and no process may be left. It prints examples, accuracy and wall time of both runs.
 # Usage: test_fault.sh <dtfrun> <fault_trainer> <dtf-ckpt>
 set -u
 dtfrun=${1:?usage: $0 <dtfrun> <fault_trainer> <dtf-ckpt>}
@@ -24,8 +28,11 @@ trap cleanup EXIT
 
 source "$(dirname "$0")/../script_lib.sh"
 
-last_step=3000
-flags=(--train_examples 0 --batch 256 --lr 0.03 --log_every 25 --last_step "$last_step" --save_every 150
+epochs=13 batch=256 save_every=150
+# 60000 examples over 2 training tasks: 118 batches an epoch each (the last one short).
+per_epoch=$(( (30000 + batch - 1) / batch ))
+last_step=$((epochs * 2 * per_epoch))  # the undisturbed run's final global step
+flags=(--train_examples 0 --batch "$batch" --lr 0.03 --log_every 25 --epochs "$epochs" --save_every "$save_every"
        --keep 4 --seed 7 --timeout_ms 30000)
 crash=(--ps_crash_at_restart 1 --ps_crash_save_bytes 100000)
 
@@ -36,6 +43,10 @@ chief_past() { local s; s=$(chief_step); [[ -n "$s" ]] && ((s >= $1)); }
 log_has() { grep -qE "$1" "$work/faulty.log"; }
 restores_at_least() { (($(grep -cE '^ps\.0 +\| .*restored [0-9]+ shards from checkpoint' "$work/faulty.log") >= $1)); }
 accuracy_of() { grep -E '^worker\.0 +\| RESULT ' "$1" | tail -n 1 | grep -oE 'accuracy=[0-9.]+' | cut -d= -f2; }
+# Examples trained on by every start of task $2 in run $1 (each start kept its count in a file).
+examples_of() { local n=0 f; for f in "$work/$1.examples.$2".*; do [[ -e "$f" ]] && n=$((n + $(tr -d ' \n' <"$f"))); done; echo "$n"; }
+now() { date +%s.%N; }
+seconds() { python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$1" "$2"; }
 kill_task() {
   local pid
   pid=$(task_pid "$1")
@@ -46,15 +57,22 @@ kill_task() {
 }
 
 # 1. The undisturbed run.
+t0=$(now)
 timeout 240 "$dtfrun" --ps 1 --workers 2 -- "$trainer" --checkpoint_dir "$work/clean" "${flags[@]}" \
-  >"$work/clean.log" 2>&1 || fail "the undisturbed run failed (exit $?)"
+  --examples_file "$work/clean.examples" >"$work/clean.log" 2>&1 || fail "the undisturbed run failed (exit $?)"
+clean_wall=$(seconds "$t0" "$(now)")
 clean=$(accuracy_of "$work/clean.log")
 [[ -n "$clean" ]] || fail "no RESULT line in the undisturbed run"
-echo "undisturbed: accuracy $clean"
+clean_w0=$(examples_of clean worker.0) clean_w1=$(examples_of clean worker.1)
+clean_examples=$((clean_w0 + clean_w1))
+((clean_examples == epochs * 60000)) || fail "the undisturbed run trained $clean_examples examples, not $((epochs * 60000))"
+echo "undisturbed: accuracy $clean, examples $clean_examples (worker.0 $clean_w0, worker.1 $clean_w1), wall ${clean_wall} s"
 
 # 2. The same run with three SIGKILLs.
+t0=$(now)
 timeout 240 "$dtfrun" --ps 1 --workers 2 --max-restarts 2 --restart_delay_ms 200 -- "$trainer" \
-  --checkpoint_dir "$work/faulty" "${flags[@]}" "${crash[@]}" >"$work/faulty.log" 2>&1 &
+  --checkpoint_dir "$work/faulty" "${flags[@]}" "${crash[@]}" --examples_file "$work/faulty.examples" \
+  >"$work/faulty.log" 2>&1 &
 run_pid=$!
 wait_until 120 chief_past $((last_step / 4)) || fail "the chief never reached step $((last_step / 4))"
 kill_task ps.0
@@ -73,10 +91,24 @@ wait_until 60 log_has '^worker\.0 +\| worker\.0: pid=[0-9]+ restart=1' || fail "
 wait "$run_pid"
 status=$?
 run_pid=
+faulty_wall=$(seconds "$t0" "$(now)")
 ((status == 0)) || fail "the disturbed run ended with exit status $status"
 faulty=$(accuracy_of "$work/faulty.log")
 [[ -n "$faulty" ]] || fail "no RESULT line in the disturbed run"
-echo "disturbed: accuracy $faulty"
+faulty_w0=$(examples_of faulty worker.0) faulty_w1=$(examples_of faulty worker.1)
+faulty_examples=$((faulty_w0 + faulty_w1))
+echo "disturbed: accuracy $faulty, examples $faulty_examples (worker.0 $faulty_w0, worker.1 $faulty_w1), wall ${faulty_wall} s"
+# Restarts redo no work: every process's examples (killed ones included) add up to the
+# undisturbed run's within one checkpoint interval's worth (save_every global steps of a batch).
+interval=$((save_every * batch))
+diff=$((faulty_examples - clean_examples))
+((diff <= interval && diff >= -interval)) ||
+  fail "the disturbed run trained $faulty_examples examples, $diff more than the undisturbed $clean_examples (one checkpoint interval: $interval)"
+# The restarted worker 1 and chief resumed their shards where they were, not at the start.
+for task in worker.1 worker.0; do
+  grep -E "^$task +\| $task: data position epoch=[0-9]+ batch=[0-9]+ examples_before=[1-9][0-9]* " "$work/faulty.log" |
+    tail -n 1 | grep -q . || fail "the restarted $task did not resume its data position"
+done
 python3 - "$clean" "$faulty" <<'PY' || fail "accuracy $faulty is not within one point of the undisturbed $clean"
 import sys
 a, b = float(sys.argv[1]), float(sys.argv[2])
@@ -155,4 +187,5 @@ name=$(basename "$shard" | sed -E 's/\.ps-.*//')
 # 4. No process left behind.
 no_leftovers() { ! pgrep -f -- "$work/" >/dev/null; }  # pgrep never lists itself; this script's command line does not name $work
 wait_until 10 no_leftovers || fail "processes left behind: $(pgrep -af -- "$work/")"
-echo "PASS: undisturbed $clean, disturbed $faulty"
+echo "PASS: undisturbed accuracy $clean, $clean_examples examples, ${clean_wall} s;" \
+  "disturbed accuracy $faulty, $faulty_examples examples ($diff more), ${faulty_wall} s"

@@ -44,6 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case message_kind::ps_sparse_push: try_decode<ps_sparse_push_msg>(meta); break;
         case message_kind::ps_sparse_stats: try_decode<ps_sparse_stats_msg>(meta); break;
         case message_kind::ps_sparse_restore: try_decode<ps_sparse_restore_msg>(meta); break;
+        case message_kind::ps_positions: try_decode<ps_positions_msg>(meta); break;
         default: try_decode<ps_status_msg>(meta); break;
       }
     } catch (const dtf::error&) {
@@ -62,5 +63,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try_decode<ps_sparse_push_msg>(bytes);
   try_decode<ps_sparse_stats_msg>(bytes);
   try_decode<ps_sparse_restore_msg>(bytes);
+  try_decode<ps_positions_msg>(bytes);
   return 0;
 }

@@ -15,6 +15,7 @@
 
 #include <dtf/checkpoint/fields.hpp>
 #include <dtf/checkpoint/table_format.hpp>
+#include <dtf/data/position.hpp>
 #include <dtf/error.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/shape.hpp>
@@ -76,6 +77,9 @@ struct checkpoint_manifest {
   std::vector<checkpoint_file> files;
   std::vector<checkpoint_table> tables;             ///< embedding tables (none in older checkpoints)
   std::vector<checkpoint_table_file> table_files;   ///< their files, one per ps that held a table
+  /// The training tasks' data positions at the save (dtf/ps/positions.hpp; none in older
+  /// checkpoints): where a restarted task resumes its shard.
+  std::vector<data::task_position> positions;
 
   /// The table named `table_name`, or nullptr.
   const checkpoint_table* find_table(const std::string& table_name) const noexcept {
@@ -118,6 +122,19 @@ struct checkpoint_manifest {
     for (const auto& f : files)
       j["files"].push_back({{"name", f.name}, {"ps", f.ps}, {"bytes", f.bytes}, {"sha256", f.sha256}});
     detail::ckpt::tables_to_json(j, tables, table_files);
+    if (!positions.empty()) {  // the format of a checkpoint without positions is unchanged
+      j["positions"] = nlohmann::json::array();
+      for (const auto& p : positions)
+        j["positions"].push_back({{"task", p.task},
+                                  {"epoch", p.at.epoch},
+                                  {"batch", p.at.batch},
+                                  {"examples", p.at.examples},
+                                  {"steps", p.at.steps},
+                                  {"num_shards", p.at.num_shards},
+                                  {"shard_size", p.at.shard_size},
+                                  {"batch_size", p.at.batch_size},
+                                  {"seed", p.at.seed}});
+    }
     return j;
   }
 
@@ -149,10 +166,35 @@ struct checkpoint_manifest {
     std::set<std::string> shard_files;
     for (const auto& f : m.files) shard_files.insert(f.name);
     parse_manifest_tables(j, what, m.num_ps, shard_files, m.tables, m.table_files);
+    m.parse_positions(j, what);
     return m;
   }
 
  private:
+  // Optional: task names unique, non-empty, at most 256 bytes; every number a u64.
+  void parse_positions(const nlohmann::json& j, const std::string& what) {
+    using namespace detail::ckpt;
+    if (!j.contains("positions")) return;
+    const auto& ps = array_at(j, "positions", what, "");
+    std::set<std::string> tasks;
+    for (std::size_t i = 0; i < ps.size(); ++i) {
+      const auto path = item("positions", i);
+      data::task_position p;
+      p.task = string_at(ps[i], "task", what, path, 256);
+      if (p.task.empty() || !tasks.insert(p.task).second)
+        corrupt(what, path + ".task", "'" + p.task + "' is empty or named twice");
+      p.at.epoch = u64_at(ps[i], "epoch", what, path);
+      p.at.batch = u64_at(ps[i], "batch", what, path);
+      p.at.examples = u64_at(ps[i], "examples", what, path);
+      p.at.steps = u64_at(ps[i], "steps", what, path);
+      p.at.num_shards = u64_at(ps[i], "num_shards", what, path);
+      p.at.shard_size = u64_at(ps[i], "shard_size", what, path);
+      p.at.batch_size = u64_at(ps[i], "batch_size", what, path);
+      p.at.seed = u64_at(ps[i], "seed", what, path);
+      positions.push_back(std::move(p));
+    }
+  }
+
   void parse_files(const nlohmann::json& j, const std::string& what) {
     using namespace detail::ckpt;
     const auto& fs = array_at(j, "files", what, "");

@@ -9,6 +9,7 @@
 //                    .repeat(5)                          // epochs; -1 repeats forever
 //                    .prefetch(2);                       // batches built on a background thread
 //   for (auto s = train.stream(); auto b = s.next();) { ... b->features, b->labels ... }
+//   auto rest = train.stream(at);  // from a data::position (e.g. a restarted worker's)
 //
 // shard() and take() select examples and compose in call order; shuffle, normalize, batch,
 // repeat and prefetch are settings of the pipeline whose effect does not depend on the order
@@ -22,6 +23,7 @@
 
 #include <dtf/error.hpp>
 #include <dtf/data/idx.hpp>
+#include <dtf/data/position.hpp>
 #include <dtf/nn/init.hpp>
 
 #include <xtensor/xtensor.hpp>
@@ -182,6 +184,10 @@ class dataset {
 
   /// A stream of batches; see batch_stream.
   batch_stream stream() const;
+  /// The same stream from batch `from.batch` of epoch `from.epoch` on: exactly the batches the
+  /// whole stream yields after that point (each epoch's permutation depends on the epoch alone).
+  /// Errors: errc::invalid_argument when from.batch is not a batch of an epoch.
+  batch_stream stream(const position& from) const;
 
  private:
   friend class batch_stream;
@@ -237,7 +243,16 @@ class dataset {
 /// is rethrown by next().
 class batch_stream {
  public:
-  explicit batch_stream(dataset d) : d_(std::move(d)), order_(d_.indices_) {
+  explicit batch_stream(dataset d) : batch_stream(std::move(d), position{}) {}
+  /// Starts at batch from.batch of epoch from.epoch (see dataset::stream(position)).
+  batch_stream(dataset d, const position& from)
+      : d_(std::move(d)), order_(d_.indices_), epoch_(std::size_t(from.epoch)), batch_in_epoch_(std::size_t(from.batch)) {
+    const std::size_t per_epoch = d_.batches_per_epoch();
+    if (from.batch > 0 && from.batch >= per_epoch)
+      throw error(errc::invalid_argument, "data::batch_stream: batch " + std::to_string(from.batch) +
+                                              " is not one of the " + std::to_string(per_epoch) + " of an epoch");
+    // Mid-epoch: that epoch's permutation now (build_next permutes at an epoch's first batch).
+    if (batch_in_epoch_ > 0 && d_.shuffle_) permute();
     if (d_.prefetch_ > 0) worker_ = std::thread([this] { produce(); });
   }
   batch_stream(const batch_stream&) = delete;
@@ -349,5 +364,6 @@ class batch_stream {
 };
 
 inline batch_stream dataset::stream() const { return batch_stream(*this); }
+inline batch_stream dataset::stream(const position& from) const { return batch_stream(*this, from); }
 
 }  // namespace dtf::data

@@ -56,6 +56,8 @@ enum class message_kind : std::uint16_t {
   ps_sparse_push = 29,
   ps_sparse_stats = 30,
   ps_sparse_restore = 31,  // rows of a checkpoint's table (ps_sparse_restore_msg)
+  // checkpoints, continued
+  ps_positions = 32,  // training tasks' data positions, kept on ps 0 (ps_positions_msg both ways)
   // collectives (dtf/collectives.hpp); 40..59 are reserved for them
   collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
   rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
@@ -64,7 +66,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 6) || (k >= 16 && k <= 31) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 6) || (k >= 16 && k <= 32) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

@@ -2,6 +2,7 @@
 // aggregates). Cheap to include: the fuzz target decodes every one of them.
 #pragma once
 
+#include <dtf/data/position.hpp>
 #include <dtf/detail/frame.hpp>
 #include <dtf/detail/hmac.hpp>
 #include <dtf/error.hpp>
@@ -222,6 +223,20 @@ struct ps_done_tasks_msg {
   template <class A>
   void serialize(A& ar) {
     ar(tasks, wait_for, wait_ms);
+  }
+};
+/// ps_positions, both ways (dtf/ps/positions.hpp). Request: record `positions` (each replaces
+/// that task's, or with fill_only only a task the ps holds none for: a restore from a checkpoint
+/// never overrides a live task's newer report) and ask for the positions of `tasks` (or of every
+/// task with all). Reply: the positions asked for that the ps holds.
+struct ps_positions_msg {
+  std::vector<data::task_position> positions;
+  bool fill_only = false;
+  std::vector<std::string> tasks;
+  bool all = false;
+  template <class A>
+  void serialize(A& ar) {
+    ar(positions, fill_only, tasks, all);
   }
 };
 // ---- sparse variables (dtf/ps/embedding_layout.hpp, dtf/ps/sparse_client.hpp) ---------------

@@ -2,12 +2,14 @@
 // save (every ps writes its own shard file, the chief the manifest) and restore (through the
 // chief, or each ps reading its own files), resharding to the client's placement. Embedding
 // tables are saved with them (each ps its own table file) and restored when the restore is given
-// the restoring run's tables (dtf/ps/table_checkpoint.hpp).
+// the restoring run's tables (dtf/ps/table_checkpoint.hpp). The training tasks' data positions
+// (dtf/ps/positions.hpp) are saved in the manifest and given back to ps 0 by every restore.
 // The ps tasks write and read only in their own ps_options::checkpoint_dir.
 #pragma once
 
 #include <dtf/checkpoint.hpp>
 #include <dtf/ps/client.hpp>
+#include <dtf/ps/positions.hpp>
 #include <dtf/ps/sparse_client.hpp>
 #include <dtf/ps/table_checkpoint.hpp>
 
@@ -101,6 +103,7 @@ inline std::int64_t restore_from(ps_client& client, const checkpoint_reader& ck,
     std::vector<rpc_call> one{std::move(c)};
     client.call_all(one);
   }
+  restore_positions(client, man.positions);
   return man.global_step;
 }
 
@@ -115,6 +118,7 @@ inline std::int64_t restore_by_ps(ps_client& client, const checkpoint_manifest& 
     calls[ps] = client.request(ps, message_kind::ps_restore, encode_message(m));
   }
   client.call_all(calls);  // every ps reads its own slices, in parallel
+  restore_positions(client, man.positions);
   if (!how.params.empty()) client.pull(how.params);
   return man.global_step;
 }
@@ -176,6 +180,9 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
     m.shards.push_back({std::uint32_t(id), sh.variable, sh.part, sh.ps, sh.row_begin, sh.row_end, sh.offset, sh.size});
   }
   tables.finish(m);
+  // The positions reported by now: each at or past the work in the shards just saved (a task
+  // restarted from this checkpoint may skip the few batches in between, never repeat one).
+  m.positions = recorded_positions(client);
   commit_checkpoint(options.directory, m, options.max_to_keep);
   return m;
 }

@@ -13,6 +13,7 @@
 //   sync push a contribution to synchronous step t (sync_aggregator)
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
 //   step, done, done tasks, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp
+//   positions the training tasks' data positions (dtf/ps/position_table.hpp, dtf/ps/positions.hpp)
 //
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
 //   make it allocate beyond the model: a request's announced payload is checked before the
@@ -35,6 +36,7 @@
 #include <dtf/detail/archive.hpp>
 #include <dtf/detail/messages.hpp>
 #include <dtf/ps/config.hpp>
+#include <dtf/ps/position_table.hpp>
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sparse_service.hpp>
 #include <dtf/ps/sync_aggregator.hpp>
@@ -162,6 +164,7 @@ class parameter_server {
         if (reply.meta.empty()) status(reply, updates_.load(), 0, false, 0, skipped);
         return;
       }
+      case message_kind::ps_positions: return positions_.handle(peer, meta, reply);
       case message_kind::ps_save: return save(detail::decode_message<detail::ps_save_msg>(meta, "save"), reply);
       case message_kind::ps_restore:
         return restore(peer, detail::decode_message<detail::ps_restore_msg>(meta, "restore"), payload, reply);
@@ -505,6 +508,7 @@ class parameter_server {
   ps_detail::shard_store store_;
   ps_detail::sync_aggregator sync_;
   ps_detail::sparse_service sparse_{options_};  // embedding tables (their own lock)
+  ps_detail::position_table positions_{options_};  // the training tasks' data positions (their own lock)
   std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
   std::atomic<std::int64_t> global_step_{0};
   std::atomic<std::uint64_t> updates_{0};

@@ -38,6 +38,10 @@ struct train_options {
   hooks::nan_policy nan_policy = hooks::nan_policy::fail;
   int max_recoveries = 0;   ///< ps strategies: carry on after a lost ps up to N times (0: fail)
   int log_every = 200;      ///< local steps between progress lines
+  /// ps strategies: local steps between reports of this task's data position to ps 0 (saved
+  /// with every checkpoint), where a restarted task resumes its shard (0: no reports; a
+  /// restarted task then starts its shard over). See dtf/ps/positions.hpp.
+  int position_every = 1;
   std::string secret;       ///< cluster secret (empty: no authentication; train_flags reads $DTF_CLUSTER_SECRET)
   std::uint32_t timeout_ms = 60000;  ///< a ps request's deadline; a collective's longest wait without progress
   int finish_timeout_s = 1800;       ///< chief: how long to wait for the other workers to finish
@@ -124,6 +128,7 @@ inline void validate(const train_options& o) {
   if (o.summary_every < 0) bad("summary_every", "must not be negative");
   if (o.max_recoveries < 0) bad("max_recoveries", "must not be negative");
   if (o.log_every < 0) bad("log_every", "must not be negative");
+  if (o.position_every < 0) bad("position_every", "must not be negative");
 }
 }  // namespace detail
 

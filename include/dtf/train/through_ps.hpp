@@ -2,6 +2,13 @@
 // the chief's shutdown, and a worker (or the chief) driving an asynchronous or synchronous
 // strategy inside a monitored session (restore or initialise, checkpoints, recovery, the end of
 // the job). See dtf/train.hpp for the whole picture.
+//
+// Restarts redo no work: every training task reports its data position (epoch, batch, examples
+// trained) to ps 0 after each step (options.position_every); the chief's checkpoints carry
+// them, and a restore gives them back to a ps that lost them (dtf/ps/positions.hpp). A task
+// (re)started into a running job reads its own position back and resumes its shard there; its
+// epochs count the ones it had done. A position recorded for other data (shards, batch size,
+// seed) is not used: the task says why and starts its shard over.
 #pragma once
 
 #include <dtf/checkpoint.hpp>
@@ -9,6 +16,7 @@
 #include <dtf/hooks/checkpoint_saver.hpp>
 #include <dtf/hooks/stop_on_signal.hpp>
 #include <dtf/ps.hpp>
+#include <dtf/ps/positions.hpp>
 #include <dtf/recovery.hpp>
 #include <dtf/session.hpp>
 #include <dtf/strategies/async.hpp>
@@ -202,6 +210,27 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     if (is_chief) recoverable([&] { w.create_tables(); });
   session.create();
 
+  // Where this task is in its data: its recorded position when it has one (a restarted task,
+  // or a job resumed from a checkpoint that carries positions), else the start of its shard.
+  const auto my_shard = shard_of(trainer);
+  const std::uint64_t batches_per_epoch = my_shard.batch(o.batch).batches_per_epoch();
+  data::position at = data::position::start_of(trainers, my_shard.size(), o.batch, o.seed + trainer);
+  if (o.position_every > 0) {
+    if (const auto recorded = recoverable([&] { return recorded_position(ps); })) {
+      if (const auto why = recorded->unusable_in(at, batches_per_epoch)) {
+        std::fprintf(stderr, "%s: not resuming the data position recorded for this task (%s); starting its shard over\n",
+                     me.c_str(), why->c_str());
+      } else {
+        at = *recorded;
+        std::printf("%s: resuming its shard at epoch %llu, batch %llu (%llu examples in %llu steps trained before)\n",
+                    me.c_str(), static_cast<unsigned long long>(at.epoch), static_cast<unsigned long long>(at.batch),
+                    static_cast<unsigned long long>(at.examples), static_cast<unsigned long long>(at.steps));
+        std::fflush(stdout);
+      }
+    }
+  }
+  const data::position started_at = at;
+
   train_result result;
   double last_loss = 0;
   auto run_step = [&](const data::host_batch& b, auto&& add_scalars) {
@@ -209,6 +238,9 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
       run_values v;
       v.loss = recoverable([&] { return w.step(b); });
       last_loss = *v.loss;
+      at.trained(b.epoch, b.index, b.labels.size(), batches_per_epoch);
+      if (o.position_every > 0 && (at.steps - started_at.steps) % std::uint64_t(o.position_every) == 0)
+        recoverable([&] { report_position(ps, at); });
       // A worker that has not heard from the ps yet reports 0: the session's step is newer.
       v.global_step = std::max(w.global_step(), ctx.global_step());
       v.examples = b.labels.size();
@@ -238,12 +270,12 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
                 static_cast<long long>(session.global_step()));
     std::fflush(stdout);
     w.begin();
-    const auto train = shard_of(trainer).shuffle(o.seed + trainer).batch(o.batch).repeat(-1).prefetch(2);
+    const auto train = my_shard.shuffle(o.seed + trainer).batch(o.batch).repeat(-1).prefetch(2);
     const auto& d = w.drops();
     const std::int64_t steps_per_epoch = std::max<std::int64_t>(1, epochs_last_step / std::max(1, o.epochs));
     std::int64_t next_epoch_eval = (session.global_step() / steps_per_epoch + 1) * steps_per_epoch;
     const std::int64_t first_step = session.global_step();
-    auto stream = train.stream();
+    auto stream = train.stream(at);
     const auto t0 = train_clock::now();
     while (!session.should_stop() && !w.finished()) {
       auto b = stream.next();
@@ -277,12 +309,13 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
       std::printf("%s: resumed from the checkpoint at global step %lld\n", me.c_str(),
                   static_cast<long long>(session.global_step()));
     w.begin();
-    const auto train = shard_of(trainer).shuffle(o.seed + trainer).batch(o.batch).repeat(o.epochs).prefetch(2);
+    const auto train = my_shard.shuffle(o.seed + trainer).batch(o.batch).repeat(o.epochs).prefetch(2);
     std::printf("%s: training on shard %zu of %zu (%zu examples), %d epochs\n", me.c_str(), trainer, trainers,
                 train.size(), o.epochs);
     std::fflush(stdout);
     const auto& st = w.staleness();
-    auto stream = train.stream();
+    // The epochs done before a restart count: the stream goes on from the position.
+    auto stream = train.stream(at);
     while (!session.should_stop()) {
       auto b = stream.next();
       if (!b) break;
@@ -294,9 +327,11 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     }
     session.close();
     w.end();
-    std::printf("%s: done after %lld steps; %llu pushes, staleness mean %.2f max %llu\n", me.c_str(),
-                static_cast<long long>(session.context().local_step()), static_cast<unsigned long long>(st.pushes),
-                st.mean(), static_cast<unsigned long long>(st.max));
+    std::printf("%s: done after %lld steps (%llu examples; %llu in all); %llu pushes, staleness mean %.2f max %llu\n",
+                me.c_str(), static_cast<long long>(session.context().local_step()),
+                static_cast<unsigned long long>(at.examples - started_at.examples),
+                static_cast<unsigned long long>(at.examples), static_cast<unsigned long long>(st.pushes), st.mean(),
+                static_cast<unsigned long long>(st.max));
     std::fflush(stdout);
     char buf[128];
     std::snprintf(buf, sizeof buf, "staleness_mean=%.2f staleness_max=%llu", st.mean(),

@@ -1,0 +1,81 @@
+// dtf/ps/position_table.hpp — the ps's part of data positions (dtf/ps/positions.hpp): one
+// data::position per training task, as the tasks last reported them (ps 0 holds them; any ps
+// answers). Kept in memory: a restarted ps starts empty and the chief's restore refills it from
+// the checkpoint (fill_only: a task that reported since keeps its newer position).
+//
+// What a peer cannot do: record a position in another task's name, except as a restore
+// (fill_only) of tasks this ps has none for; grow the table beyond the known workers
+// (ps_options::known_workers) or, without that list, max_done_tasks entries of names of at most
+// 256 characters. A request is checked whole before anything is recorded.
+//
+// Thread safety: its own mutex (requests arrive on every I/O thread).
+#pragma once
+
+#include <dtf/data/position.hpp>
+#include <dtf/detail/archive.hpp>
+#include <dtf/detail/messages.hpp>
+#include <dtf/error.hpp>
+#include <dtf/ps/config.hpp>
+#include <dtf/transport.hpp>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dtf::ps_detail {
+
+class position_table {
+ public:
+  explicit position_table(const ps_options& options) : options_(options) {}
+
+  /// Handles a ps_positions request: records, then answers with the positions asked for.
+  void handle(const rpc_peer& peer, std::span<const std::byte> meta, rpc_reply& reply) {
+    const auto m = detail::decode_message<detail::ps_positions_msg>(meta, "positions");
+    std::lock_guard g(mu_);
+    for (const auto& p : m.positions) check(peer, m, p.task);
+    for (const auto& p : m.positions) {
+      if (m.fill_only && positions_.count(p.task)) continue;
+      positions_[p.task] = p.at;
+    }
+    detail::ps_positions_msg out;
+    if (m.all) {
+      for (const auto& [task, at] : positions_) out.positions.push_back({task, at});
+    } else {
+      for (const auto& t : m.tasks)
+        if (const auto it = positions_.find(t); it != positions_.end()) out.positions.push_back({t, it->second});
+    }
+    reply.meta = detail::encode_message(out);
+  }
+
+  /// Every position held (for tests and logs).
+  std::map<std::string, data::position> snapshot() const {
+    std::lock_guard g(mu_);
+    return positions_;
+  }
+
+ private:
+  // Caller holds mu_.
+  void check(const rpc_peer& peer, const detail::ps_positions_msg& m, const std::string& task) const {
+    if (!m.fill_only && task != peer.identity)
+      throw error(errc::invalid_argument, "positions: " + peer.identity + " may report its own position only, not '" +
+                                              task.substr(0, 64) + "'s");
+    const auto& known = options_.known_workers;
+    if (!known.empty()) {
+      if (std::find(known.begin(), known.end(), task) == known.end())
+        throw error(errc::invalid_argument, "positions: '" + task.substr(0, 64) + "' is not a worker of this job");
+    } else if (task.empty() || task.size() > 256 ||
+               (!positions_.count(task) && positions_.size() >= options_.max_done_tasks)) {
+      throw error(errc::invalid_argument, "positions: '" + task.substr(0, 64) +
+                                              "' is not a task name, or the table is full");
+    }
+  }
+
+  const ps_options& options_;
+  mutable std::mutex mu_;
+  std::map<std::string, data::position> positions_;
+};
+
+}  // namespace dtf::ps_detail

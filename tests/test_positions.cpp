@@ -1,0 +1,229 @@
+// Data positions (dtf/data/position.hpp, dtf/ps/positions.hpp): a stream resumed at a position
+// yields the rest of the whole stream; ps 0 keeps each task's position, a checkpoint carries
+// them and a restore refills a ps that lost them; and dtf::train resumes a restarted worker's
+// shard where it was (issue 15: restarts redo no work).
+#include <dtf/ps.hpp>
+#include <dtf/ps/positions.hpp>
+#include <dtf/strategies/downpour.hpp>
+#include <dtf/train.hpp>
+
+#include <catch2/catch.hpp>
+
+#include "checkpoint_helpers.hpp"
+#include "train_helpers.hpp"
+
+#include <stdexcept>
+#include <vector>
+
+namespace {
+
+using dtf::data::position;
+
+// Every batch's features, in stream order.
+std::vector<std::vector<float>> features_of(dtf::data::batch_stream s) {
+  std::vector<std::vector<float>> out;
+  while (auto b = s.next()) out.emplace_back(b->features.begin(), b->features.end());
+  return out;
+}
+
+// The small net, recording the features of every batch it computes gradients on.
+struct recording_net {
+  dtf::nn::sequential net = dtf::test::small_net();
+  std::vector<std::vector<float>>* seen = nullptr;
+  std::vector<dtf::variable_spec> variables() const { return net.variables(); }
+  void initialize(std::span<float> p, std::uint64_t seed) { net.initialize(p, seed); }
+  float loss_and_gradients(std::span<const float> p, const dtf::tensor& x, const dtf::tensor& y, std::span<float> g) {
+    seen->push_back(x.to_vector<float>());
+    return net.loss_and_gradients(p, x, y, g);
+  }
+};
+
+// A user hook that ends its task with an exception after `steps` steps (a task killed mid-run).
+struct die_after {
+  std::int64_t steps;
+  std::int64_t runs = 0;
+  void after_run(dtf::run_context&, const dtf::run_values&) {
+    if (++runs == steps) throw std::runtime_error("killed after " + std::to_string(steps) + " steps");
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a stream started at a data position yields exactly the rest of the whole stream", "[data][positions]") {
+  const auto shard = dtf::test::synthetic(203, 3, dtf::test::labels::random).shard(2, 1);  // 101 examples
+  for (const std::size_t prefetch : {0, 2}) {
+    const auto d = shard.shuffle(17).batch(8).repeat(4).prefetch(prefetch);
+    const std::size_t per_epoch = d.batches_per_epoch();
+    REQUIRE(per_epoch == 13);
+    const auto all = features_of(d.stream());
+    REQUIRE(all.size() == 4 * per_epoch);
+    for (const std::uint64_t epoch : {0, 1, 3})
+      for (const std::uint64_t batch : {0, 1, 7, 12}) {
+        position at;
+        at.epoch = epoch;
+        at.batch = batch;
+        const auto rest = features_of(d.stream(at));
+        const auto skip = std::ptrdiff_t(epoch * per_epoch + batch);
+        CHECK(rest == std::vector<std::vector<float>>(all.begin() + skip, all.end()));
+      }
+    position past;
+    past.epoch = 4;  // every epoch done: nothing left
+    CHECK(features_of(d.stream(past)).empty());
+    position bad;
+    bad.batch = 13;
+    CHECK_THROWS_WITH(d.stream(bad), Catch::Contains("batch 13 is not one of the 13"));
+  }
+}
+
+TEST_CASE("a data position follows the trained batches and refuses another layout, saying why", "[data][positions]") {
+  auto at = position::start_of(3, 100, 8, 42);
+  at.trained(0, 11, 8, 13);
+  CHECK((at.epoch == 0 && at.batch == 12 && at.examples == 8 && at.steps == 1));
+  at.trained(0, 12, 4, 13);  // the last, short batch of the epoch
+  CHECK((at.epoch == 1 && at.batch == 0 && at.examples == 12 && at.steps == 2));
+  const auto here = position::start_of(3, 100, 8, 42);
+  CHECK_FALSE(at.unusable_in(here, 13));
+  CHECK(*at.unusable_in(position::start_of(2, 100, 8, 42), 13) == "the number of shards was 3, is 2");
+  CHECK(*at.unusable_in(position::start_of(3, 150, 8, 42), 19) == "the shard's size was 100, is 150");
+  CHECK(*at.unusable_in(position::start_of(3, 100, 16, 42), 7) == "the batch size was 8, is 16");
+  CHECK(*at.unusable_in(position::start_of(3, 100, 8, 43), 13) == "the shuffle seed was 42, is 43");
+  auto past = at;
+  past.batch = 13;
+  CHECK(*past.unusable_in(here, 13) == "batch 13 is past the 13 batches of an epoch");
+  auto hollow = at;
+  hollow.examples = 0;
+  CHECK(*hollow.unusable_in(here, 13) == "it counts 2 steps but no example");
+}
+
+TEST_CASE("ps 0 keeps each task's data position, checkpoints carry them, and a restore refills a ps that lost them",
+          "[checkpoint][positions]") {
+  using namespace dtf;
+  using namespace dtf::test::ckpt;
+  temp_dir dir("positions");
+  const auto vars = model_vars();
+  const auto layout = partitioners::greedy_load_balancing{}.place(vars, 1);
+  const optim::rule rule = optim::sgd{0.1f};
+  const checkpoint_options ck{dir.path.string(), "model", 3};
+  auto w1 = position::start_of(2, 100, 8, 43);
+  w1.trained(2, 4, 8, 13);
+  auto chief = position::start_of(2, 100, 8, 42);
+  chief.trained(0, 0, 8, 13);
+  {
+    cluster_of a(dir.path.string(), layout);
+    a.client->initialize(seeded(num_parameters(vars), 1), {rule});
+    ps_client worker(std::vector<std::string>{"127.0.0.1:" + std::to_string(a.servers[0]->port())}, layout,
+                     test::opts("worker.1"));
+    worker.connect();
+    CHECK_FALSE(recorded_position(worker));  // a first start: none
+    report_position(worker, w1);
+    report_position(*a.client, chief);
+    CHECK(recorded_position(worker) == w1);
+    CHECK(recorded_positions(*a.client) ==
+          std::vector<data::task_position>{{"chief.0", chief}, {"worker.1", w1}});
+    // Only a restore may name another task, and it never overrides a report.
+    detail::ps_positions_msg forged;
+    forged.positions.push_back({"chief.0", w1});
+    std::vector<rpc_call> calls{worker.request(0, detail::message_kind::ps_positions, detail::encode_message(forged))};
+    CHECK_THROWS_WITH(worker.call_all(calls), Catch::Contains("may report its own position only"));
+    CHECK(recorded_positions(*a.client).front().at == chief);
+    restore_positions(worker, {{"worker.1", chief}});
+    CHECK(recorded_position(worker) == w1);
+    const auto m = save_checkpoint(*a.client, ck, vars);
+    CHECK(m.positions == std::vector<data::task_position>{{"chief.0", chief}, {"worker.1", w1}});
+    CHECK(read_manifest(dir.path.string(), m.name).positions == m.positions);
+  }
+  // A fresh ps (a restart): empty until the chief restores the checkpoint, then its positions;
+  // a position reported after the restore stays through a second restore.
+  cluster_of b(dir.path.string(), layout);
+  CHECK(recorded_positions(*b.client).empty());
+  REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {rule}));
+  CHECK(recorded_positions(*b.client) == std::vector<data::task_position>{{"chief.0", chief}, {"worker.1", w1}});
+  auto newer = chief;
+  newer.trained(0, 1, 8, 13);
+  report_position(*b.client, newer);
+  REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {rule}));
+  CHECK(recorded_positions(*b.client) == std::vector<data::task_position>{{"chief.0", newer}, {"worker.1", w1}});
+}
+
+TEST_CASE("a checkpoint manifest with malformed positions is refused, naming the field", "[checkpoint][positions]") {
+  dtf::checkpoint_manifest m;
+  m.name = "model-1";
+  m.num_ps = 1;
+  m.files.push_back({"model-1.ps-0-of-1.shard", 0, 64, std::string(64, 'a')});
+  m.positions.push_back({"worker.1", position::start_of(2, 100, 8, 43)});
+  auto j = m.to_json();
+  CHECK(dtf::checkpoint_manifest::from_json(j, "m").positions == m.positions);
+  auto twice = j;
+  twice["positions"].push_back(twice["positions"][0]);
+  CHECK_THROWS_WITH(dtf::checkpoint_manifest::from_json(twice, "m"), Catch::Contains("positions[1].task"));
+  auto negative = j;
+  negative["positions"][0]["batch"] = -1;
+  CHECK_THROWS_WITH(dtf::checkpoint_manifest::from_json(negative, "m"),
+                    Catch::Contains("positions[0].batch: is not a non-negative integer"));
+  auto missing = j;
+  missing["positions"][0].erase("seed");
+  CHECK_THROWS_WITH(dtf::checkpoint_manifest::from_json(missing, "m"), Catch::Contains("positions[0].seed: is missing"));
+}
+
+TEST_CASE("train: a worker restarted mid-run resumes its shard at the recorded position and redoes no batch",
+          "[train][positions]") {
+  using namespace dtf;
+  // ps.0 on a free port (it accepts any cluster id: the spec's id depends on that port).
+  ps_options po{test::opts("ps.0")};
+  po.transport.cluster_id.clear();
+  po.transport.log = [](const std::string&) {};
+  parameter_server server("127.0.0.1:0", po);
+  std::thread serving([&] { server.run(); });
+  struct join_on_exit {
+    parameter_server& s;
+    std::thread& t;
+    ~join_on_exit() {
+      s.stop();
+      t.join();
+    }
+  } joiner{server, serving};
+
+  cluster c;
+  c.source = "test";
+  c.spec.jobs["ps"][0] = "127.0.0.1:" + std::to_string(server.port());
+  c.spec.jobs["worker"][0] = "127.0.0.1:1";  // the workers listen nowhere (a ps strategy)
+  c.spec.jobs["worker"][1] = "127.0.0.1:2";
+  const auto data = test::synthetic(203, 3, test::labels::argmax);
+  const train_options o{.name = "positions",
+                        .epochs = 3,
+                        .batch = 8,
+                        .seed = 5,
+                        .log_every = 0,
+                        .timeout_ms = 10000,
+                        .finish_timeout_s = 60};
+  const auto strategy = [] { return strategies::downpour({.fetch_every = 1, .push_every = 1}); };
+  // What worker 1 (training task 1 of 2) should train on: its shard in the seeded order, 3 epochs.
+  const auto reference = features_of(data.shard(2, 1).shuffle(o.seed + 1).batch(o.batch).repeat(o.epochs).stream());
+  REQUIRE(reference.size() == 3 * 13);
+  const std::int64_t killed_after = 13 + 5;  // mid-way through its second epoch
+
+  std::vector<std::vector<float>> first_life, second_life, chief_seen;
+  train_result chief_result, worker_result;
+  test::run_threads(2, [&](std::size_t k) {
+    cluster me = c;
+    me.self = {"worker", k};
+    if (k == 0) {
+      recording_net net{.seen = &chief_seen};
+      chief_result = train(me, net, data, strategy(), o);
+      return;
+    }
+    recording_net first{.seen = &first_life};
+    CHECK_THROWS_WITH(train(me, first, data, strategy(), o, partitioners::greedy_load_balancing{},
+                            die_after{killed_after}),
+                      Catch::Contains("killed after 18 steps"));
+    recording_net second{.seen = &second_life};
+    worker_result = train(me, second, data, strategy(), o);
+  });
+  CHECK(chief_result.exit_code == 0);
+  CHECK(chief_seen.size() == 3 * 13);  // the chief trained its own shard once
+  REQUIRE(first_life.size() == std::size_t(killed_after));
+  CHECK(first_life == std::vector<std::vector<float>>(reference.begin(), reference.begin() + killed_after));
+  // The restarted worker trained the rest of its shard, in order, and nothing twice.
+  CHECK(second_life.size() == reference.size() - std::size_t(killed_after));
+  CHECK(second_life == std::vector<std::vector<float>>(reference.begin() + killed_after, reference.end()));
+}
