@@ -16,17 +16,20 @@
 namespace dtf {
 
 template <class T>
-struct device_span {
-  std::span<T> elements;  ///< in device memory (host memory on CPU builds)
+class device_span {
+ public:
+  device_span() = default;
+  /// Says that `elements` are in device memory.
+  explicit device_span(std::span<T> elements) noexcept : elements(elements) {}
+  /// device_span<float> → device_span<const float>.
+  template <class U>
+    requires(!std::is_same_v<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
+  device_span(device_span<U> other) noexcept : elements(other.elements) {}
 
   std::size_t size() const noexcept { return elements.size(); }
   T* data() const noexcept { return elements.data(); }
-  /// The read-only view.
-  operator device_span<const T>() const noexcept
-    requires(!std::is_const_v<T>)
-  {
-    return {elements};
-  }
+
+  std::span<T> elements;  ///< in device memory (host memory on CPU builds)
 };
 
 }  // namespace dtf
