@@ -52,6 +52,36 @@
 namespace dtf {
 
 
+/// A request payload produced in segments while it is written: a CUDA build's device memory
+/// staged through pinned host memory (dtf/detail/staging_pipeline.hpp), where segment k+1 is
+/// copied while segment k is on the wire. An interface, not a template parameter, because
+/// rpc_client is not a template and the ps client's staging differs per build.
+class payload_segments {
+ public:
+  virtual std::size_t total_bytes() const = 0;
+  virtual std::size_t count() const = 0;
+  /// Segment k's bytes, ready to write; called for k = 0, 1, … in order from the I/O of the
+  /// calling thread. May block (for the copy of segment k) and throw dtf::error.
+  virtual std::span<const std::byte> segment(std::size_t k) = 0;
+
+ protected:
+  ~payload_segments() = default;
+};
+
+/// A reply payload consumed in segments as it is read (the reverse of payload_segments).
+class reply_segments {
+ public:
+  virtual std::size_t total_bytes() const = 0;
+  virtual std::size_t count() const = 0;
+  /// Where segment k is read (k = 0, 1, … in order).
+  virtual std::span<std::byte> segment(std::size_t k) = 0;
+  /// Segment k has been read (may start work on it without waiting; may throw dtf::error).
+  virtual void received(std::size_t k) = 0;
+
+ protected:
+  ~reply_segments() = default;
+};
+
 /// One request to one peer inside rpc_client::call_all.
 struct rpc_call {
   std::size_t peer = 0;
@@ -61,6 +91,12 @@ struct rpc_call {
   std::vector<asio::mutable_buffer> reply_payload;  ///< scattered into the caller's memory;
                                                     ///< the reply must fill it exactly
   std::vector<std::byte> reply_meta;               ///< out: the reply's control message
+  /// Optional, instead of payload: the payload written segment by segment. The frame on the
+  /// wire is the same (the peer cannot tell).
+  payload_segments* payload_source = nullptr;
+  /// Optional, instead of reply_payload: the reply payload read segment by segment; the reply
+  /// must fill it exactly.
+  reply_segments* reply_sink = nullptr;
 };
 
 /// The client side: connections to a set of named peers, requests in parallel.
@@ -111,6 +147,8 @@ class rpc_client {
   void start(exchange& x);
   void read_reply_header(exchange& x);
   void read_reply_payload(exchange& x);
+  void write_segment(exchange& x, std::size_t k);
+  void read_segment(exchange& x, std::size_t k);
   void discard_payload(exchange& x, std::uint64_t left, errc code, std::string reason);
   void connect(peer& p);
   void handshake(peer& p, std::chrono::steady_clock::time_point deadline);

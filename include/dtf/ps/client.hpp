@@ -4,21 +4,29 @@
 //
 // Communication volume: a pull moves every requested shard's bytes once, server to worker;
 // a push moves them once the other way. The worker's bytes go from its buffer to the socket
-// and from the socket into its buffer (scatter/gather, no copy on the worker).
+// and from the socket into its buffer (scatter/gather, no copy on the worker). Device memory
+// (the device_span forms): the same on CPU builds; on CUDA builds one copy through a pinned
+// staging buffer per ps connection, in segments of transport_options::staging_segment_bytes,
+// the copy of one segment overlapping the socket transfer of the next
+// (dtf/ps/device_staging.hpp).
 //
 // Thread safety: a ps_client serves one thread.
 #pragma once
 
 #include <dtf/detail/archive.hpp>
+#include <dtf/detail/cuda_staging.hpp>
 #include <dtf/detail/messages.hpp>
+#include <dtf/device_span.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/ps/config.hpp>
+#include <dtf/ps/device_staging.hpp>
 #include <dtf/transport.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -31,8 +39,9 @@ namespace dtf {
 /// A worker's (or the chief's) view of the parameter servers.
 ///
 /// Buffers passed to pull/push are the model's flat float32 parameter or gradient buffers in
-/// host memory (on CUDA builds copy device tensors through a host buffer first); shards are
-/// read from and written to their place in them directly.
+/// host memory (std::span) or device memory (dtf::device_span, a device tensor's elements);
+/// shards are read from and written to their place in them directly (device memory on CUDA
+/// builds: through the connection's pinned staging buffer, see the file comment).
 class ps_client {
  public:
   /// ps_addresses[i] is ps task i's "host:port"; placement says which shards each holds.
@@ -97,25 +106,75 @@ class ps_client {
 
   /// Reads every shard into params. Returns the global step. The update counts read with it
   /// are what the next push's staleness (DynSGD's τ) is counted from.
-  std::int64_t pull(std::span<float> params) { return read(params, true); }
+  std::int64_t pull(std::span<float> params) {
+    return read(params.size(), true, [&](rpc_call& c, std::size_t ps) { scatter(c, ps, params); }, no_finish{});
+  }
 
   /// Reads every shard into params without counting as this client's pull: an evaluation of
   /// the centre variable on a worker's client leaves that worker's τ alone.
-  std::int64_t read_values(std::span<float> params) { return read(params, false); }
+  std::int64_t read_values(std::span<float> params) {
+    return read(params.size(), false, [&](rpc_call& c, std::size_t ps) { scatter(c, ps, params); }, no_finish{});
+  }
+
+  /// pull into device memory (a device tensor's elements; see the file comment).
+  std::int64_t pull(device_span<float> params) {
+#if DTF_CUDA
+    return pull(params, device_staging());
+#else
+    return pull(params.elements);
+#endif
+  }
+  /// pull into device memory through the given staging (one engine per ps connection): what
+  /// the CUDA build's pull(device_span) does with its own; tests drive the schedule with
+  /// detail::host_copy_engine.
+  template <detail::staging_copy_engine Engine>
+  std::int64_t pull(device_span<float> params, detail::connection_staging<Engine>& staging) {
+    auto* base = reinterpret_cast<std::byte*>(params.data());
+    return read(
+        params.size(), true,
+        [&](rpc_call& c, std::size_t ps) { staging.attach_reply(c, ps, base, detail::shard_ranges(layout_, ids_[ps])); },
+        [&](std::size_t ps) { staging.finish_reply(ps); });
+  }
 
  private:
-  std::int64_t read(std::span<float> params, bool track) {
-    check_size(params.size(), "pull");
+  struct no_finish {
+    void operator()(std::size_t) const noexcept {}
+  };
+  // Where a request's payload comes from: the caller's host buffer (gathered in place) or
+  // device memory staged through the connection's buffer.
+  struct host_payload {
+    const ps_client& self;
+    std::span<const float> buf;
+    void operator()(rpc_call& c, std::size_t ps) const { self.gather(c, ps, buf); }
+  };
+  template <class Engine>
+  struct staged_payload {
+    const ps_client& self;
+    std::span<const float> buf;
+    detail::connection_staging<Engine>& staging;
+    void operator()(rpc_call& c, std::size_t ps) const {
+      staging.attach_payload(c, ps, reinterpret_cast<const std::byte*>(buf.data()),
+                             detail::shard_ranges(self.layout_, self.ids_[ps]));
+    }
+  };
+
+  // A pull of n floats: attach(call, ps) says where ps's reply lands; finish(ps) waits for what
+  // the reply started (the staged copies to device memory) before the call is read again.
+  template <class Attach, class Finish>
+  std::int64_t read(std::size_t n, bool track, Attach attach, Finish finish) {
+    check_size(n, "pull");
     auto pull_from = [&](std::size_t ps) {
       auto c = make_call(ps, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{ids_[ps]}));
-      for (auto id : ids_[ps])
-        c.reply_payload.push_back(
-            asio::buffer(params.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
+      attach(c, ps);
       return c;
+    };
+    const auto run_and_finish = [&](std::vector<rpc_call>& cs) {
+      run(cs);
+      for (const auto& c : cs) finish(c.peer);
     };
     std::vector<rpc_call> calls;
     for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) calls.push_back(pull_from(ps));
-    run(calls);
+    run_and_finish(calls);
     // Synchronous training: a ps still completing the step the others finished (its admitted
     // contributions are on their way) is read again until it has, so the values returned are
     // all of one step, the tag's. ps 0 cannot start the next step before every ps finished
@@ -141,7 +200,7 @@ class ps_client {
                                        " ms");
       std::vector<rpc_call> again;
       for (auto i : behind) again.push_back(pull_from(calls[i].peer));
-      run(again);
+      run_and_finish(again);
       for (std::size_t j = 0; j < behind.size(); ++j) calls[behind[j]] = std::move(again[j]);
     }
     if (track)
@@ -165,15 +224,49 @@ class ps_client {
   /// Advances the global step when increment_step.
   push_result push_gradients(std::span<const float> grads, std::optional<float> learning_rate = std::nullopt,
                              bool increment_step = true) {
-    return push(grads, detail::update_kind::gradient, learning_rate, increment_step);
+    return push(grads.size(), host_payload{*this, grads}, detail::update_kind::gradient, learning_rate, increment_step);
+  }
+  /// push_gradients from device memory.
+  push_result push_gradients(device_span<const float> grads, std::optional<float> learning_rate = std::nullopt,
+                             bool increment_step = true) {
+#if DTF_CUDA
+    return push_gradients(grads, device_staging(), learning_rate, increment_step);
+#else
+    return push_gradients(grads.elements, learning_rate, increment_step);
+#endif
+  }
+  /// push_gradients from device memory through the given staging (see pull).
+  template <detail::staging_copy_engine Engine>
+  push_result push_gradients(device_span<const float> grads, detail::connection_staging<Engine>& staging,
+                             std::optional<float> learning_rate = std::nullopt, bool increment_step = true) {
+    return push(grads.size(), staged_payload<Engine>{*this, grads.elements, staging}, detail::update_kind::gradient, learning_rate,
+                increment_step);
   }
 
   /// Sends deltas that each ps adds to its values; with scale_by_staleness (DynSGD) each ps
   /// first multiplies them by 1 / (staleness + 1).
   push_result push_deltas(std::span<const float> deltas, bool increment_step = true,
                           bool scale_by_staleness = false) {
-    return push(deltas, scale_by_staleness ? detail::update_kind::scaled_delta : detail::update_kind::delta,
-                std::nullopt, increment_step);
+    return push(deltas.size(), host_payload{*this, deltas},
+                scale_by_staleness ? detail::update_kind::scaled_delta : detail::update_kind::delta, std::nullopt,
+                increment_step);
+  }
+  /// push_deltas from device memory.
+  push_result push_deltas(device_span<const float> deltas, bool increment_step = true,
+                          bool scale_by_staleness = false) {
+#if DTF_CUDA
+    return push_deltas(deltas, device_staging(), increment_step, scale_by_staleness);
+#else
+    return push_deltas(deltas.elements, increment_step, scale_by_staleness);
+#endif
+  }
+  /// push_deltas from device memory through the given staging (see pull).
+  template <detail::staging_copy_engine Engine>
+  push_result push_deltas(device_span<const float> deltas, detail::connection_staging<Engine>& staging,
+                          bool increment_step = true, bool scale_by_staleness = false) {
+    return push(deltas.size(), staged_payload<Engine>{*this, deltas.elements, staging},
+                scale_by_staleness ? detail::update_kind::scaled_delta : detail::update_kind::delta, std::nullopt,
+                increment_step);
   }
 
   /// Synchronous contribution for global step `step`: returns when the step is complete
@@ -183,12 +276,34 @@ class ps_client {
   /// Errors: errc::peer_failure when fewer than N replicas remain; errc::timeout.
   sync_result push_sync(std::span<const float> buf, std::int64_t step, std::optional<float> learning_rate = std::nullopt,
                         bool delta = false) {
-    check_size(buf.size(), "push_sync");
+    return sync_push(buf.size(), host_payload{*this, buf}, step, learning_rate, delta);
+  }
+  /// push_sync from device memory.
+  sync_result push_sync(device_span<const float> buf, std::int64_t step,
+                        std::optional<float> learning_rate = std::nullopt, bool delta = false) {
+#if DTF_CUDA
+    return push_sync(buf, device_staging(), step, learning_rate, delta);
+#else
+    return push_sync(buf.elements, step, learning_rate, delta);
+#endif
+  }
+  /// push_sync from device memory through the given staging (see pull).
+  template <detail::staging_copy_engine Engine>
+  sync_result push_sync(device_span<const float> buf, detail::connection_staging<Engine>& staging, std::int64_t step,
+                        std::optional<float> learning_rate = std::nullopt, bool delta = false) {
+    return sync_push(buf.size(), staged_payload<Engine>{*this, buf.elements, staging}, step, learning_rate, delta);
+  }
+
+ private:
+  template <class Attach>
+  sync_result sync_push(std::size_t n, Attach attach, std::int64_t step, std::optional<float> learning_rate,
+                        bool delta) {
+    check_size(n, "push_sync");
     auto call_to = [&](std::size_t ps) {
       detail::ps_sync_push_msg m{ids_[ps], step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
                                  learning_rate};
       auto c = make_call(ps, detail::message_kind::ps_sync_push, detail::encode_message(m));
-      gather(c, ps, buf);
+      attach(c, ps);
       return c;
     };
     // ps 0 admits: the first N contributions for the step are recorded there and its reply
@@ -216,6 +331,7 @@ class ps_client {
     return r;
   }
 
+ public:
   /// The global step (held by ps 0).
   std::int64_t global_step() {
     rpc_call c = make_call(0, detail::message_kind::ps_step, detail::encode_message(detail::empty_msg{}));
@@ -329,6 +445,12 @@ class ps_client {
     return c;
   }
 
+  void scatter(rpc_call& c, std::size_t ps, std::span<float> buf) const {
+    for (auto id : ids_[ps])
+      c.reply_payload.push_back(
+          asio::buffer(buf.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
+  }
+
   void gather(rpc_call& c, std::size_t ps, std::span<const float> buf) const {
     for (auto id : ids_[ps])
       c.payload.push_back(asio::buffer(buf.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
@@ -341,15 +463,17 @@ class ps_client {
     return calls;
   }
 
-  push_result push(std::span<const float> buf, detail::update_kind kind, std::optional<float> lr, bool increment_step) {
-    check_size(buf.size(), "push");
+  template <class Attach>
+  push_result push(std::size_t n, Attach attach, detail::update_kind kind, std::optional<float> lr,
+                   bool increment_step) {
+    check_size(n, "push");
     std::vector<rpc_call> calls;
     for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
       // ps 0 holds the global step, so it always gets a push (possibly of no shards).
       if (ids_[ps].empty() && !(ps == 0 && increment_step)) continue;
       detail::ps_push_msg m{ids_[ps], kind, lr, increment_step && ps == 0, seen_[ps]};
       calls.push_back(make_call(ps, detail::message_kind::ps_push, detail::encode_message(m)));
-      gather(calls.back(), ps, buf);
+      attach(calls.back(), ps);
     }
     run(calls);
     track_done(calls);
@@ -390,11 +514,24 @@ class ps_client {
       }
   }
 
+#if DTF_CUDA
+  // The device forms' staging: one pinned buffer and stream per ps connection, made on first use.
+  detail::connection_staging<detail::cuda_copy_engine>& device_staging() {
+    if (!staging_)
+      staging_ = std::make_unique<detail::connection_staging<detail::cuda_copy_engine>>(
+          layout_.num_ps, rpc_.options().staging_segment_bytes);
+    return *staging_;
+  }
+#endif
+
   placement layout_;
   rpc_client rpc_;
   std::vector<std::vector<std::uint32_t>> ids_;  // shard ids held by each ps
   std::vector<std::uint64_t> seen_;              // each ps's update count at the last pull
   std::set<std::string> done_seen_;              // tasks known to have called mark_done()
+#if DTF_CUDA
+  std::unique_ptr<detail::connection_staging<detail::cuda_copy_engine>> staging_;
+#endif
 };
 
 }  // namespace dtf

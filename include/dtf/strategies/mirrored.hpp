@@ -12,7 +12,12 @@
 // k % device count) with its own copy of the model and of the variables. A step:
 //   1. every replica computes gradients on its batch;
 //   2. in shared memory, replica k averages slice k of every replica's gradients (R threads
-//      reduce R slices in parallel), then waits for the others;
+//      reduce R slices in parallel), then waits for the others; or, in a CUDA build that links
+//      dtf::nccl (DTF_HAVE_NCCL) when every replica has a GPU of its own (more than one
+//      replica, at most as many as visible GPUs), NCCL averages them across the GPUs in place
+//      (ncclCommInitAll over the replicas' devices once; ncclAllReduce with ncclAvg inside
+//      ncclGroupStart/End per step), with no copy through host memory. Both compute the mean
+//      of the replicas' gradients (and losses);
 //   3. replica 0 averages the result across processes with the ring allreduce (skipped
 //      with one process);
 //   4. every replica applies the same optimiser step to its own variables, so the copies
@@ -21,9 +26,13 @@
 // the processes' means). Communication per step: one allreduce of the model's gradients per
 // process, none between the replicas of a process (shared memory).
 //
+// NOT YET RUN on GPUs: the NCCL path compiles in dtf's CUDA build, but no GPU was available
+// while it was written.
+//
 // Errors: a replica that throws breaks the step: the other replicas stop at their next
 // synchronisation point and step() rethrows the first error; a replica stuck longer than
-// timeout_ms is errc::timeout. Errors of the communicator as in dtf/collectives.hpp.
+// timeout_ms is errc::timeout. Errors of the communicator as in dtf/collectives.hpp; a failed
+// CUDA or NCCL call is errc::internal naming the call and its error string.
 // Thread safety: one caller thread per instance; the replica threads live as long as it does.
 #pragma once
 
@@ -41,7 +50,18 @@
 #include <thrust/copy.h>
 
 #if DTF_CUDA
+#include <dtf/detail/cuda_staging.hpp>  // detail::check_cuda
+
 #include <cuda_runtime_api.h>
+#endif
+// The in-process NCCL reduction: in CUDA builds whose translation unit links dtf::nccl. The
+// choice is a template argument of mirrored (below), so translation units that differ in it
+// instantiate different types, not one type two ways.
+#if DTF_CUDA && defined(DTF_HAVE_NCCL)
+#include <nccl.h>
+#define DTF_MIRRORED_NCCL 1
+#else
+#define DTF_MIRRORED_NCCL 0
 #endif
 
 #include <algorithm>
@@ -55,6 +75,8 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace dtf::strategies {
@@ -178,22 +200,89 @@ class replica_threads {
   std::vector<std::thread> threads_;
 };
 
+/// The host path's stand-in for the NCCL group (mirrored<M, false>): nothing.
+struct no_replica_group {};
+class nccl_replica_group;
+
+#if DTF_MIRRORED_NCCL
+/// One NCCL communicator per replica GPU of this process (ncclCommInitAll), averaging a
+/// buffer of equal size on each GPU in place. Driven from one thread.
+class nccl_replica_group {
+ public:
+  explicit nccl_replica_group(std::vector<int> devices)
+      : devices_(std::move(devices)), comms_(devices_.size(), nullptr), streams_(devices_.size(), nullptr) {
+    check(ncclCommInitAll(comms_.data(), int(devices_.size()), devices_.data()), "ncclCommInitAll");
+    try {
+      for (std::size_t k = 0; k < devices_.size(); ++k) {
+        dtf::detail::check_cuda(cudaSetDevice(devices_[k]), "cudaSetDevice");
+        dtf::detail::check_cuda(cudaStreamCreateWithFlags(&streams_[k], cudaStreamNonBlocking),
+                                "cudaStreamCreateWithFlags");
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  nccl_replica_group(const nccl_replica_group&) = delete;
+  nccl_replica_group& operator=(const nccl_replica_group&) = delete;
+  ~nccl_replica_group() { release(); }
+
+  /// buffers[k] (count floats on GPU devices[k]) := the mean of all of them. Returns when done.
+  void average(std::span<float* const> buffers, std::size_t count) {
+    check(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t first = ncclSuccess;
+    for (std::size_t k = 0; k < comms_.size() && first == ncclSuccess; ++k)
+      first = ncclAllReduce(buffers[k], buffers[k], count, ncclFloat, ncclAvg, comms_[k], streams_[k]);
+    const ncclResult_t end = ncclGroupEnd();  // always closes the group
+    check(first, "ncclAllReduce");
+    check(end, "ncclGroupEnd");
+    for (std::size_t k = 0; k < comms_.size(); ++k) {
+      dtf::detail::check_cuda(cudaSetDevice(devices_[k]), "cudaSetDevice");
+      dtf::detail::check_cuda(cudaStreamSynchronize(streams_[k]), "cudaStreamSynchronize (ncclAllReduce)");
+    }
+  }
+
+ private:
+  static void check(ncclResult_t rc, const char* what) {
+    if (rc != ncclSuccess)
+      throw error(errc::internal, std::string("mirrored: ") + what + " failed: " + ncclGetErrorString(rc) +
+                                      " (ncclResult_t " + std::to_string(int(rc)) + ")");
+  }
+  void release() noexcept {
+    for (std::size_t k = 0; k < streams_.size(); ++k)
+      if (streams_[k]) {
+        cudaSetDevice(devices_[k]);
+        cudaStreamDestroy(streams_[k]);
+        streams_[k] = nullptr;
+      }
+    for (auto& c : comms_)
+      if (c) ncclCommDestroy(std::exchange(c, nullptr));
+  }
+
+  std::vector<int> devices_;
+  std::vector<ncclComm_t> comms_;
+  std::vector<cudaStream_t> streams_;
+};
+#endif
+
 }  // namespace detail
 
-template <class M = void>
+/// Nccl: reduce the replicas with NCCL where every replica has a GPU of its own (see the file
+/// comment); the default is whether this translation unit can (DTF_HAVE_NCCL in a CUDA build).
+template <class M = void, bool Nccl = bool(DTF_MIRRORED_NCCL)>
 class mirrored;
 
 /// The strategy value dtf::train takes (dtf::strategy, kind collective):
 ///   dtf::train(cluster, net, data, dtf::strategies::mirrored<>({.rule = ...}, 4), options)
 /// It holds the config and the replicas per process; train builds the engine mirrored<M>
 /// (below) in every process.
-template <>
-class mirrored<void> {
+template <bool Nccl>
+class mirrored<void, Nccl> {
  public:
   using config_type = mirrored_config;
   static constexpr strategy_kind kind = strategy_kind::collective;
   template <model M>
-  using engine = mirrored<M>;
+  using engine = mirrored<M, Nccl>;
 
   explicit mirrored(config_type c = {}, std::size_t replicas = 2) : config(c), replicas(replicas) {}
   std::size_t replicas_per_process() const noexcept { return replicas; }
@@ -209,10 +298,14 @@ static_assert(check_strategy<mirrored<>>(),
               "mirrored<> must model dtf::strategy: config_type, kind, replicas_per_process(), engine<M>");
 
 /// The engine: this process's replicas.
-template <model M>
-class mirrored<M> {
+template <model M, bool Nccl>
+class mirrored<M, Nccl> {
+  static_assert(!Nccl || DTF_MIRRORED_NCCL,
+                "mirrored<M, true> reduces with NCCL: compile with -DDTF_CUDA=ON and link the dtf::nccl target");
+
  public:
-  /// `replicas` copies of `prototype`, one per thread. Errors: errc::invalid_argument for 0 replicas.
+  /// `replicas` copies of `prototype`, one per thread. Errors: errc::invalid_argument for 0
+  /// replicas; with NCCL, errc::internal when its initialisation fails.
   mirrored(communicator& comm, const M& prototype, std::size_t replicas, mirrored_config config = {})
       : comm_(comm), config_(config), n_(num_parameters(prototype.variables())), reduced_(n_ + 1) {
     if (replicas == 0) throw error(errc::invalid_argument, "mirrored: 0 replicas");
@@ -220,6 +313,16 @@ class mirrored<M> {
       on_device(k);
       replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule));
     }
+#if DTF_CUDA
+    if constexpr (Nccl) {
+      int count = 0;
+      if (replicas > 1 && cudaGetDeviceCount(&count) == cudaSuccess && std::size_t(count) >= replicas) {
+        std::vector<int> devices(replicas);
+        for (std::size_t k = 0; k < replicas; ++k) devices[k] = int(k);  // on_device(k): GPU k here
+        nccl_ = std::make_unique<detail::nccl_replica_group>(std::move(devices));
+      }
+    }
+#endif
     on_device(0);
     threads_ = std::make_unique<detail::replica_threads>(replicas, [](std::size_t k) {
       set_cpu_threads({.device = 1, .blas = 0});  // OpenMP's thread count is per thread
@@ -228,6 +331,13 @@ class mirrored<M> {
   }
 
   std::size_t replicas() const noexcept { return replicas_.size(); }
+  /// Whether the replicas are reduced by NCCL across GPUs (otherwise in host memory).
+  bool reduces_on_gpus() const noexcept {
+    if constexpr (Nccl)
+      return nccl_ != nullptr;
+    else
+      return false;
+  }
   /// Replicas in all: replicas() × processes.
   std::size_t global_replicas() const noexcept { return replicas_.size() * comm_.size(); }
 
@@ -342,6 +452,10 @@ class mirrored<M> {
     assign_from_host(rep.y, b.labels);
     const float loss = rep.net.loss_and_gradients(rep.params.template span<const float>(), rep.x, rep.y,
                                                   rep.grads.template span<float>().first(n_));
+#if DTF_CUDA
+    if constexpr (Nccl)
+      if (nccl_) return nccl_step(k, loss, barrier, lr);
+#endif
     if constexpr (device_memory_is_host_accessible) {
       rep.grads.template data<float>()[n_] = loss;
     } else {
@@ -374,12 +488,45 @@ class mirrored<M> {
     }
   }
 
+#if DTF_CUDA
+  // Steps 2–4 with NCCL: the replicas' gradients (the loss in slot n) averaged in place on their
+  // GPUs; replica 0 then averages across processes through host memory, as the host path does.
+  void nccl_step(std::size_t k, float loss, detail::replica_barrier& barrier, float lr) {
+    const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
+    replica& rep = *replicas_[k];
+    float* grads = rep.grads.template data<float>();
+    dtf::detail::check_cuda(cudaMemcpy(grads + n_, &loss, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy (loss)");
+    // The model's kernels ran on the default stream; NCCL's streams do not wait for it.
+    dtf::detail::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (gradients)");
+    barrier.arrive_and_wait(timeout);
+    if (k == 0) {
+      std::vector<float*> buffers;
+      for (auto& r : replicas_) buffers.push_back(r->grads.template data<float>());
+      nccl_->average(buffers, n_ + 1);
+      on_device(0);
+      const bool across = comm_.size() > 1;
+      dtf::detail::check_cuda(cudaMemcpy(across ? reduced_.data() : reduced_.data() + n_, across ? grads : grads + n_,
+                                         (across ? n_ + 1 : 1) * sizeof(float), cudaMemcpyDeviceToHost),
+                              "cudaMemcpy (reduced gradients)");
+      if (across) comm_.allreduce<float>("mirrored/gradients", std::span<float>(reduced_), reduce_op::average);
+    }
+    barrier.arrive_and_wait(timeout);
+    if (comm_.size() > 1)
+      dtf::detail::check_cuda(cudaMemcpy(grads, reduced_.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
+                              "cudaMemcpy (gradients across processes)");
+    rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().first(n_), lr);
+  }
+#endif
+
   communicator& comm_;
   mirrored_config config_;
   std::size_t n_;
   std::vector<float> reduced_;
   std::vector<std::unique_ptr<replica>> replicas_;
   std::int64_t step_ = 0;
+  // Null (or nothing, without NCCL): the host path. Its type depends on Nccl only, never on
+  // the translation unit, so that mirrored<M, false> has one layout everywhere.
+  std::conditional_t<Nccl, std::unique_ptr<detail::nccl_replica_group>, detail::no_replica_group> nccl_;
   std::unique_ptr<detail::replica_threads> threads_;  // last: its threads stop before the replicas go
 };
 

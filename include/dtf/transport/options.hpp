@@ -33,6 +33,10 @@ struct transport_options {
   /// ones are closed at accept with a logged reason.
   std::size_t max_connections = 1024;
   detail::frame_limits limits{};
+  /// CUDA builds: a ps client moves device memory through a pinned staging buffer in segments
+  /// of this many bytes, copying one while the previous one is on the wire (CPU builds send in
+  /// place and ignore it). Positive.
+  std::size_t staging_segment_bytes = std::size_t(1) << 20;
   /// Where logged reasons go (a line without newline); default: stderr.
   std::function<void(const std::string&)> log{};
 };

@@ -128,12 +128,54 @@ inline void rpc_client::start(exchange& x) {
   h.meta_size = std::uint32_t(x.c.meta.size());
   h.request_id = x.request_id;
   for (const auto& b : x.c.payload) h.payload_size += b.size();
+  if (x.c.payload_source) h.payload_size += x.c.payload_source->total_bytes();
   x.out_header = detail::encode_header(h);
   std::vector<asio::const_buffer> bufs{asio::buffer(x.out_header), asio::buffer(x.c.meta)};
   bufs.insert(bufs.end(), x.c.payload.begin(), x.c.payload.end());
   asio::async_write(x.p.socket, bufs, detail::transfer_all_large{}, [this, &x](std::error_code ec, std::size_t) {
     if (ec) return fail(x, errc::peer_failure, "send failed: " + ec.message());
+    if (x.c.payload_source) return write_segment(x, 0);
     read_reply_header(x);
+  });
+}
+
+// A segmented payload: segment k is written once the source has it ready; the source prepares
+// segment k+1 (a copy from device memory) while this write is on the wire.
+inline void rpc_client::write_segment(exchange& x, std::size_t k) {
+  if (k == x.c.payload_source->count()) return read_reply_header(x);
+  std::span<const std::byte> seg;
+  try {
+    seg = x.c.payload_source->segment(k);
+  } catch (const error& e) {
+    // Part of the frame is on the wire: the connection is dropped (fatal) after this call.
+    if (!x.failure) x.failure = error(e.code(), x.p.describe() + ": " + e.message());
+    x.done = true;
+    return;
+  }
+  asio::async_write(x.p.socket, asio::buffer(seg.data(), seg.size()), detail::transfer_all_large{},
+                    [this, &x, k](std::error_code ec, std::size_t) {
+    if (ec) return fail(x, errc::peer_failure, "send failed: " + ec.message());
+    write_segment(x, k + 1);
+  });
+}
+
+inline void rpc_client::read_segment(exchange& x, std::size_t k) {
+  if (k == x.c.reply_sink->count()) {
+    x.done = true;
+    return;
+  }
+  const auto seg = x.c.reply_sink->segment(k);
+  asio::async_read(x.p.socket, asio::buffer(seg.data(), seg.size()), detail::transfer_all_large{},
+                   [this, &x, k](std::error_code ec, std::size_t) {
+    if (ec) return fail(x, errc::peer_failure, "connection lost while reading a reply payload: " + ec.message());
+    try {
+      x.c.reply_sink->received(k);
+    } catch (const error& e) {
+      if (!x.failure) x.failure = error(e.code(), x.p.describe() + ": " + e.message());
+      x.done = true;
+      return;
+    }
+    read_segment(x, k + 1);
   });
 }
 
@@ -154,6 +196,7 @@ inline void rpc_client::read_reply_header(exchange& x) {
     // the caller's buffers exactly, and a failure reply carries none.
     std::size_t expected = 0;
     for (const auto& b : x.c.reply_payload) expected += b.size();
+    if (x.c.reply_sink) expected += x.c.reply_sink->total_bytes();
     if (x.reply.status != 0 ? x.reply.payload_size > detail::max_failure_payload : x.reply.payload_size != expected)
       return fail(x, errc::peer_failure, std::string(x.reply.status != 0 ? "failure reply" : "reply") + " carries " +
                                              std::to_string(x.reply.payload_size) + " payload bytes, expected " +
@@ -183,6 +226,7 @@ inline void rpc_client::read_reply_payload(exchange& x) {
   asio::async_read(x.p.socket, x.c.reply_payload, detail::transfer_all_large{},
                    [this, &x](std::error_code ec, std::size_t) {
     if (ec) return fail(x, errc::peer_failure, "connection lost while reading a reply payload: " + ec.message());
+    if (x.c.reply_sink) return read_segment(x, 0);
     x.done = true;
   });
 }
