@@ -5,21 +5,16 @@
 // Communication volume: a pull moves every requested shard's bytes once, server to worker;
 // a push moves them once the other way. The worker's bytes go from its buffer to the socket
 // and from the socket into its buffer (scatter/gather, no copy on the worker). Device memory
-// (the device_span forms): the same on CPU builds; on CUDA builds one copy through a pinned
-// staging buffer per ps connection, in segments of transport_options::staging_segment_bytes,
-// the copy of one segment overlapping the socket transfer of the next
-// (dtf/ps/device_staging.hpp).
+// (the device_span forms): dtf/ps/device_forms.hpp.
 //
 // Thread safety: a ps_client serves one thread.
 #pragma once
 
 #include <dtf/detail/archive.hpp>
-#include <dtf/detail/cuda_staging.hpp>
 #include <dtf/detail/messages.hpp>
-#include <dtf/device_span.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/ps/config.hpp>
-#include <dtf/ps/device_staging.hpp>
+#include <dtf/ps/device_forms.hpp>
 #include <dtf/transport.hpp>
 
 #include <algorithm>
@@ -42,8 +37,15 @@ namespace dtf {
 /// host memory (std::span) or device memory (dtf::device_span, a device tensor's elements);
 /// shards are read from and written to their place in them directly (device memory on CUDA
 /// builds: through the connection's pinned staging buffer, see the file comment).
-class ps_client {
+class ps_client : public ps_detail::device_forms<ps_client> {
+  friend class ps_detail::device_forms<ps_client>;  // its forms use read, push and sync_push
+
  public:
+  using device_forms::pull;
+  using device_forms::push_deltas;
+  using device_forms::push_gradients;
+  using device_forms::push_sync;
+
   /// ps_addresses[i] is ps task i's "host:port"; placement says which shards each holds.
   ps_client(std::vector<std::string> ps_addresses, placement layout, transport_options options)
       : layout_(std::move(layout)), rpc_(std::move(options)) {
@@ -116,46 +118,16 @@ class ps_client {
     return read(params.size(), false, [&](rpc_call& c, std::size_t ps) { scatter(c, ps, params); }, no_finish{});
   }
 
-  /// pull into device memory (a device tensor's elements; see the file comment).
-  std::int64_t pull(device_span<float> params) {
-#if DTF_CUDA
-    return pull(params, device_staging());
-#else
-    return pull(params.elements);
-#endif
-  }
-  /// pull into device memory through the given staging (one engine per ps connection): what
-  /// the CUDA build's pull(device_span) does with its own; tests drive the schedule with
-  /// detail::host_copy_engine.
-  template <detail::staging_copy_engine Engine>
-  std::int64_t pull(device_span<float> params, detail::connection_staging<Engine>& staging) {
-    auto* base = reinterpret_cast<std::byte*>(params.data());
-    return read(
-        params.size(), true,
-        [&](rpc_call& c, std::size_t ps) { staging.attach_reply(c, ps, base, detail::shard_ranges(layout_, ids_[ps])); },
-        [&](std::size_t ps) { staging.finish_reply(ps); });
-  }
 
  private:
   struct no_finish {
     void operator()(std::size_t) const noexcept {}
   };
-  // Where a request's payload comes from: the caller's host buffer (gathered in place) or
-  // device memory staged through the connection's buffer.
+  // A request's payload from the caller's host buffer (gathered in place).
   struct host_payload {
     const ps_client& self;
     std::span<const float> buf;
     void operator()(rpc_call& c, std::size_t ps) const { self.gather(c, ps, buf); }
-  };
-  template <class Engine>
-  struct staged_payload {
-    const ps_client& self;
-    std::span<const float> buf;
-    detail::connection_staging<Engine>& staging;
-    void operator()(rpc_call& c, std::size_t ps) const {
-      staging.attach_payload(c, ps, reinterpret_cast<const std::byte*>(buf.data()),
-                             detail::shard_ranges(self.layout_, self.ids_[ps]));
-    }
   };
 
   // A pull of n floats: attach(call, ps) says where ps's reply lands; finish(ps) waits for what
@@ -226,45 +198,12 @@ class ps_client {
                              bool increment_step = true) {
     return push(grads.size(), host_payload{*this, grads}, detail::update_kind::gradient, learning_rate, increment_step);
   }
-  /// push_gradients from device memory.
-  push_result push_gradients(device_span<const float> grads, std::optional<float> learning_rate = std::nullopt,
-                             bool increment_step = true) {
-#if DTF_CUDA
-    return push_gradients(grads, device_staging(), learning_rate, increment_step);
-#else
-    return push_gradients(grads.elements, learning_rate, increment_step);
-#endif
-  }
-  /// push_gradients from device memory through the given staging (see pull).
-  template <detail::staging_copy_engine Engine>
-  push_result push_gradients(device_span<const float> grads, detail::connection_staging<Engine>& staging,
-                             std::optional<float> learning_rate = std::nullopt, bool increment_step = true) {
-    return push(grads.size(), staged_payload<Engine>{*this, grads.elements, staging}, detail::update_kind::gradient, learning_rate,
-                increment_step);
-  }
 
   /// Sends deltas that each ps adds to its values; with scale_by_staleness (DynSGD) each ps
   /// first multiplies them by 1 / (staleness + 1).
   push_result push_deltas(std::span<const float> deltas, bool increment_step = true,
                           bool scale_by_staleness = false) {
     return push(deltas.size(), host_payload{*this, deltas},
-                scale_by_staleness ? detail::update_kind::scaled_delta : detail::update_kind::delta, std::nullopt,
-                increment_step);
-  }
-  /// push_deltas from device memory.
-  push_result push_deltas(device_span<const float> deltas, bool increment_step = true,
-                          bool scale_by_staleness = false) {
-#if DTF_CUDA
-    return push_deltas(deltas, device_staging(), increment_step, scale_by_staleness);
-#else
-    return push_deltas(deltas.elements, increment_step, scale_by_staleness);
-#endif
-  }
-  /// push_deltas from device memory through the given staging (see pull).
-  template <detail::staging_copy_engine Engine>
-  push_result push_deltas(device_span<const float> deltas, detail::connection_staging<Engine>& staging,
-                          bool increment_step = true, bool scale_by_staleness = false) {
-    return push(deltas.size(), staged_payload<Engine>{*this, deltas.elements, staging},
                 scale_by_staleness ? detail::update_kind::scaled_delta : detail::update_kind::delta, std::nullopt,
                 increment_step);
   }
@@ -277,21 +216,6 @@ class ps_client {
   sync_result push_sync(std::span<const float> buf, std::int64_t step, std::optional<float> learning_rate = std::nullopt,
                         bool delta = false) {
     return sync_push(buf.size(), host_payload{*this, buf}, step, learning_rate, delta);
-  }
-  /// push_sync from device memory.
-  sync_result push_sync(device_span<const float> buf, std::int64_t step,
-                        std::optional<float> learning_rate = std::nullopt, bool delta = false) {
-#if DTF_CUDA
-    return push_sync(buf, device_staging(), step, learning_rate, delta);
-#else
-    return push_sync(buf.elements, step, learning_rate, delta);
-#endif
-  }
-  /// push_sync from device memory through the given staging (see pull).
-  template <detail::staging_copy_engine Engine>
-  sync_result push_sync(device_span<const float> buf, detail::connection_staging<Engine>& staging, std::int64_t step,
-                        std::optional<float> learning_rate = std::nullopt, bool delta = false) {
-    return sync_push(buf.size(), staged_payload<Engine>{*this, buf.elements, staging}, step, learning_rate, delta);
   }
 
  private:
@@ -514,24 +438,11 @@ class ps_client {
       }
   }
 
-#if DTF_CUDA
-  // The device forms' staging: one pinned buffer and stream per ps connection, made on first use.
-  detail::connection_staging<detail::cuda_copy_engine>& device_staging() {
-    if (!staging_)
-      staging_ = std::make_unique<detail::connection_staging<detail::cuda_copy_engine>>(
-          layout_.num_ps, rpc_.options().staging_segment_bytes);
-    return *staging_;
-  }
-#endif
-
   placement layout_;
   rpc_client rpc_;
   std::vector<std::vector<std::uint32_t>> ids_;  // shard ids held by each ps
   std::vector<std::uint64_t> seen_;              // each ps's update count at the last pull
   std::set<std::string> done_seen_;              // tasks known to have called mark_done()
-#if DTF_CUDA
-  std::unique_ptr<detail::connection_staging<detail::cuda_copy_engine>> staging_;
-#endif
 };
 
 }  // namespace dtf

@@ -16,9 +16,9 @@
 #include <dtf/detail/messages.hpp>
 #include <dtf/error.hpp>
 #include <dtf/ps/config.hpp>
+#include <dtf/ps/done_tasks.hpp>  // admit_task_name
 #include <dtf/transport.hpp>
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <span>
@@ -62,15 +62,8 @@ class position_table {
     if (!m.fill_only && task != peer.identity)
       throw error(errc::invalid_argument, "positions: " + peer.identity + " may report its own position only, not '" +
                                               task.substr(0, 64) + "'s");
-    const auto& known = options_.known_workers;
-    if (!known.empty()) {
-      if (std::find(known.begin(), known.end(), task) == known.end())
-        throw error(errc::invalid_argument, "positions: '" + task.substr(0, 64) + "' is not a worker of this job");
-    } else if (task.empty() || task.size() > 256 ||
-               (!positions_.count(task) && positions_.size() >= options_.max_done_tasks)) {
-      throw error(errc::invalid_argument, "positions: '" + task.substr(0, 64) +
-                                              "' is not a task name, or the table is full");
-    }
+    // A name already held does not grow the table.
+    admit_task_name(options_, task, positions_.size() - positions_.count(task), "positions");
   }
 
   const ps_options& options_;

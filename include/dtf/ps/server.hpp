@@ -12,8 +12,8 @@
 //             updates applied since the pusher's last pull; an update counts once it is applied
 //   sync push a contribution to synchronous step t (sync_aggregator)
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
-//   step, done, done tasks, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp
-//   positions the training tasks' data positions (dtf/ps/position_table.hpp, dtf/ps/positions.hpp)
+//   step, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp; done, done tasks
+//   (dtf/ps/done_tasks.hpp); positions (dtf/ps/position_table.hpp)
 //
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
 //   make it allocate beyond the model: a request's announced payload is checked before the
@@ -36,13 +36,13 @@
 #include <dtf/detail/archive.hpp>
 #include <dtf/detail/messages.hpp>
 #include <dtf/ps/config.hpp>
+#include <dtf/ps/done_tasks.hpp>
 #include <dtf/ps/position_table.hpp>
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sparse_service.hpp>
 #include <dtf/ps/sync_aggregator.hpp>
 #include <dtf/transport.hpp>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -81,10 +81,7 @@ class parameter_server {
   /// Contributions dropped because they arrived for a finished step, per worker.
   std::map<std::string, std::uint64_t> dropped_contributions() const { return sync_.dropped(); }
   /// The tasks that reported done.
-  std::set<std::string> done_tasks() const {
-    std::lock_guard g(done_mu_);
-    return done_;
-  }
+  std::set<std::string> done_tasks() const { return done_.names(); }
 
   /// The request handler (called by the transport on its I/O threads).
   void operator()(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta,
@@ -96,10 +93,8 @@ class parameter_server {
     }
   }
 
-  /// Transport callback, before a request's payload is allocated: the most bytes it may carry.
-  /// Init and a restore by payload carry exactly what their meta announces (checked against it
-  /// here); a push at most this ps's model; sparse requests at most the rows held of their
-  /// table; everything else nothing. A larger announcement is refused unread.
+  /// Transport callback, before a request's payload is allocated: the most bytes it may carry
+  /// (see the file comment). A larger announcement is refused unread.
   std::uint64_t payload_limit(const rpc_peer&, const detail::frame_header& h, std::span<const std::byte> meta) {
     using detail::message_kind;
     switch (h.kind) {
@@ -127,12 +122,7 @@ class parameter_server {
 
   /// Transport callback: a peer's connection ended (see sync_aggregator::disconnected).
   void disconnected(const rpc_peer& peer) {
-    bool finished = false;
-    {
-      std::lock_guard g(done_mu_);
-      finished = done_.count(peer.identity) > 0;
-      waiting_done_.erase(peer.remote);
-    }
+    const bool finished = done_.disconnected(peer);
     if (auto why = sync_.disconnected(peer.identity, finished))
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + *why);
   }
@@ -146,10 +136,10 @@ class parameter_server {
       case message_kind::ps_ready:
       case message_kind::ps_step: return status(reply);
       case message_kind::ps_done:
-        add_done({peer.identity});
+        done_.add({peer.identity});
         return status(reply);
       case message_kind::ps_done_tasks:
-        return done_tasks(peer, detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks"), reply);
+        return done_.handle(peer, detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks"), reply);
       case message_kind::ps_pull: return pull(detail::decode_message<detail::ps_pull_msg>(meta, "pull"), peer, reply);
       case message_kind::ps_push:
         return push(peer, detail::decode_message<detail::ps_push_msg>(meta, "push"), payload, reply);
@@ -182,88 +172,29 @@ class parameter_server {
 
   void status(rpc_reply& reply, std::uint64_t updates, std::uint64_t staleness = 0, bool dropped = false,
               std::uint64_t dropped_total = 0, bool skipped = false) const {
-    std::uint64_t done = 0;
-    {
-      std::lock_guard g(done_mu_);
-      done = done_.size();
-    }
+    const std::uint64_t done = done_.size();
     reply.meta = detail::encode_message(detail::ps_status_msg{global_step_.load(), initialized_.load(), updates,
                                                               staleness, done, dropped, dropped_total, skipped,
                                                               synchronous_.load()});
   }
   void status(rpc_reply& reply) const { status(reply, updates_.load()); }
 
-  // Only known workers (ps_options::known_workers), or, without that list, at most
-  // The tasks a client knows to be done join this ps's set (a restarted ps lost it); the reply
-  // is the whole set, so the client learns the names others reported. A request with wait_for
-  // is answered when the set holds that many (add_done) or after its wait_ms, whichever is
-  // first; one waiting request per connection (a connection has one request in flight).
-  void done_tasks(const rpc_peer& peer, const detail::ps_done_tasks_msg& m, rpc_reply& reply) {
-    add_done(m.tasks);
-    std::lock_guard g(done_mu_);
-    if (m.wait_for <= done_.size() || !peer.defer_until) {
-      reply.meta = done_reply();
-      return;
-    }
-    const auto limit = std::chrono::milliseconds(std::min<std::uint32_t>(m.wait_ms, options_.transport.timeout_ms));
-    waiting_done_[peer.remote] = done_waiter{m.wait_for, peer.defer_until(limit, [this, remote = peer.remote] {
-                                    std::lock_guard g2(done_mu_);
-                                    waiting_done_.erase(remote);
-                                    rpc_reply r;
-                                    r.meta = done_reply();
-                                    return r;
-                                  })};
-    reply.deferred = true;
-  }
-  // The reply to ps_done_tasks: every task known to be done. Caller holds done_mu_.
-  std::vector<std::byte> done_reply() const {
-    detail::ps_done_tasks_msg out;
-    out.tasks.assign(done_.begin(), done_.end());
-    return detail::encode_message(out);
-  }
-
-  // max_done_tasks names of at most 256 characters.
-  void add_done(const std::vector<std::string>& names) {
-    const auto& known = options_.known_workers;
-    std::lock_guard g(done_mu_);
-    std::set<std::string> added;  // all or nothing: a request with one bad name records none
-    for (const auto& n : names) {
-      if (done_.count(n) || added.count(n)) continue;
-      if (!known.empty() ? std::find(known.begin(), known.end(), n) == known.end()
-                         : (n.size() > 256 || done_.size() + added.size() >= options_.max_done_tasks))
-        throw error(errc::invalid_argument, "done: '" + n.substr(0, 64) + "' is not a worker of this job" +
-                                                (known.empty() ? " (or the done set is full)" : ""));
-      added.insert(n);
-    }
-    done_.merge(added);
-    for (auto it = waiting_done_.begin(); it != waiting_done_.end();)
-      if (it->second.target <= done_.size()) {
-        rpc_reply r;
-        r.meta = done_reply();
-        it->second.answer.send(std::move(r));
-        it = waiting_done_.erase(it);
-      } else {
-        ++it;
-      }
-  }
-
+  // The configuration an init or restore carries, checked: N above the workers could never
+  // complete a step; lock-free has no meaning when one average is applied per step.
   static ps_config config_of(const detail::ps_init_msg& m) {
-    return {m.rule.to_rule(), m.lock_free ? apply_mode::lock_free : apply_mode::locked,
-            std::size_t(m.replicas_to_aggregate), std::size_t(m.num_workers)};
-  }
-
-  static void check_config(const ps_config& c) {
+    const ps_config c{m.rule.to_rule(), m.lock_free ? apply_mode::lock_free : apply_mode::locked,
+                      std::size_t(m.replicas_to_aggregate), std::size_t(m.num_workers)};
     if (c.num_workers > 0 && c.replicas_to_aggregate > c.num_workers)
       throw error(errc::invalid_config, "replicas_to_aggregate is " + std::to_string(c.replicas_to_aggregate) +
                                             " but the job has " + std::to_string(c.num_workers) +
                                             " workers: no step could ever complete");
     if (c.replicas_to_aggregate > 0 && c.mode == apply_mode::lock_free)
       throw error(errc::invalid_config, "synchronous training applies one average per step: lock-free is meaningless");
+    return c;
   }
 
   void init(const rpc_peer& peer, const detail::ps_init_msg& m, std::span<const std::byte> payload, rpc_reply& reply) {
     const ps_config cfg = config_of(m);
-    check_config(cfg);
     std::unique_lock lock(shards_mu_);
     if (initialized_) {
       // A restarted chief initialises again: the values already here win (as in TensorFlow,
@@ -365,7 +296,6 @@ class parameter_server {
                rpc_reply& reply) {
     const auto& init = m.init;
     const ps_config cfg = config_of(init);
-    check_config(cfg);
     if (init.ids.size() != m.iterations.size())
       throw error(errc::corrupt_data, "restore: ids and iterations differ in length");
     if (optim::detail::slot_count(cfg.rule) != m.num_slots)
@@ -513,13 +443,7 @@ class parameter_server {
   std::atomic<std::int64_t> global_step_{0};
   std::atomic<std::uint64_t> updates_{0};
   std::atomic<std::uint64_t> model_bytes_{0};  // the dense shards held here, in bytes (init/restore)
-  mutable std::mutex done_mu_;
-  std::set<std::string> done_;  // identities that reported the end of their training
-  struct done_waiter {
-    std::uint64_t target;  // answer when done_ holds this many
-    rpc_responder answer;
-  };
-  std::map<std::string, done_waiter> waiting_done_;  // per connection (its remote address); done_mu_
+  ps_detail::done_registry done_{options_};  // tasks that reported the end of their training (its own lock)
   rpc_server<parameter_server> server_;  // last: its handler (this) is complete before it starts
 };
 

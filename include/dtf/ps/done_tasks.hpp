@@ -1,0 +1,122 @@
+// dtf/ps/done_tasks.hpp — the ps's set of tasks that reported the end of their training
+// (ps_done, ps_done_tasks), with the chief's bounded wait for it, and the one rule for which
+// task names a ps keeps in its tables (this set, and dtf/ps/position_table.hpp's positions).
+//
+// What a peer cannot do: put a name other than a known worker (ps_options::known_workers) in
+// the set or, without that list, more than max_done_tasks names of at most 256 characters; a
+// request with one bad name records none.
+//
+// Thread safety: its own mutex (requests arrive on every I/O thread).
+#pragma once
+
+#include <dtf/detail/archive.hpp>
+#include <dtf/detail/messages.hpp>
+#include <dtf/error.hpp>
+#include <dtf/ps/config.hpp>
+#include <dtf/transport.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace dtf::ps_detail {
+
+/// Throws unless a table of `held` names (not yet holding `name`) may take `name`: a known
+/// worker when ps_options::known_workers is set, else a name of 1 to 256 characters while the
+/// table holds fewer than max_done_tasks. `what` starts the message ("done", "positions").
+inline void admit_task_name(const ps_options& options, const std::string& name, std::size_t held, const char* what) {
+  const auto& known = options.known_workers;
+  if (!known.empty()) {
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw error(errc::invalid_argument, std::string(what) + ": '" + name.substr(0, 64) + "' is not a worker of this job");
+  } else if (name.empty() || name.size() > 256 || held >= options.max_done_tasks) {
+    throw error(errc::invalid_argument, std::string(what) + ": '" + name.substr(0, 64) +
+                                            "' is not a worker name of 1 to 256 characters, or the table is full");
+  }
+}
+
+class done_registry {
+ public:
+  explicit done_registry(const ps_options& options) : options_(options) {}
+
+  /// Adds names (all or nothing), then answers the waiters whose count is reached.
+  void add(const std::vector<std::string>& names) {
+    std::lock_guard g(mu_);
+    std::set<std::string> added;
+    for (const auto& n : names) {
+      if (done_.count(n) || added.count(n)) continue;
+      admit_task_name(options_, n, done_.size() + added.size(), "done");
+      added.insert(n);
+    }
+    done_.merge(added);
+    for (auto it = waiting_.begin(); it != waiting_.end();)
+      if (it->second.target <= done_.size()) {
+        it->second.answer.send(reply());
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+  }
+
+  /// ps_done_tasks: the tasks a client knows to be done join the set (a restarted ps lost it);
+  /// the reply is the whole set. With wait_for it is answered when the set holds that many or
+  /// after wait_ms (at most the transport's timeout), whichever is first; one waiting request
+  /// per connection (a connection has one request in flight).
+  void handle(const rpc_peer& peer, const detail::ps_done_tasks_msg& m, rpc_reply& out) {
+    add(m.tasks);
+    std::lock_guard g(mu_);
+    if (m.wait_for <= done_.size() || !peer.defer_until) {
+      out.meta = reply().meta;
+      return;
+    }
+    const auto limit = std::chrono::milliseconds(std::min<std::uint32_t>(m.wait_ms, options_.transport.timeout_ms));
+    waiting_[peer.remote] = waiter{m.wait_for, peer.defer_until(limit, [this, remote = peer.remote] {
+                                     std::lock_guard g2(mu_);
+                                     waiting_.erase(remote);
+                                     return reply();
+                                   })};
+    out.deferred = true;
+  }
+
+  /// A connection ended: its waiting request goes. Returns whether `identity` reported done.
+  bool disconnected(const rpc_peer& peer) {
+    std::lock_guard g(mu_);
+    waiting_.erase(peer.remote);
+    return done_.count(peer.identity) > 0;
+  }
+
+  std::size_t size() const {
+    std::lock_guard g(mu_);
+    return done_.size();
+  }
+  std::set<std::string> names() const {
+    std::lock_guard g(mu_);
+    return done_;
+  }
+
+ private:
+  // Every task known to be done. Caller holds mu_.
+  rpc_reply reply() const {
+    detail::ps_done_tasks_msg m;
+    m.tasks.assign(done_.begin(), done_.end());
+    rpc_reply r;
+    r.meta = detail::encode_message(m);
+    return r;
+  }
+
+  struct waiter {
+    std::uint64_t target;  // answer when the set holds this many
+    rpc_responder answer;
+  };
+  const ps_options& options_;
+  mutable std::mutex mu_;
+  std::set<std::string> done_;
+  std::map<std::string, waiter> waiting_;  // per connection (its remote address)
+};
+
+}  // namespace dtf::ps_detail

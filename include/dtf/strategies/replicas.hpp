@@ -1,0 +1,220 @@
+// dtf/strategies/replicas.hpp — the replicas of one process under dtf::strategies::mirrored
+// (dtf/strategies/mirrored.hpp): a barrier that a failing replica breaks, one thread per
+// replica running a step's work, and (CUDA builds linking dtf::nccl) the NCCL group that
+// averages the replicas' gradients across their GPUs.
+//
+// NOT YET RUN on GPUs: the NCCL group compiles in dtf's CUDA build, but no GPU was available
+// while it was written.
+#pragma once
+
+#include <dtf/config.hpp>
+#include <dtf/error.hpp>
+
+#if DTF_CUDA
+#include <dtf/detail/cuda_staging.hpp>  // detail::check_cuda
+
+#include <cuda_runtime_api.h>
+#endif
+// The in-process NCCL reduction: in CUDA builds whose translation unit links dtf::nccl. The
+// choice is a template argument of mirrored (below), so translation units that differ in it
+// instantiate different types, not one type two ways.
+#if DTF_CUDA && defined(DTF_HAVE_NCCL)
+#include <nccl.h>
+#define DTF_MIRRORED_NCCL 1
+#else
+#define DTF_MIRRORED_NCCL 0
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace dtf::strategies {
+
+namespace detail {
+
+/// A reusable barrier for the replicas of one step that can be broken: once a replica fails,
+/// every wait (current and later) throws instead of blocking forever.
+class replica_barrier {
+ public:
+  explicit replica_barrier(std::size_t parties) : parties_(parties) {}
+
+  void arrive_and_wait(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    if (broken_) throw error(errc::peer_failure, "mirrored: another replica failed");
+    const std::uint64_t generation = generation_;
+    if (++arrived_ == parties_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(lock, timeout, [&] { return broken_ || generation_ != generation; })) {
+      broken_ = true;
+      cv_.notify_all();
+      throw error(errc::timeout, "mirrored: a replica did not reach the synchronisation point within " +
+                                     std::to_string(timeout.count()) + " ms");
+    }
+    if (generation_ == generation) throw error(errc::peer_failure, "mirrored: another replica failed");
+  }
+
+  void break_barrier() {
+    std::lock_guard lock(m_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::size_t parties_, arrived_ = 0;
+  std::uint64_t generation_ = 0;
+  bool broken_ = false;
+};
+
+/// The threads of replicas 1..R-1, started once and handed one job per step (replica 0 runs
+/// on the caller's thread), so that thread start-up stays off the step path. `setup(k)` runs
+/// once on thread k before its first job. A job must not throw (mirrored's catches everything).
+class replica_threads {
+ public:
+  replica_threads(std::size_t replicas, std::function<void(std::size_t)> setup) {
+    for (std::size_t k = 1; k < replicas; ++k)
+      threads_.emplace_back([this, k, setup] {
+        setup(k);
+        loop(k);
+      });
+  }
+  ~replica_threads() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  replica_threads(const replica_threads&) = delete;
+  replica_threads& operator=(const replica_threads&) = delete;
+
+  /// Runs j(k) on every replica thread and j(0) on this one; returns when all have.
+  template <class Job>
+  void run(const Job& j) {
+    {
+      std::lock_guard lock(m_);
+      job_ = &j;
+      call_ = [](const void* job, std::size_t k) { (*static_cast<const Job*>(job))(k); };
+      pending_ = threads_.size();
+      ++generation_;
+    }
+    start_.notify_all();
+    j(0);
+    std::unique_lock lock(m_);
+    done_.wait(lock, [&] { return pending_ == 0; });  // each job is bounded by the replicas' timeouts
+  }
+
+ private:
+  void loop(std::size_t k) {
+    std::uint64_t seen = 0;
+    while (true) {
+      const void* j = nullptr;
+      void (*call)(const void*, std::size_t) = nullptr;
+      {
+        std::unique_lock lock(m_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        j = job_;
+        call = call_;
+      }
+      call(j, k);
+      std::lock_guard lock(m_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable start_, done_;
+  const void* job_ = nullptr;  // the current step's job and how to call it (no allocation per step)
+  void (*call_)(const void*, std::size_t) = nullptr;
+  std::size_t pending_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+/// The host path's stand-in for the NCCL group (mirrored<M, false>): nothing.
+struct no_replica_group {};
+class nccl_replica_group;
+
+#if DTF_MIRRORED_NCCL
+/// One NCCL communicator per replica GPU of this process (ncclCommInitAll), averaging a
+/// buffer of equal size on each GPU in place. Driven from one thread.
+class nccl_replica_group {
+ public:
+  explicit nccl_replica_group(std::vector<int> devices)
+      : devices_(std::move(devices)), comms_(devices_.size(), nullptr), streams_(devices_.size(), nullptr) {
+    check(ncclCommInitAll(comms_.data(), int(devices_.size()), devices_.data()), "ncclCommInitAll");
+    try {
+      for (std::size_t k = 0; k < devices_.size(); ++k) {
+        dtf::detail::check_cuda(cudaSetDevice(devices_[k]), "cudaSetDevice");
+        dtf::detail::check_cuda(cudaStreamCreateWithFlags(&streams_[k], cudaStreamNonBlocking),
+                                "cudaStreamCreateWithFlags");
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  nccl_replica_group(const nccl_replica_group&) = delete;
+  nccl_replica_group& operator=(const nccl_replica_group&) = delete;
+  ~nccl_replica_group() { release(); }
+
+  /// buffers[k] (count floats on GPU devices[k]) := the mean of all of them. Returns when done.
+  void average(std::span<float* const> buffers, std::size_t count) {
+    check(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t first = ncclSuccess;
+    for (std::size_t k = 0; k < comms_.size() && first == ncclSuccess; ++k)
+      first = ncclAllReduce(buffers[k], buffers[k], count, ncclFloat, ncclAvg, comms_[k], streams_[k]);
+    const ncclResult_t end = ncclGroupEnd();  // always closes the group
+    check(first, "ncclAllReduce");
+    check(end, "ncclGroupEnd");
+    for (std::size_t k = 0; k < comms_.size(); ++k) {
+      dtf::detail::check_cuda(cudaSetDevice(devices_[k]), "cudaSetDevice");
+      dtf::detail::check_cuda(cudaStreamSynchronize(streams_[k]), "cudaStreamSynchronize (ncclAllReduce)");
+    }
+  }
+
+ private:
+  static void check(ncclResult_t rc, const char* what) {
+    if (rc != ncclSuccess)
+      throw error(errc::internal, std::string("mirrored: ") + what + " failed: " + ncclGetErrorString(rc) +
+                                      " (ncclResult_t " + std::to_string(int(rc)) + ")");
+  }
+  void release() noexcept {
+    for (std::size_t k = 0; k < streams_.size(); ++k)
+      if (streams_[k]) {
+        cudaSetDevice(devices_[k]);
+        cudaStreamDestroy(streams_[k]);
+        streams_[k] = nullptr;
+      }
+    for (auto& c : comms_)
+      if (c) ncclCommDestroy(std::exchange(c, nullptr));
+  }
+
+  std::vector<int> devices_;
+  std::vector<ncclComm_t> comms_;
+  std::vector<cudaStream_t> streams_;
+};
+#endif
+
+}  // namespace detail
+
+}  // namespace dtf::strategies
