@@ -22,6 +22,21 @@
 
 namespace dtf {
 
+namespace detail {
+/// A scheduler's rank and task count: the count between 1 and max_cluster_tasks, the rank
+/// below it, and a worker among the tasks after num_ps ps (has_workers_what names the count).
+inline void check_rank(const std::string& rank_var, std::uint64_t rank, const std::string& count_var,
+                       std::uint64_t count, std::size_t num_ps, const std::string& has_workers_what) {
+  if (count == 0) config_error(count_var + " is 0");
+  if (count > max_cluster_tasks)
+    config_error(count_var + " " + std::to_string(count) + " is more than dtf's limit of " +
+                 std::to_string(max_cluster_tasks) + " tasks");
+  if (rank >= count)
+    config_error(rank_var + " " + std::to_string(rank) + " out of range: " + count_var + " is " + std::to_string(count));
+  check_has_workers(num_ps, std::size_t(count), has_workers_what);
+}
+}  // namespace detail
+
 /// The cluster of a Slurm step (tasks started by srun). Reads SLURM_PROCID,
 /// SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST),
 /// SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE, e.g. "2(x3),1"; without it each node
@@ -42,14 +57,7 @@ inline cluster cluster_from_slurm(const environment& env, std::size_t num_ps, st
   const auto [ntasks_var, ntasks_text] = detail::first_set(env, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS");
   if (!ntasks_text) detail::config_error("SLURM_STEP_NUM_TASKS: not set (nor SLURM_NTASKS)");
   const std::uint64_t ntasks = detail::env_number(ntasks_var, *ntasks_text);
-  if (ntasks == 0) detail::config_error(ntasks_var + " is 0");
-  if (ntasks > detail::max_cluster_tasks)
-    detail::config_error(ntasks_var + " " + std::to_string(ntasks) + " is more than dtf's limit of " +
-                         std::to_string(detail::max_cluster_tasks) + " tasks");
-  if (procid >= ntasks)
-    detail::config_error("SLURM_PROCID " + std::to_string(procid) + " out of range: " + ntasks_var + " is " +
-                         std::to_string(ntasks));
-  detail::check_has_workers(num_ps, std::size_t(ntasks), "the Slurm step's task count " + ntasks_var);
+  detail::check_rank("SLURM_PROCID", procid, ntasks_var, ntasks, num_ps, "the Slurm step's task count " + ntasks_var);
   if (base_port == 0) detail::config_error("--base_port 0 is not a port (expected 1..65535)");
 
   const auto [nodelist_var, nodelist] = detail::first_set(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST");
@@ -147,13 +155,7 @@ inline cluster cluster_from_mpi(const environment& env, std::size_t num_ps, cons
   if (!size_text) detail::config_error(size_var + ": not set (but " + rank_var + " is)");
   const std::uint64_t rank = detail::env_number(rank_var, *rank_text);
   const std::uint64_t size = detail::env_number(size_var, *size_text);
-  if (size == 0) detail::config_error(size_var + " is 0");
-  if (size > detail::max_cluster_tasks)
-    detail::config_error(size_var + " " + std::to_string(size) + " is more than dtf's limit of " +
-                         std::to_string(detail::max_cluster_tasks) + " tasks");
-  if (rank >= size)
-    detail::config_error(rank_var + " " + std::to_string(rank) + " out of range: " + size_var + " is " + std::to_string(size));
-  detail::check_has_workers(num_ps, std::size_t(size), size_var);
+  detail::check_rank(rank_var, rank, size_var, size, num_ps, size_var);
   if (rendezvous.empty())
     detail::config_error("--rendezvous: required under MPI (the host:port where the ranks exchange their addresses)");
   split_host_port(rendezvous, "--rendezvous");
