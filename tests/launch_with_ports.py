@@ -1,24 +1,39 @@
 #!/usr/bin/env python3
-"""launch_with_ports.py DIR N CMD [ARGS...]: binds and listens on N free loopback ports at once
-and starts N copies of CMD, copy i with listening socket i handed down (DTF_LISTEN_FD, as
-dtfrun does), so no port is free between its choice and its use. In ARGS "{i}" becomes i and
-"{hosts}" the comma-separated 127.0.0.1:PORT list. Copy i's output goes to DIR/out.i; its pid
-is written to DIR/pid.i once it runs (all pids are written before DIR/started appears) and its
-exit status (negative: killed by that signal) to DIR/status.i when it ends. Returns when every
-copy has ended."""
+"""launch_with_ports.py DIR N [--names K] [--log PATTERN] CMD [ARGS...]
+
+Binds and listens on N free loopback ports at once and starts N copies of CMD, copy i with
+listening socket i handed down (DTF_LISTEN_FD, as dtfrun does): a dtf server listening on that
+address takes the socket, so no port is free between its choice and its use. --names K also
+picks K more distinct ports, held while all are chosen and then released, for addresses nobody
+listens on (a ps strategy's workers). In ARGS "{i}" becomes i, "{port}" copy i's port, "{hosts}"
+the comma-separated 127.0.0.1:PORT list of the N, "{names}" that of the K.
+
+Writes DIR/ports (the N ports, then the K), then per copy DIR/pid.i once it runs, DIR/started
+when all run, and DIR/status.i (its exit status; negative: killed by that signal) when it ends.
+Copy i's output goes to PATTERN with {i} replaced (default DIR/out.{i}). Returns when every copy
+has ended."""
 import os
 import socket
 import subprocess
 import sys
 
-work, n, cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-socks = []
-for _ in range(n):
+work, n, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+names, log = 0, os.path.join(work, "out.{i}")
+while rest and rest[0] in ("--names", "--log"):
+    if rest[0] == "--names":
+        names = int(rest[1])
+    else:
+        log = rest[1]
+    rest = rest[2:]
+cmd = rest
+
+
+def bound(listen):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    s.listen(64)
-    socks.append(s)
-hosts = ",".join(f"127.0.0.1:{s.getsockname()[1]}" for s in socks)
+    if listen:
+        s.listen(64)
+    return s
 
 
 def write(name, text):
@@ -27,11 +42,26 @@ def write(name, text):
     os.rename(os.path.join(work, name + ".tmp"), os.path.join(work, name))
 
 
+socks = [bound(True) for _ in range(n)]
+held = [bound(False) for _ in range(names)]  # held together with socks while chosen: all distinct
+ports = [s.getsockname()[1] for s in socks]
+name_ports = [s.getsockname()[1] for s in held]
+for s in held:
+    s.close()
+write("ports", " ".join(map(str, ports + name_ports)))
+hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+name_list = ",".join(f"127.0.0.1:{p}" for p in name_ports)
+
 children = []
 for i, s in enumerate(socks):
     env = dict(os.environ, DTF_LISTEN_FD=str(s.fileno()))
-    args = [a.replace("{i}", str(i)).replace("{hosts}", hosts) for a in cmd]
-    with open(os.path.join(work, f"out.{i}"), "w") as out:
+    sub = {"{i}": str(i), "{port}": str(ports[i]), "{hosts}": hosts, "{names}": name_list}
+    args = []
+    for a in cmd:
+        for k, v in sub.items():
+            a = a.replace(k, v)
+        args.append(a)
+    with open(log.replace("{i}", str(i)), "w") as out:
         children.append(subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, pass_fds=[s.fileno()]))
     write(f"pid.{i}", str(children[-1].pid))
 for s in socks:

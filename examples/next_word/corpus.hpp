@@ -13,6 +13,7 @@
 #include <dtf/data/dataset.hpp>
 #include <dtf/error.hpp>
 #include <dtf/flags.hpp>
+#include <dtf/nn/evaluate.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -143,6 +144,15 @@ struct corpus {
 /// Held-out perplexities of the n-gram baselines fitted on the training verses.
 struct baselines {
   double unigram = 0, bigram = 0;
+  /// For the RESULT line (train_options::result_extra).
+  std::string result_extra() const {
+    return "unigram_ppl=" + std::to_string(unigram) + " bigram_ppl=" + std::to_string(bigram);
+  }
+  /// The model's held-out perplexity (exp of its mean loss) beside the baselines.
+  void print_against(const dtf::nn::evaluation& e) const {
+    std::printf("next_word: held-out perplexity: model %.1f, bigram %.1f, unigram %.1f (next-word accuracy %.3f)\n",
+                std::exp(e.loss), bigram, unigram, e.accuracy);
+  }
 };
 
 /// unigram: add-one estimate over the vocabulary. bigram: interpolated Kneser-Ney with discount

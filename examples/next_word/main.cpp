@@ -1,14 +1,10 @@
-// next_word — a word-embedding language model of the King James Bible, its vocabulary table
-// sharded over the parameter servers as a sparse variable (Bengio et al. 2003's model: the
-// embeddings of the previous words, concatenated, under a hidden layer and a softmax).
-//   apt-get install bible-kjv bible-kjv-text
-//   dtfrun --ps 2 --workers 2 -- build/examples/next_word
-// Each step a worker gathers only the rows of the words its batch holds and pushes only their
-// gradients (Adagrad on the ps, lazily per row); the dense layers train with Hogwild. The chief
-// reports the held-out perplexity beside a unigram and an interpolated Kneser-Ney bigram fitted
-// by this program on the same training verses (corpus.hpp). With --sync_replicas N the model
-// trains with SyncSGD instead: each step the ps average N workers' dense gradients and their
-// rows' gradients, and apply both with the step.
+// next_word — a word-embedding language model of the King James Bible (Bengio et al. 2003: the
+// previous words' embeddings, concatenated, under a hidden layer and a softmax), its vocabulary
+// table sharded over the ps as a sparse variable. Each step a worker gathers only its batch's
+// rows and pushes only their gradients (Adagrad per row on the ps); the dense layers train with
+// Hogwild, or with --sync_replicas N SyncSGD (rows and dense gradients averaged over N workers).
+// The chief reports the held-out perplexity beside a unigram and a Kneser-Ney bigram (corpus.hpp).
+//   apt-get install bible-kjv bible-kjv-text; dtfrun --ps 2 --workers 2 -- build/examples/next_word
 #include <dtf/dtf.hpp>
 #include <dtf/nn/embedding_sequential.hpp>
 #include <dtf/strategies/hogwild.hpp>
@@ -16,7 +12,6 @@
 
 #include "corpus.hpp"
 
-#include <cmath>
 #include <cstdio>
 
 int main(int argc, char** argv) try {
@@ -28,7 +23,7 @@ int main(int argc, char** argv) try {
   dtf::strategies::hogwild_config c{.learning_rate = 0.3f, .epoch_decay = 0.8f};
   int dim = 48, hidden = 192;
   float embedding_lr = 0.5f;
-  int sync_replicas = 0;
+  std::size_t sync_replicas = 0;
   dtf::flag_parser flags("Trains a next-word model of the King James Bible, its word embeddings on the ps.");
   tf.add_to(flags);
   text.add_to(flags);
@@ -50,18 +45,14 @@ int main(int argc, char** argv) try {
   options.evaluate_rows = dtf::evaluate_on(net, examples::corpus::examples(corpus.test, C, V).batch(1000));
   options.embedding_rule = dtf::optim::adagrad{.learning_rate = embedding_lr};
   const auto base = cluster.is_chief() ? examples::report_baselines(corpus) : examples::baselines{};
-  options.result_extra = "unigram_ppl=" + std::to_string(base.unigram) + " bigram_ppl=" + std::to_string(base.bigram);
-  const auto train_set = examples::corpus::examples(corpus.train, C, V);
-  if (sync_replicas < 0) throw dtf::error(dtf::errc::invalid_config, "--sync_replicas must be 0 or more");
-  const auto r = sync_replicas > 0
-                     ? dtf::train(cluster, net, train_set,
-                                  dtf::strategies::sync_sgd({.replicas_to_aggregate = std::size_t(sync_replicas),
-                                                             .rule = dtf::optim::sgd{c.learning_rate}}),
-                                  options, tf.partitioner())
-                     : dtf::train(cluster, net, train_set, dtf::strategies::hogwild(c), options, tf.partitioner());
-  if (r.evaluation)
-    std::printf("next_word: held-out perplexity: model %.1f, bigram %.1f, unigram %.1f (next-word accuracy %.3f)\n",
-                std::exp(r.evaluation->loss), base.bigram, base.unigram, r.evaluation->accuracy);
+  options.result_extra = base.result_extra();
+  auto train = [&](auto strategy) {
+    return dtf::train(cluster, net, examples::corpus::examples(corpus.train, C, V), strategy, options, tf.partitioner());
+  };
+  const auto r = sync_replicas == 0 ? train(dtf::strategies::hogwild(c))
+                                    : train(dtf::strategies::sync_sgd({.replicas_to_aggregate = sync_replicas,
+                                                                       .rule = dtf::optim::sgd{c.learning_rate}}));
+  if (r.evaluation) base.print_against(*r.evaluation);
   return r.exit_code;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "next_word: %s\n", e.what());

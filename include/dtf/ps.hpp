@@ -7,7 +7,8 @@
 //   dtf/ps/shard_store.hpp      the shards and the one apply(shard, update)
 //   dtf/ps/sync_aggregator.hpp  synchronous steps (SyncReplicasOptimizer semantics)
 //   dtf/ps/server.hpp           parameter_server: dispatch and the checks against a hostile peer
-//   dtf/ps/client.hpp           ps_client: pull, push, push_sync; init, ready, done, shutdown
+//   dtf/ps/client.hpp           ps_client: pull, push, push_sync; init, ready, shutdown
+//   dtf/ps/done_client.hpp      ps_client's end of a job: mark_done, workers_done, the chief's wait
 //   dtf/ps/checkpointing.hpp    save_checkpoint / restore_checkpoint / restore_latest
 //   dtf/ps/embedding_layout.hpp sparse variables: fixed (div/mod) and hashed tables, row routing
 //   dtf/ps/sparse_store.hpp     the ps's table shards and their lazy per-row updates

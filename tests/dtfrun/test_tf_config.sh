@@ -53,30 +53,18 @@ check '{"ps": 1, "worker": 3}' --ps=1 --workers=3 --host 127.0.0.1
 # --port-base: consecutive ports from it, in start order (ps, chief, workers).
 "$dtfrun" --port-base 0 -- true >/dev/null 2>&1 && fail "--port-base 0 accepted"
 # Fixed ports are only race-free where nobody else can hold them: a network namespace of this
-# test's own (a user namespace makes it unprivileged). Where the machine refuses one, the
-# ports come from the shared loopback and a base that another process took meanwhile is
-# reported by dtfrun ("is not available") and the case is run again with another base.
-run_port_base() {  # run_port_base <base> [namespace wrapper...]
-  local base=$1
-  shift
-  "$@" "$dtfrun" --ps 1 --workers 2 --port-base "$base" -- bash "$work/task.sh" >"$work/base.out" 2>"$work/base.err"
-}
+# test's own (a user namespace makes it unprivileged). Where the machine refuses one, the case
+# is skipped (a base picked on the shared loopback could be taken meanwhile).
 if unshare -rn true 2>/dev/null; then
   base=2222
-  run_port_base "$base" unshare -rn bash -c 'ip link set lo up && exec "$@"' netns
+  unshare -rn bash -c 'ip link set lo up && exec "$@"' netns \
+    "$dtfrun" --ps 1 --workers 2 --port-base "$base" -- bash "$work/task.sh" >"$work/base.out" 2>"$work/base.err"
   expect_rc 0 $? "--port-base in a network namespace"
+  grep -qF "\"worker\": [\"127.0.0.1:$((base + 1))\", \"127.0.0.1:$((base + 2))\"], \"ps\": [\"127.0.0.1:$base\"]" \
+    "$work/base.out" || fail "--port-base $base: ports not consecutive: $(head -n1 "$work/base.out")"
 else
-  for attempt in 1 2 3 4 5; do
-    base=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    ((base < 65000)) || base=40000
-    run_port_base "$base"
-    rc=$?
-    ((rc == 0)) || ! grep -q "is not available" "$work/base.err" && break
-  done
-  expect_rc 0 "$rc" "--port-base (attempt $attempt)"
+  echo "SKIP (this case): no private network namespace for --port-base"
 fi
-grep -qF "\"worker\": [\"127.0.0.1:$((base + 1))\", \"127.0.0.1:$((base + 2))\"], \"ps\": [\"127.0.0.1:$base\"]" \
-  "$work/base.out" || fail "--port-base $base: ports not consecutive: $(head -n1 "$work/base.out")"
 
 # --print-tf-config: a line per task (name, tab, TF_CONFIG) for tasks spread over hosts.
 "$dtfrun" --print-tf-config --ps 2 --workers 3 --chief --evaluator --hosts h1,h2,h3 >"$work/print.out" 2>"$work/print.err"

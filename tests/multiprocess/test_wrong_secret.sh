@@ -10,6 +10,7 @@ kill -0 "$ps_pid" 2>/dev/null || fail "the ps died after refusing a stranger"
 "$example" --job_name worker --task_index 0 "${cluster[@]}" "${small[@]}" --secret right >"$work/worker.log" 2>&1 ||
   fail "the legitimate worker failed"
 wait_until 20 bash -c "! kill -0 $ps_pid 2>/dev/null" || fail "the ps did not exit after the chief's shutdown"
-wait "$ps_pid" || fail "the ps exited non-zero"
+wait_until 5 test -e "$work/ps/status.0" || fail "no exit status of the ps"
+[[ $(cat "$work/ps/status.0") == 0 ]] || fail "the ps exited with status $(cat "$work/ps/status.0")"
 grep -q "wrong cluster secret" "$work/ps.log" || fail "the ps did not log the refusal"
 echo "PASS"

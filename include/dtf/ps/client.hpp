@@ -1,5 +1,6 @@
 // dtf/ps/client.hpp — a task's view of the parameter servers: the data plane (pull, push,
-// push_sync, each returning one decoded result) and control (init, ready, done, shutdown).
+// push_sync, each returning one decoded result) and control (init, ready, shutdown; the end of
+// a job, done, is dtf/ps/done_client.hpp).
 // Checkpointing is dtf/ps/checkpointing.hpp (free functions over a ps_client).
 //
 // Communication volume: a pull moves every requested shard's bytes once, server to worker;
@@ -15,6 +16,7 @@
 #include <dtf/partitioners.hpp>
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/device_forms.hpp>
+#include <dtf/ps/done_client.hpp>
 #include <dtf/transport.hpp>
 
 #include <algorithm>
@@ -49,8 +51,9 @@ struct sync_rows {
 /// host memory (std::span) or device memory (dtf::device_span, a device tensor's elements);
 /// shards are read from and written to their place in them directly (device memory on CUDA
 /// builds: through the connection's pinned staging buffer, see the file comment).
-class ps_client : public ps_detail::device_forms<ps_client> {
+class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::done_client<ps_client> {
   friend class ps_detail::device_forms<ps_client>;  // its forms use read, push and sync_push
+  friend class ps_detail::done_client<ps_client>;   // it uses make_call, broadcast and run
 
  public:
   using device_forms::pull;
@@ -304,69 +307,6 @@ class ps_client : public ps_detail::device_forms<ps_client> {
     return detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").global_step;
   }
 
-  /// Tells every ps that this task has finished training (idempotent per task identity).
-  void mark_done() {
-    // Every ps: each one must tell a worker that finished from one that died.
-    auto calls = broadcast(detail::message_kind::ps_done);
-    run(calls);
-  }
-
-  /// How many tasks have called mark_done(): the union of the sets every ps holds and the
-  /// ones this client learnt before. Re-announces the tasks this client knows of to every ps,
-  /// so a ps restarted (empty) after a worker finished learns it again and the chief's wait
-  /// for the workers ends. The client also learns the names whenever a pull or push reply
-  /// shows a ps whose count differs from what it knows (one extra request then), so the chief
-  /// knows of a finished worker within a step even when the ps dies afterwards.
-  std::size_t workers_done() {
-    std::vector<std::size_t> targets(layout_.num_ps);
-    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) targets[ps] = ps;
-    // Two rounds at most: a ps that lacked names another ps told of in the first round gets
-    // the union in the second.
-    for (int round = 0; round < 2 && !targets.empty(); ++round) {
-      detail::ps_done_tasks_msg m;
-      m.tasks.assign(done_seen_.begin(), done_seen_.end());
-      const auto meta = detail::encode_message(m);
-      std::vector<rpc_call> calls;
-      for (auto ps : targets) calls.push_back(make_call(ps, detail::message_kind::ps_done_tasks, meta));
-      run(calls);
-      std::vector<std::size_t> known(calls.size());
-      for (std::size_t i = 0; i < calls.size(); ++i) {
-        auto r = detail::decode_message<detail::ps_done_tasks_msg>(calls[i].reply_meta, "done tasks");
-        known[i] = r.tasks.size();
-        for (auto& t : r.tasks) done_seen_.insert(std::move(t));
-      }
-      std::vector<std::size_t> lacking;
-      for (std::size_t i = 0; i < calls.size(); ++i)
-        if (known[i] < done_seen_.size()) lacking.push_back(targets[i]);
-      targets = std::move(lacking);
-    }
-    return done_seen_.size();
-  }
-
-  /// Waits until n tasks have called mark_done() (as workers_done() counts them), or `limit`
-  /// has passed; returns the count. Blocks on ps 0, which answers when a task reports done
-  /// (no polling); each wait is shorter than half the request deadline.
-  std::size_t wait_workers_done(std::size_t n, std::chrono::milliseconds limit) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    for (;;) {
-      const std::size_t have = workers_done();
-      const auto now = std::chrono::steady_clock::now();
-      if (have >= n || now >= deadline) return have;
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
-      detail::ps_done_tasks_msg m;
-      m.tasks.assign(done_seen_.begin(), done_seen_.end());
-      m.wait_for = have + 1;  // answered as soon as ps 0 hears of one more
-      m.wait_ms = std::uint32_t(std::min<std::int64_t>(left.count(), transport().timeout_ms / 2));
-      std::vector<rpc_call> one{make_call(0, detail::message_kind::ps_done_tasks, detail::encode_message(m))};
-      run(one);
-      for (auto& t : detail::decode_message<detail::ps_done_tasks_msg>(one[0].reply_meta, "done tasks").tasks)
-        done_seen_.insert(std::move(t));
-    }
-  }
-
-  /// The tasks this client knows to have called mark_done() (see workers_done()).
-  const std::set<std::string>& done_tasks() const noexcept { return done_seen_; }
-
   /// Ends the job: every ps replies and exits. The chief calls this when training is done.
   void shutdown() {
     auto calls = broadcast(detail::message_kind::ps_shutdown);
@@ -469,21 +409,10 @@ class ps_client : public ps_detail::device_forms<ps_client> {
 
   void run(std::vector<rpc_call>& calls) { rpc_.call_all(std::span<rpc_call>(calls)); }
 
-  // After a pull or push: a ps whose done count differs from the tasks this client knows of
-  // has news (a task finished) or lost its set (it restarted): exchange the names.
-  void track_done(const std::vector<rpc_call>& calls) {
-    for (const auto& c : calls)
-      if (detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").workers_done != done_seen_.size()) {
-        workers_done();
-        return;
-      }
-  }
-
   placement layout_;
   rpc_client rpc_;
   std::vector<std::vector<std::uint32_t>> ids_;  // shard ids held by each ps
   std::vector<std::uint64_t> seen_;              // each ps's update count at the last pull
-  std::set<std::string> done_seen_;              // tasks known to have called mark_done()
 };
 
 }  // namespace dtf

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <dtf/checkpoint.hpp>
+#include <dtf/detail/messages.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/transport.hpp>
 
@@ -76,5 +77,22 @@ struct sync_result {
   bool skipped = false;            ///< non-finite values under nonfinite_policy::skip
   std::uint64_t dropped_total = 0; ///< this worker's dropped contributions so far (per ps, max)
 };
+
+namespace ps_detail {
+/// The configuration an init or restore carries, checked: N above the workers could never
+/// complete a step; lock-free has no meaning when one average is applied per step.
+/// Errors: errc::invalid_config naming which.
+inline ps_config config_of(const detail::ps_init_msg& m) {
+  const ps_config c{m.rule.to_rule(), m.lock_free ? apply_mode::lock_free : apply_mode::locked,
+                    std::size_t(m.replicas_to_aggregate), std::size_t(m.num_workers)};
+  if (c.num_workers > 0 && c.replicas_to_aggregate > c.num_workers)
+    throw error(errc::invalid_config, "replicas_to_aggregate is " + std::to_string(c.replicas_to_aggregate) +
+                                          " but the job has " + std::to_string(c.num_workers) +
+                                          " workers: no step could ever complete");
+  if (c.replicas_to_aggregate > 0 && c.mode == apply_mode::lock_free)
+    throw error(errc::invalid_config, "synchronous training applies one average per step: lock-free is meaningless");
+  return c;
+}
+}  // namespace ps_detail
 
 }  // namespace dtf

@@ -180,22 +180,8 @@ class parameter_server {
   }
   void status(rpc_reply& reply) const { status(reply, updates_.load()); }
 
-  // The configuration an init or restore carries, checked: N above the workers could never
-  // complete a step; lock-free has no meaning when one average is applied per step.
-  static ps_config config_of(const detail::ps_init_msg& m) {
-    const ps_config c{m.rule.to_rule(), m.lock_free ? apply_mode::lock_free : apply_mode::locked,
-                      std::size_t(m.replicas_to_aggregate), std::size_t(m.num_workers)};
-    if (c.num_workers > 0 && c.replicas_to_aggregate > c.num_workers)
-      throw error(errc::invalid_config, "replicas_to_aggregate is " + std::to_string(c.replicas_to_aggregate) +
-                                            " but the job has " + std::to_string(c.num_workers) +
-                                            " workers: no step could ever complete");
-    if (c.replicas_to_aggregate > 0 && c.mode == apply_mode::lock_free)
-      throw error(errc::invalid_config, "synchronous training applies one average per step: lock-free is meaningless");
-    return c;
-  }
-
   void init(const rpc_peer& peer, const detail::ps_init_msg& m, std::span<const std::byte> payload, rpc_reply& reply) {
-    const ps_config cfg = config_of(m);
+    const ps_config cfg = ps_detail::config_of(m);
     std::unique_lock lock(shards_mu_);
     if (initialized_) {
       // A restarted chief initialises again: the values already here win (as in TensorFlow,
@@ -302,7 +288,7 @@ class parameter_server {
   void restore(const rpc_peer& peer, const detail::ps_restore_msg& m, std::span<const std::byte> payload,
                rpc_reply& reply) {
     const auto& init = m.init;
-    const ps_config cfg = config_of(init);
+    const ps_config cfg = ps_detail::config_of(init);
     if (init.ids.size() != m.iterations.size())
       throw error(errc::corrupt_data, "restore: ids and iterations differ in length");
     if (optim::detail::slot_count(cfg.rule) != m.num_slots)

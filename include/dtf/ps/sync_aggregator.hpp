@@ -156,11 +156,14 @@ class sync_aggregator {
       std::fill(acc.begin(), acc.end(), 0.0f);
     }
     for (auto& [table, sum] : rows_) {
+      if (sum.ids.empty()) continue;
       for (auto& v : sum.values) v *= inv;
       // Does not throw: the ids were checked when recorded (see sparse_service::apply_rows).
       tables.apply_rows(table, sum.ids, sum.values, *kind_ == detail::update_kind::delta);
+      sum.at.clear();  // emptied, not freed: the next step reuses the buffers
+      sum.ids.clear();
+      sum.values.clear();
     }
-    rows_.clear();
     ++step_;
     count_ = 0;
     contributors_.clear();
