@@ -8,6 +8,8 @@
 //   3. pushes (and pulls) per second of 4 KiB in a tight loop
 //   4. one worker pulling and pushing the Fashion-MNIST MLP (784-256-128-10, 235,146 floats)
 //      placed over 1, 2 and 4 ps by greedy_load_balancing and fixed_size{4}
+//   5. push_gradients of one variable in 16 shards (4 MiB .. --max_mib), to a ps applying it as
+//      it arrives and to one applying it once all in (ps_options::apply_as_received), alternately
 // Everything talks to 127.0.0.1. GB/s is 1e9 bytes per second.
 //
 //   build/benchmarks/bench_ps_throughput [--repeats 7] [--max_mib 64] [--iperf_seconds 3] [--skip_iperf]
@@ -226,8 +228,10 @@ dtf::transport_options quiet(std::string identity) {
 struct running_ps {
   std::unique_ptr<dtf::parameter_server> ps;
   std::thread thread;
-  explicit running_ps(std::string identity) {
-    ps = std::make_unique<dtf::parameter_server>("127.0.0.1:0", dtf::ps_options{quiet(std::move(identity)), 1});
+  explicit running_ps(std::string identity, bool as_received = true, int threads = 1) {
+    dtf::ps_options o{quiet(std::move(identity)), threads};
+    o.apply_as_received = as_received;
+    ps = std::make_unique<dtf::parameter_server>("127.0.0.1:0", o);
     thread = std::thread([p = ps.get()] { p->run(); });
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(ps->port()); }
@@ -241,10 +245,11 @@ struct running_ps {
 struct cluster {
   std::vector<std::unique_ptr<running_ps>> ps;
   std::optional<dtf::ps_client> client;
-  cluster(const dtf::placement& layout, std::span<const float> init, const dtf::optim::rule& rule, bool lock_free) {
+  cluster(const dtf::placement& layout, std::span<const float> init, const dtf::optim::rule& rule, bool lock_free,
+          bool as_received = true, int threads = 1) {
     std::vector<std::string> addrs;
     for (std::size_t i = 0; i < layout.num_ps; ++i) {
-      ps.push_back(std::make_unique<running_ps>("ps." + std::to_string(i)));
+      ps.push_back(std::make_unique<running_ps>("ps." + std::to_string(i), as_received, threads));
       addrs.push_back(ps.back()->address());
     }
     client.emplace(addrs, layout, quiet("worker.0"));
@@ -335,6 +340,33 @@ size_row measure_size(std::size_t bytes, int min_reps) {
     expect_equal(buf, want, "lock-free pull after push_deltas (" + human_size(bytes) + ")");
   }
   return row;
+}
+
+// Section 5 for one size: a push of gradients (sgd) of one variable cut into 16 shards, to a
+// ps applying it as it arrives and to one applying it once it is all in (each `threads` I/O
+// threads), measured alternately, `rounds` medians of `reps` calls each; verified equal.
+struct pieces_row {
+  std::size_t bytes;
+  int threads;
+  double whole, pieced;  // median seconds
+  std::uint64_t pieced_pushes;
+};
+pieces_row measure_pieces(std::size_t bytes, int threads, int reps, int rounds) {
+  const std::size_t n = bytes / sizeof(float);
+  const auto layout = dtf::partitioners::fixed_size{16}.place({{"v", {16, n / 16}, 0}}, 1);
+  const auto init = pattern(n, 8), grads = pattern(n, 9);
+  cluster whole(layout, init, dtf::optim::sgd{0.5f}, false, false, threads);
+  cluster pieced(layout, init, dtf::optim::sgd{0.5f}, false, true, threads);
+  std::vector<double> w, p;
+  for (int r = 0; r < rounds; ++r) {
+    w.push_back(median_call([&] { whole.client->push_gradients(grads, std::nullopt, false); }, reps));
+    p.push_back(median_call([&] { pieced.client->push_gradients(grads, std::nullopt, false); }, reps));
+  }
+  std::vector<float> a(n), b(n);
+  whole.client->pull(a);
+  pieced.client->pull(b);
+  expect_equal(b, a, "push applied as it arrives against one applied whole (" + human_size(bytes) + ")");
+  return {bytes, threads, median(w), median(p), pieced.ps[0]->ps->pushes_applied_as_received()};
 }
 
 std::vector<dtf::variable_spec> mlp_vars() {
@@ -493,6 +525,32 @@ int main(int argc, char** argv) try {
     }
     if (ref > 0) std::printf("(iperf3 us = the model's bytes at iperf3's single-stream rate)\n");
     std::printf("load during section 4: %s\n", load4.report().c_str());
+  }
+
+  // 5. a push applied as it arrives against one applied whole
+  if (max_mib >= 4) {
+    cpu_meter load5;
+    std::printf("\n== 5. push_gradients (sgd) of one variable in 16 shards: applied as it arrives, or once all in ==\n");
+    std::printf("two ps side by side (apply_as_received on / off), measured alternately: median of %d rounds of\n"
+                "median-of-reps calls; values verified equal. ratio = GB/s / iperf3 reference.\n",
+                std::max(3, repeats / 2));
+    std::printf("%9s %8s | %10s %10s | %8s %8s | %7s %7s | %s\n", "size", "threads", "whole us", "pieces us",
+                "whole", "pieces", "whole", "pieces", "pieces/whole speed");
+    for (std::size_t mib = 4; mib <= std::size_t(max_mib); mib *= 4)
+      for (int threads : {1, 2}) {
+        const std::size_t bytes = mib << 20;
+        const int reps = int(std::clamp<std::size_t>((std::size_t(1) << 29) / bytes, 5, 64));
+        const auto r = measure_pieces(bytes, threads, reps, std::max(3, repeats / 2));
+        const double gw = double(bytes) / r.whole / 1e9, gp = double(bytes) / r.pieced / 1e9;
+        std::printf("%9s %8d | %10.1f %10.1f | %8.3f %8.3f |", human_size(bytes).c_str(), threads, 1e6 * r.whole,
+                    1e6 * r.pieced, gw, gp);
+        if (ref > 0)
+          std::printf(" %7.2f %7.2f |", gw / ref, gp / ref);
+        else
+          std::printf(" %7s %7s |", "-", "-");
+        std::printf(" %.2f (%llu pushes in pieces)\n", r.whole / r.pieced, (unsigned long long)r.pieced_pushes);
+      }
+    std::printf("load during section 5: %s\n", load5.report().c_str());
   }
   return 0;
 } catch (const std::exception& e) {

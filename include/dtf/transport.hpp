@@ -178,6 +178,21 @@ struct rpc_reply {
   }
 };
 
+/// A request's payload handed to the handler a piece at a time as its bytes arrive (see
+/// rpc_server's payload_pieces). An empty `ends` means: not streamed, the usual single call.
+struct rpc_pieces {
+  /// Where each piece ends, in bytes from the payload's start: increasing, the last one the
+  /// payload's size.
+  std::vector<std::uint64_t> ends;
+  /// Called on the connection's strand with piece i once all its bytes are in, in order, while
+  /// the next piece's bytes arrive. A throw is the request's reply: later pieces are read and
+  /// not handed over, and finish is not called.
+  std::function<void(std::size_t i, std::span<std::byte> piece)> on_piece;
+  /// Called after the last piece, instead of the handler, to build the reply (it may throw as
+  /// the handler may).
+  std::function<void(rpc_reply&)> finish;
+};
+
 /// Sends a deferred reply later, from any thread (the request's connection reads nothing
 /// else until then). A reply to a peer that has gone is dropped.
 class rpc_responder {
@@ -214,7 +229,11 @@ struct rpc_peer {
 /// request may carry; a larger announcement (or a throw) is answered at once with a failure
 /// naming both sizes (or the reason thrown), and the payload's bytes are read and dropped
 /// without allocating for them; the connection goes on. Without it, payloads are bounded
-/// by transport_options::limits only. Heartbeats are answered by the server itself.
+/// by transport_options::limits only. Optionally `rpc_pieces payload_pieces(const rpc_peer&,
+/// const detail::frame_header&, std::span<const std::byte> meta)`: for a payload of at least
+/// transport_options::pieces_min_bytes the meta is read first and this may return pieces to
+/// take the payload in as it arrives (a throw or empty ends: not streamed). Heartbeats are
+/// answered by the server itself.
 template <class Handler>
 class rpc_server {
  public:
@@ -255,4 +274,5 @@ class rpc_server {
 }  // namespace dtf
 
 #include <dtf/transport/impl/rpc_client.hpp>
+#include <dtf/transport/impl/rpc_listener.hpp>
 #include <dtf/transport/impl/rpc_server.hpp>

@@ -137,9 +137,12 @@ struct ps_push_msg {
   std::optional<float> learning_rate;  // gradient: none = the rule's own rate
   bool increment_step = false;         // advance the global step (ps 0 holds it)
   std::uint64_t seen_updates = 0;      // the ps's update count when this worker last pulled
+  /// Whether every value is finite, as the sender checked (a push the ps may apply a piece at
+  /// a time as it arrives); none: not checked.
+  std::optional<bool> all_finite;
   template <class A>
   void serialize(A& ar) {
-    ar(ids, kind, learning_rate, increment_step, seen_updates);
+    ar(ids, kind, learning_rate, increment_step, seen_updates, all_finite);
   }
 };
 /// Rows of one embedding table in a synchronous contribution: after the dense shards' floats

@@ -211,7 +211,8 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
   /// Advances the global step when increment_step.
   push_result push_gradients(std::span<const float> grads, std::optional<float> learning_rate = std::nullopt,
                              bool increment_step = true) {
-    return push(grads.size(), host_payload{*this, grads}, detail::update_kind::gradient, learning_rate, increment_step);
+    return push(grads.size(), host_payload{*this, grads}, detail::update_kind::gradient, learning_rate, increment_step,
+                grads);
   }
 
   /// Sends deltas that each ps adds to its values; with scale_by_staleness (DynSGD) each ps
@@ -220,7 +221,7 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
                           bool scale_by_staleness = false) {
     return push(deltas.size(), host_payload{*this, deltas},
                 scale_by_staleness ? detail::update_kind::scaled_delta : detail::update_kind::delta, std::nullopt,
-                increment_step);
+                increment_step, deltas);
   }
 
   /// Synchronous contribution for global step `step`: returns when the step is complete
@@ -368,15 +369,28 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
     return calls;
   }
 
+  // `host`: the values when they are in host memory; a ps's part that may be applied as it
+  // arrives (several shards, at least transport_options::pieces_min_bytes) then says whether
+  // it is all finite (dtf/ps/push_pieces.hpp).
   template <class Attach>
   push_result push(std::size_t n, Attach attach, detail::update_kind kind, std::optional<float> lr,
-                   bool increment_step) {
+                   bool increment_step, std::span<const float> host = {}) {
     check_size(n, "push");
     std::vector<rpc_call> calls;
     for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
       // ps 0 holds the global step, so it always gets a push (possibly of no shards).
       if (ids_[ps].empty() && !(ps == 0 && increment_step)) continue;
-      detail::ps_push_msg m{ids_[ps], kind, lr, increment_step && ps == 0, seen_[ps]};
+      detail::ps_push_msg m{ids_[ps], kind, lr, increment_step && ps == 0, seen_[ps], std::nullopt};
+      std::size_t floats = 0;
+      for (auto id : ids_[ps]) floats += layout_.shards[id].size;
+      if (!host.empty() && ids_[ps].size() > 1 && floats * sizeof(float) >= rpc_.options().pieces_min_bytes) {
+        bool finite = true;
+        for (auto id : ids_[ps]) {
+          const auto part = host.subspan(layout_.shards[id].offset, layout_.shards[id].size);
+          finite = finite && std::all_of(part.begin(), part.end(), [](float x) { return std::isfinite(x); });
+        }
+        m.all_finite = finite;
+      }
       calls.push_back(make_call(ps, detail::message_kind::ps_push, detail::encode_message(m)));
       attach(calls.back(), ps);
     }

@@ -46,6 +46,11 @@ struct ps_options {
   /// (restore_transfer::ps_reads_files). Never taken from the wire; empty: saving is refused.
   std::string checkpoint_dir;
   nonfinite_policy nonfinite = nonfinite_policy::reject;
+  /// A push of at least transport.pieces_min_bytes whose sender checked its values finite is
+  /// applied a piece (whole shards, at least apply_piece_bytes) at a time as its bytes arrive
+  /// (dtf/ps/push_pieces.hpp); false: applied once all of it is in.
+  bool apply_as_received = true;
+  std::size_t apply_piece_bytes = std::size_t(256) << 10;
   /// The tasks allowed to report done; empty: any authenticated identity, at most max_done_tasks.
   std::vector<std::string> known_workers;
   std::size_t max_done_tasks = 4096;

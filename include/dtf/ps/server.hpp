@@ -9,7 +9,8 @@
 //   pull      current values of the requested shards (distinct, held here: the reply is bounded)
 //   push      gradients (the ps applies its rule) or deltas (added; DynSGD scales them by
 //             1/(staleness+1)); optionally advances the global step (kept on ps 0). Staleness:
-//             updates applied since the pusher's last pull; an update counts once it is applied
+//             updates applied since the pusher's last pull; an update counts once it is applied.
+//             A large push is applied a piece at a time as it arrives (dtf/ps/push_pieces.hpp)
 //   sync push a contribution to synchronous step t, with its embedding rows (sync_aggregator)
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
 //   step, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp; done, done tasks
@@ -39,6 +40,7 @@
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/done_tasks.hpp>
 #include <dtf/ps/position_table.hpp>
+#include <dtf/ps/push_pieces.hpp>
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sparse_service.hpp>
 #include <dtf/ps/sync_aggregator.hpp>
@@ -81,6 +83,8 @@ class parameter_server {
   std::size_t rejected_connections() const noexcept { return server_.rejected(); }
   /// Contributions dropped because they arrived for a finished step, per worker.
   std::map<std::string, std::uint64_t> dropped_contributions() const { return sync_.dropped(); }
+  /// Pushes applied a piece at a time as they arrived (dtf/ps/push_pieces.hpp), whole or not.
+  std::uint64_t pushes_applied_as_received() const noexcept { return pieced_.load(); }
   /// The tasks that reported done.
   std::set<std::string> done_tasks() const { return done_.names(); }
 
@@ -119,6 +123,36 @@ class parameter_server {
       case message_kind::ps_sparse_restore: return sparse_.payload_limit(h.kind, meta);
       default: return 0;
     }
+  }
+
+  /// Transport callback, for a large request: a push to apply a piece at a time as it arrives
+  /// (dtf/ps/push_pieces.hpp); anything else is taken whole (also where this returns nothing:
+  /// the single call then answers, with the error when there is one).
+  rpc_pieces payload_pieces(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta) {
+    if (h.kind != detail::message_kind::ps_push || !options_.apply_as_received) return {};
+    auto m = detail::decode_message<detail::ps_push_msg>(meta, "push");
+    if (!m.all_finite.value_or(false) && options_.nonfinite != nonfinite_policy::apply) return {};
+    std::shared_lock lock(shards_mu_);
+    if (!initialized_ || m.ids.empty() || store_.bytes_of(m.ids) != h.payload_size) return {};
+    const std::uint64_t before = updates_.load();
+    const std::uint64_t staleness = before >= m.seen_updates ? before - m.seen_updates : 0;
+    auto p = std::make_shared<ps_detail::push_pieces>(std::move(m), store_, generation_.load(), staleness,
+                                                      options_.apply_piece_bytes);
+    if (p->ends().size() < 2) return {};
+    rpc_pieces s;
+    s.ends = p->ends();
+    s.on_piece = [this, p](std::size_t k, std::span<std::byte> bytes) {
+      std::shared_lock piece_lock(shards_mu_);
+      p->apply(k, bytes, store_, generation_.load(), options_.nonfinite);
+    };
+    s.finish = [this, p, who = peer.identity](rpc_reply& reply) {
+      ++pieced_;
+      const std::uint64_t updates = p->shards_applied() > 0 ? updates_.fetch_add(1) + 1 : updates_.load();
+      if (!p->failure().empty()) throw error(errc::invalid_argument, "push of " + who + " " + p->failure());
+      if (p->message().increment_step) ++global_step_;
+      status(reply, updates, p->staleness());
+    };
+    return s;
   }
 
   /// Transport callback: a peer's connection ended (see sync_aggregator::disconnected).
@@ -194,6 +228,7 @@ class parameter_server {
       return status(reply);
     }
     store_.init(m.ids, m.sizes, cfg.rule, cfg.mode, payload);
+    ++generation_;
     model_bytes_ = payload.size();
     sync_.configure(cfg.replicas_to_aggregate, store_, 0, "initialised");
     synchronous_ = cfg.replicas_to_aggregate > 0;
@@ -298,7 +333,8 @@ class parameter_server {
     ps_detail::shard_store::check_mode(cfg.rule, cfg.mode);
     std::map<std::uint32_t, std::unique_ptr<ps_detail::shard>> fresh;
     if (m.from_files) {
-      fresh = read_restore_files(m, cfg.rule, payload);
+      fresh = ps_detail::shard_store::from_files(options_.checkpoint_dir, options_.transport.identity, m, cfg.rule,
+                                                 payload);
     } else {
       fresh = ps_detail::shard_store::from_payload(init.ids, init.sizes, m.iterations, cfg.rule, m.num_slots, payload);
     }
@@ -306,6 +342,7 @@ class parameter_server {
     std::uint64_t floats = 0;
     for (const auto& [id, sh] : fresh) floats += sh->values.size();
     store_.install(std::move(fresh), cfg.rule, cfg.mode);
+    ++generation_;
     model_bytes_ = floats * sizeof(float);
     // Contributors waiting on a step that the restore replaced learn it (they retry).
     sync_.configure(cfg.replicas_to_aggregate, store_, m.global_step,
@@ -320,40 +357,6 @@ class parameter_server {
                                              (m.from_files ? ") read from its files, asked by " : ") sent by ") +
                                              peer.identity);
     status(reply);
-  }
-
-  // The ps opens (and verifies) only the shard files of its own checkpoint directory holding
-  // its ranges; every size is checked against the verified files before anything is allocated.
-  std::map<std::uint32_t, std::unique_ptr<ps_detail::shard>> read_restore_files(const detail::ps_restore_msg& m,
-                                                                                const optim::rule& rule,
-                                                                                std::span<const std::byte> payload) {
-    const auto& init = m.init;
-    if (options_.checkpoint_dir.empty())
-      throw error(errc::invalid_config, options_.transport.identity + " has no checkpoint directory to restore from");
-    if (!payload.empty() || m.from.size() != init.ids.size() || init.sizes.size() != init.ids.size())
-      throw error(errc::corrupt_data, "restore from files: a payload, or " + std::to_string(m.from.size()) +
-                                          " ranges for " + std::to_string(init.ids.size()) + " shards");
-    std::vector<checkpoint_reader::element_range> ranges;
-    for (std::size_t i = 0; i < init.ids.size(); ++i) ranges.push_back({m.from[i], init.sizes[i]});
-    const auto ck = checkpoint_reader::open_for(options_.checkpoint_dir, m.checkpoint, ranges);
-    if (ck.manifest().num_slots != m.num_slots && m.num_slots != 0)
-      throw error(errc::invalid_config, "restore: checkpoint " + m.checkpoint + " holds " +
-                                            std::to_string(ck.manifest().num_slots) + " slots, " +
-                                            std::to_string(m.num_slots) + " wanted");
-    for (const auto& r : ranges)
-      if (r.first > ck.num_parameters() || r.count > ck.num_parameters() - r.first)
-        throw error(errc::out_of_range, "restore: elements [" + std::to_string(r.first) + ", +" +
-                                            std::to_string(r.count) + ") outside checkpoint " + m.checkpoint);
-    std::map<std::uint32_t, std::unique_ptr<ps_detail::shard>> fresh;
-    for (std::size_t i = 0; i < init.ids.size(); ++i) {
-      if (fresh.count(init.ids[i])) throw error(errc::corrupt_data, "restore: a shard id appears twice");
-      auto s = ps_detail::shard_store::make(rule, init.sizes[i]);
-      ck.read(0, m.from[i], s->values.unshared());
-      for (std::size_t k = 0; k < m.num_slots; ++k) ck.read(k + 1, m.from[i], s->opt->slot(k));
-      s->opt->set_iterations(m.iterations[i]);
-      fresh[init.ids[i]] = std::move(s);
-    }
-    return fresh;
   }
 
   void require_initialized() const {
@@ -435,6 +438,8 @@ class parameter_server {
   std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
   std::atomic<std::int64_t> global_step_{0};
   std::atomic<std::uint64_t> updates_{0};
+  std::atomic<std::uint64_t> pieced_{0};
+  std::atomic<std::uint64_t> generation_{0};  // the model's replacements (init, restore): see push_pieces
   std::atomic<std::uint64_t> model_bytes_{0};  // the dense shards held here, in bytes (init/restore)
   ps_detail::done_registry done_{options_};  // tasks that reported the end of their training (its own lock)
   rpc_server<parameter_server> server_;  // last: its handler (this) is complete before it starts

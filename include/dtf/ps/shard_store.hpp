@@ -18,6 +18,7 @@
 // init/restore exclusive, everything else shared); each shard synchronises its own updates.
 #pragma once
 
+#include <dtf/checkpoint.hpp>
 #include <dtf/detail/messages.hpp>
 #include <dtf/error.hpp>
 #include <dtf/optim/optimizer.hpp>
@@ -162,6 +163,43 @@ class shard_store {
       for (std::size_t k = 0; k < num_slots; ++k) take(s->opt->slot(k));
       s->opt->set_iterations(iterations.at(i));
       fresh[ids[i]] = std::move(s);
+    }
+    return fresh;
+  }
+
+  /// Shards of a restore read from checkpoint files: only the shard files of `checkpoint_dir`
+  /// (this ps's own, never a path from the wire) that hold the asked ranges are opened and
+  /// verified; every size is checked against the verified files before anything is allocated.
+  static std::map<std::uint32_t, std::unique_ptr<shard>> from_files(const std::string& checkpoint_dir,
+                                                                    const std::string& identity,
+                                                                    const detail::ps_restore_msg& m,
+                                                                    const optim::rule& rule,
+                                                                    std::span<const std::byte> payload) {
+    const auto& init = m.init;
+    if (checkpoint_dir.empty())
+      throw error(errc::invalid_config, identity + " has no checkpoint directory to restore from");
+    if (!payload.empty() || m.from.size() != init.ids.size() || init.sizes.size() != init.ids.size())
+      throw error(errc::corrupt_data, "restore from files: a payload, or " + std::to_string(m.from.size()) +
+                                          " ranges for " + std::to_string(init.ids.size()) + " shards");
+    std::vector<checkpoint_reader::element_range> ranges;
+    for (std::size_t i = 0; i < init.ids.size(); ++i) ranges.push_back({m.from[i], init.sizes[i]});
+    const auto ck = checkpoint_reader::open_for(checkpoint_dir, m.checkpoint, ranges);
+    if (ck.manifest().num_slots != m.num_slots && m.num_slots != 0)
+      throw error(errc::invalid_config, "restore: checkpoint " + m.checkpoint + " holds " +
+                                            std::to_string(ck.manifest().num_slots) + " slots, " +
+                                            std::to_string(m.num_slots) + " wanted");
+    for (const auto& r : ranges)
+      if (r.first > ck.num_parameters() || r.count > ck.num_parameters() - r.first)
+        throw error(errc::out_of_range, "restore: elements [" + std::to_string(r.first) + ", +" +
+                                            std::to_string(r.count) + ") outside checkpoint " + m.checkpoint);
+    std::map<std::uint32_t, std::unique_ptr<shard>> fresh;
+    for (std::size_t i = 0; i < init.ids.size(); ++i) {
+      if (fresh.count(init.ids[i])) throw error(errc::corrupt_data, "restore: a shard id appears twice");
+      auto s = make(rule, init.sizes[i]);
+      ck.read(0, m.from[i], s->values.unshared());
+      for (std::size_t k = 0; k < m.num_slots; ++k) ck.read(k + 1, m.from[i], s->opt->slot(k));
+      s->opt->set_iterations(m.iterations[i]);
+      fresh[init.ids[i]] = std::move(s);
     }
     return fresh;
   }

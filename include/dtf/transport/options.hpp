@@ -33,6 +33,10 @@ struct transport_options {
   /// ones are closed at accept with a logged reason.
   std::size_t max_connections = 1024;
   detail::frame_limits limits{};
+  /// Server: a request payload of at least this many bytes may be handed to a handler that
+  /// offers it a piece at a time as it arrives (rpc_server, payload_pieces). A client marks
+  /// what a server needs to take such a push (the ps client: whether its values are finite).
+  std::size_t pieces_min_bytes = std::size_t(1) << 20;
   /// CUDA builds: a ps client moves device memory through a pinned staging buffer in segments
   /// of this many bytes, copying one while the previous one is on the wire (CPU builds send in
   /// place and ignore it). Positive.

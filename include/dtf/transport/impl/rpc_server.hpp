@@ -1,11 +1,9 @@
-// dtf/transport/impl/rpc_server.hpp — the bodies of rpc_server (dtf/transport.hpp): the
-// acceptor with its connection cap and back-off, and one session per connection.
+// dtf/transport/impl/rpc_server.hpp — rpc_server's session (dtf/transport.hpp): one per
+// connection, the handshake, then frames (a large payload optionally taken in pieces as it
+// arrives). The listener's bodies are in dtf/transport/impl/rpc_listener.hpp.
 #pragma once
 
 #include <dtf/transport.hpp>
-#include <dtf/transport/inherited.hpp>
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -14,7 +12,6 @@
 #include <memory>
 #include <new>
 #include <span>
-#include <thread>
 
 namespace dtf {
 
@@ -192,35 +189,62 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     // Bytes of a frame are arriving: the whole frame must follow within frame_timeout_ms.
     arm(server_.options_.frame_timeout_ms, "sent an incomplete frame");
     meta_.resize(header_.meta_size);
-    // A payload that needs a larger buffer than this connection has: with a handler that
-    // bounds payloads, the meta is read first and the handler says what this request may
-    // carry, before anything is allocated for it.
-    if constexpr (requires(std::span<const std::byte> m) { server_.handler_.payload_limit(peer_, header_, m); }) {
-      if (header_.payload_size > payload_.size()) {
-        asio::async_read(socket_, asio::buffer(meta_),
-                         asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code e2, std::size_t) {
-                           self->on_meta(e2);
-                         }));
-        return;
-      }
+    // The meta first: for a payload that needs a larger buffer than this connection has, with
+    // a handler that bounds payloads (it says what this request may carry before anything is
+    // allocated for it); for a large payload, with a handler that may take it in pieces.
+    if (bounded() || pieceable()) {
+      asio::async_read(socket_, asio::buffer(meta_),
+                       asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code e2, std::size_t) {
+                         self->on_meta(e2);
+                       }));
+      return;
     }
     read_body(true);
+  }
+
+  bool bounded() const {
+    if constexpr (requires(std::span<const std::byte> m) { server_.handler_.payload_limit(peer_, header_, m); })
+      return header_.payload_size > payload_.size();
+    return false;
+  }
+  bool pieceable() const {
+    if constexpr (requires(std::span<const std::byte> m) { server_.handler_.payload_pieces(peer_, header_, m); })
+      return header_.payload_size >= server_.options_.pieces_min_bytes;
+    return false;
   }
 
   void on_meta(std::error_code ec) {
     if (closed_) return;
     if (ec) return drop("truncated frame: " + ec.message());
-    std::uint64_t limit = 0;
-    try {
-      limit = server_.handler_.payload_limit(peer_, header_, std::span<const std::byte>(meta_));
-    } catch (const std::exception& e) {
-      return refuse_payload(e.what(), header_.payload_size);
+    const std::span<const std::byte> meta(meta_);
+    if constexpr (requires { server_.handler_.payload_limit(peer_, header_, meta); }) {
+      if (bounded()) {
+        std::uint64_t limit = 0;
+        try {
+          limit = server_.handler_.payload_limit(peer_, header_, meta);
+        } catch (const std::exception& e) {
+          return refuse_payload(e.what(), header_.payload_size);
+        }
+        if (header_.payload_size > limit)
+          return refuse_payload("a request of kind " + std::to_string(int(header_.kind)) + " announcing " +
+                                    std::to_string(header_.payload_size) + " payload bytes, where at most " +
+                                    std::to_string(limit) + " are expected",
+                                header_.payload_size);
+      }
     }
-    if (header_.payload_size > limit)
-      return refuse_payload("a request of kind " + std::to_string(int(header_.kind)) + " announcing " +
-                            std::to_string(header_.payload_size) + " payload bytes, where at most " +
-                            std::to_string(limit) + " are expected",
-                            header_.payload_size);
+    if constexpr (requires { server_.handler_.payload_pieces(peer_, header_, meta); }) {
+      if (pieceable()) {
+        try {
+          pieces_ = server_.handler_.payload_pieces(peer_, header_, meta);
+        } catch (const std::exception&) {
+          pieces_ = {};  // not in pieces: the handler's single call answers the request
+        }
+        const auto& e = pieces_.ends;
+        if (e.empty() || e.back() != header_.payload_size || !std::is_sorted(e.begin(), e.end()) ||
+            std::adjacent_find(e.begin(), e.end()) != e.end() || e.front() == 0)
+          pieces_ = {};
+      }
+    }
     read_body(false);
   }
 
@@ -235,12 +259,66 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
                               (with_meta ? header_.meta_size : 0) + header_.payload_size);
       }
     }
+    if (!pieces_.ends.empty()) {
+      piece_ = 0;
+      pieces_failed_ = false;
+      return read_piece();
+    }
     std::array bufs{with_meta ? asio::buffer(meta_) : asio::mutable_buffer(),
                     asio::buffer(payload_.data(), header_.payload_size)};
     asio::async_read(socket_, bufs, detail::transfer_all_large{},
                      asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code e2, std::size_t) {
                        self->on_frame(e2);
                      }));
+  }
+
+  // ---- a payload taken in pieces (rpc_pieces) -------------------------------------------------
+  void read_piece() {
+    const std::uint64_t begin = piece_ == 0 ? 0 : pieces_.ends[piece_ - 1];
+    asio::async_read(socket_, asio::buffer(payload_.data() + begin, pieces_.ends[piece_] - begin),
+                     detail::transfer_all_large{},
+                     asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code ec, std::size_t) {
+                       self->on_piece(ec);
+                     }));
+  }
+
+  void on_piece(std::error_code ec) {
+    if (closed_) return;
+    if (ec) return drop("truncated frame: " + ec.message());
+    const std::size_t i = piece_++;
+    // The next piece's read is started first: its bytes arrive (into the socket's buffer, or
+    // through another I/O thread) while this one is handed over.
+    if (piece_ < pieces_.ends.size()) read_piece();
+    if (!pieces_failed_) {
+      const std::uint64_t begin = i == 0 ? 0 : pieces_.ends[i - 1];
+      const auto bytes = std::span<std::byte>(payload_.data() + begin, pieces_.ends[i] - begin);
+      pieces_failed_ = !handle([&](rpc_reply&) { pieces_.on_piece(i, bytes); }, pieces_reply_);
+    }
+    if (piece_ < pieces_.ends.size()) return;
+    disarm();
+    rpc_reply reply = std::move(pieces_reply_);
+    if (!pieces_failed_) handle([&](rpc_reply& r) { pieces_.finish(r); }, reply);
+    pieces_ = {};
+    pieces_reply_ = {};
+    if (reply.deferred) return;
+    send_reply(std::move(reply));
+  }
+
+  // Runs f(reply); an exception becomes a failure reply. False when f threw.
+  template <class F>
+  bool handle(F f, rpc_reply& reply) {
+    try {
+      f(reply);
+      return true;
+    } catch (const error& e) {
+      reply = rpc_reply::failure(static_cast<errc>(e.code().value()), e.message());
+    } catch (const std::bad_alloc&) {
+      reply = rpc_reply::failure(errc::invalid_argument, "out of memory while handling a request of kind " +
+                                                             std::to_string(int(header_.kind)));
+    } catch (const std::exception& e) {
+      reply = rpc_reply::failure(errc::internal, e.what());
+    }
+    return false;
   }
 
   // A request refused before its payload was read: its sender gets the reason at once, then
@@ -272,16 +350,9 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     disarm();
     rpc_reply reply;
     if (header_.kind == detail::message_kind::heartbeat) return send_reply(std::move(reply));
-    try {
-      server_.handler_(peer_, header_, meta_, std::span<std::byte>(payload_.data(), header_.payload_size), reply);
-    } catch (const error& e) {
-      reply = rpc_reply::failure(static_cast<errc>(e.code().value()), e.message());
-    } catch (const std::bad_alloc&) {
-      reply = rpc_reply::failure(errc::invalid_argument, "out of memory while handling a request of kind " +
-                                                             std::to_string(int(header_.kind)));
-    } catch (const std::exception& e) {
-      reply = rpc_reply::failure(errc::internal, e.what());
-    }
+    handle([&](rpc_reply& r) {
+      server_.handler_(peer_, header_, meta_, std::span<std::byte>(payload_.data(), header_.payload_size), r);
+    }, reply);
     if (reply.deferred) return;  // answered later through peer_.defer(); read nothing until then
     send_reply(std::move(reply));
   }
@@ -336,91 +407,10 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
   std::uint64_t discard_ = 0;   // bytes of a refused payload still to read and drop
   std::vector<std::byte> sink_;  // where they go
   std::vector<asio::const_buffer> out_bufs_;
+  rpc_pieces pieces_;           // the request being taken in pieces (empty ends: none)
+  std::size_t piece_ = 0;       // the next piece to read
+  bool pieces_failed_ = false;  // a piece's handling threw: pieces_reply_ holds the failure
+  rpc_reply pieces_reply_;
 };
-
-template <class Handler>
-rpc_server<Handler>::rpc_server(Handler& handler, transport_options options, const std::string& bind_address,
-                                int threads)
-    : handler_(handler),
-      options_(std::move(options)),
-      acceptor_(io_),
-      accept_backoff_(io_),
-      threads_(std::max(1, threads)) {
-  const auto endpoint = detail::resolve_endpoint(io_, bind_address, transport::address_use::bind);
-  // The launcher's socket for this address when it handed one down (no port released between
-  // its choice and this listen; dtf/transport/inherited.hpp).
-  if (const int fd = transport::take_inherited_listener(bind_address); fd >= 0) {
-    sockaddr_storage local{};
-    socklen_t length = sizeof local;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length);  // checked by take_inherited_listener
-    std::error_code ec;
-    acceptor_.assign(local.ss_family == AF_INET6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), fd, ec);
-    if (!ec) return;
-    ::close(fd);
-  }
-  acceptor_.open(endpoint.protocol());
-  acceptor_.set_option(asio::socket_base::reuse_address(true));
-  std::error_code ec;
-  acceptor_.bind(endpoint, ec);
-  if (ec) throw error(errc::io_error, "cannot listen on " + bind_address + ": " + ec.message());
-  acceptor_.listen(asio::socket_base::max_listen_connections);
-}
-
-template <class Handler>
-void rpc_server<Handler>::run() {
-  accept();
-  std::vector<std::thread> extra;
-  for (int i = 1; i < threads_; ++i) extra.emplace_back([this] { io_.run(); });
-  io_.run();
-  for (auto& t : extra) t.join();
-}
-
-template <class Handler>
-void rpc_server<Handler>::stop() {
-  asio::post(io_, [this] {
-    std::error_code ec;
-    acceptor_.close(ec);
-    accept_backoff_.cancel();
-    io_.stop();
-  });
-}
-
-template <class Handler>
-void rpc_server<Handler>::accept() {
-  acceptor_.async_accept([this](std::error_code ec, detail::tcp_socket sock) {
-    using namespace std::chrono;
-    if (ec) {
-      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      // Out of descriptors or memory: the pending connection stays in the backlog, so accepting
-      // again at once fails again at once. Pause (10 ms doubling to 1 s) instead of spinning.
-      accept_pause_ = std::clamp(accept_pause_ * 2, milliseconds(10), milliseconds(1000));
-      accept_log_([&](const std::string& suppressed) {
-        detail::log_line(options_, "dtf " + options_.identity + ": accept failed: " + ec.message() +
-                                       "; retrying in " + std::to_string(accept_pause_.count()) + " ms" + suppressed);
-      });
-      accept_backoff_.expires_after(accept_pause_);
-      accept_backoff_.async_wait([this](std::error_code wait_ec) {
-        if (!wait_ec) accept();
-      });
-      return;
-    }
-    accept_pause_ = milliseconds(0);
-    if (open_.load() >= options_.max_connections) {
-      ++rejected_;
-      std::error_code ignored;
-      const auto ep = sock.remote_endpoint(ignored);
-      cap_log_([&](const std::string& suppressed) {
-        detail::log_line(options_, "dtf " + options_.identity + ": refused a connection from " +
-                                       (ignored ? std::string("unknown") : transport::format_address(ep.address().to_string(), ep.port())) +
-                                       ": " + std::to_string(options_.max_connections) +
-                                       " connections open (max_connections)" + suppressed);
-      });
-      sock.close(ignored);
-    } else {
-      std::make_shared<session>(*this, std::move(sock))->start();
-    }
-    accept();
-  });
-}
 
 }  // namespace dtf
