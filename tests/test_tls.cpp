@@ -13,6 +13,7 @@
 
 #include <openssl/bio.h>
 #include <openssl/ssl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
@@ -94,11 +95,22 @@ struct recording_proxy {
   explicit recording_proxy(const std::string& server_address) {
     const auto target = detail::resolve_endpoint(io, server_address);
     accepting = std::thread([this, target] {
-      acceptor.accept(down);
-      up.connect(target);
+      std::error_code ec;
+      acceptor.accept(down, ec);
+      if (!ec) up.connect(target, ec);
+      if (ec) return;
       a = std::thread([this] { relay(down, up, to_server); });
       b = std::thread([this] { relay(up, down, to_client); });
     });
+  }
+  // On a failed test: wakes every blocked accept and read (shutdown), then joins.
+  ~recording_proxy() {
+    if (!accepting.joinable()) return;
+    ::shutdown(acceptor.native_handle(), SHUT_RDWR);
+    accepting.join();
+    ::shutdown(down.native_handle(), SHUT_RDWR);
+    ::shutdown(up.native_handle(), SHUT_RDWR);
+    join();
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port()); }
   static void relay(detail::tcp_socket& from, detail::tcp_socket& to, std::vector<std::byte>& record) {
@@ -115,9 +127,8 @@ struct recording_proxy {
   }
   // Call after the client and the server have closed their ends.
   void join() {
-    accepting.join();
-    a.join();
-    b.join();
+    for (auto* t : {&accepting, &a, &b})
+      if (t->joinable()) t->join();
   }
 };
 

@@ -1,5 +1,7 @@
 // dtf/transport/tls.hpp — optional TLS 1.3 on the request/reply transport (dtf/transport.hpp):
-// the key, the OpenSSL context settings and the reasons a TLS handshake fails.
+// the key, the OpenSSL context settings, one end of a TLS connection as a bytes-in/bytes-out
+// machine (tls_channel; dtf/transport/impl/stream.hpp drives it with Asio) and the reasons a
+// TLS handshake fails.
 //
 // Design (what a security reviewer should check)
 //
@@ -32,6 +34,10 @@
 // - An empty secret cannot turn TLS on (errc::invalid_config): a key from no secret would be
 //   public and the encryption decorative.
 // - Deadlines: the TLS handshake counts against handshake_timeout_ms like the dtf handshake.
+// - The secret must be high-entropy (e.g. `openssl rand -hex 32`): the PSK binder in the
+//   ClientHello, like the HMACs of the plain handshake, lets someone who recorded a handshake
+//   test guesses of the secret offline. TLS does not hide sizes or timing: an observer
+//   still sees how many bytes pass when.
 //
 // Not covered: the ring sockets of the collective strategies (dtf/detail/ring_socket.hpp) do
 // not speak TLS; a collective strategy with TLS on is refused (see README, "Security").

@@ -110,7 +110,7 @@ class rpc_stream {
     const auto ex = executor_of(h);
     asio::async_write(socket_, asio::buffer(out.data(), out.size()), transfer_all_large{},
                       asio::bind_executor(ex, [this, st, h = std::move(h)](std::error_code ec, std::size_t) mutable {
-                        tls_->consume_output();
+                        if (tls_) tls_->consume_output();  // (null: reset after a close aborted this write)
                         if (ec && st != tls_channel::status::failed) return h(ec);
                         after_handshake_output(st, std::move(h), true);
                       }));
@@ -176,7 +176,7 @@ class rpc_stream {
     const auto ex = executor_of(h);
     asio::async_write(socket_, asio::buffer(out.data(), out.size()), transfer_all_large{},
                       asio::bind_executor(ex, [this, taken, h = std::move(h)](std::error_code ec, std::size_t) mutable {
-                        tls_->consume_output();
+                        if (tls_) tls_->consume_output();  // (null: reset after a close aborted this write)
                         h(ec, ec ? std::size_t(0) : taken);
                       }));
   }
