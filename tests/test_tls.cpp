@@ -235,7 +235,7 @@ TEST_CASE("TLS: the bytes on the wire are not the plaintext (which a plain conne
   }
 }
 
-TEST_CASE("TLS: the key is HKDF of the secret bound to the cluster id; handshakes are TLS 1.3 PSK with (EC)DHE",
+TEST_CASE("TLS: the key is HKDF of the secret bound to the cluster id, handshakes TLS 1.3 PSK with (EC)DHE",
           "[transport][tls]") {
   const auto k = detail::derive_tls_key("s3cret", "c1");
   CHECK(k == detail::derive_tls_key("s3cret", "c1"));

@@ -30,6 +30,7 @@
 #include <dtf/detail/messages.hpp>
 #include <dtf/error.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
@@ -72,8 +73,9 @@ inline std::vector<std::byte> refusal_frame(const std::string& reason) {
   h.kind = message_kind::refused;
   h.meta_size = std::uint32_t(meta.size());
   const auto header = encode_header(h);
-  std::vector<std::byte> out(header.begin(), header.end());
-  out.insert(out.end(), meta.begin(), meta.end());
+  std::vector<std::byte> out(header.size() + meta.size());
+  std::copy(header.begin(), header.end(), out.begin());
+  std::copy(meta.begin(), meta.end(), out.begin() + std::ptrdiff_t(header.size()));
   return out;
 }
 
