@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,7 +50,7 @@ struct echo_server {
   echo_handler handler;
   rpc_server<echo_handler> server;
   std::thread thread;
-  explicit echo_server(transport_options o) : server(handler, std::move(o), "127.0.0.1:0") {
+  explicit echo_server(transport_options o, int threads = 1) : server(handler, std::move(o), "127.0.0.1:0", threads) {
     thread = std::thread([this] { server.run(); });
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(server.port()); }
@@ -145,6 +146,32 @@ TEST_CASE("TLS: requests and replies round-trip intact, small and large", "[tran
     CHECK(intact);
   }
   c.heartbeat();
+  CHECK(server.server.rejected() == 0);
+}
+
+TEST_CASE("TLS: a server with 4 I/O threads serves 4 TLS clients at once", "[transport][tls]") {
+  echo_server server(tls_opts("ps.0", "s3cret"), 4);
+  std::vector<std::thread> clients;
+  std::vector<int> intact(4, 0);
+  std::vector<std::exception_ptr> failed(4);
+  for (int k = 0; k < 4; ++k)
+    clients.emplace_back([&, k] {
+      try {
+        rpc_client c(tls_opts("worker." + std::to_string(k), "s3cret"));
+        c.add_peer("ps.0", server.address());
+        c.connect_all();
+        for (int i = 0; i < 20; ++i) {
+          const auto payload = pattern_payload(std::size_t(1000 + 70000 * (i % 5) + k));
+          intact[std::size_t(k)] += echo(c, 0, payload) == payload;
+        }
+      } catch (...) {
+        failed[std::size_t(k)] = std::current_exception();
+      }
+    });
+  for (auto& t : clients) t.join();
+  for (auto& e : failed)
+    if (e) std::rethrow_exception(e);
+  CHECK(intact == std::vector<int>(4, 20));
   CHECK(server.server.rejected() == 0);
 }
 
