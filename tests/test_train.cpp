@@ -168,6 +168,9 @@ TEST_CASE("train: bad options and a ps strategy without ps tasks are errors that
                     Catch::Contains("needs ps tasks"));
   CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), {.max_recoveries = 1}),
                     Catch::Contains("no parameter server"));
+  // The ring has no TLS: a collective strategy refuses to run unencrypted when asked for TLS.
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), {.secret = "s", .tls = true}),
+                    Catch::Contains("ring sockets of the collective strategies do not encrypt"));
 }
 
 TEST_CASE("train_flags: flags become options, and bad values name the flag", "[train]") {

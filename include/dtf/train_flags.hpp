@@ -11,7 +11,7 @@
 // Flags (the set: ps = parameter-server strategies, collective = no ps):
 //   cluster        --job_name --task_index --ps_hosts --worker_hosts --chief_host --num_ps
 //                  --base_port --rendezvous (dtf/cluster.hpp; also TF_CONFIG, Slurm, MPI)
-//   every set      --epochs --batch --seed --secret --timeout_ms --log_every --blas_threads
+//   every set      --epochs --batch --seed --secret --tls --timeout_ms --log_every --blas_threads
 //                  --model_dir --save_checkpoints_steps --save_checkpoints_secs --keep_checkpoints
 //                  --last_step --num_steps --summary_every --nan_policy fail|stop
 //                  --metrics_file --target_accuracy
@@ -76,6 +76,7 @@ struct train_flags {
         .add("batch", train.batch, "examples per local step")
         .add("seed", train.seed, "seed for initialisation and shuffling")
         .add("secret", train.secret, "cluster secret (default: $DTF_CLUSTER_SECRET; empty: no authentication)")
+        .add("tls", train.tls, "encrypt every connection with TLS 1.3 keyed by the secret (default: $DTF_TLS=1; ps strategies)")
         .add("timeout_ms", train.timeout_ms,
              s == train_flag_set::ps ? "deadline of every request to a ps" : "longest wait without progress inside a collective")
         .add("log_every", train.log_every, "iterations (local steps) between progress lines")
@@ -130,6 +131,12 @@ struct train_flags {
     o.segment_bytes = std::size_t(segment_kib) * 1024;
     if (o.secret.empty())
       if (const char* s = std::getenv("DTF_CLUSTER_SECRET")) o.secret = s;
+    if (!o.tls)
+      if (const char* t = std::getenv("DTF_TLS")) {
+        const std::string v = t;
+        if (v == "1" || v == "true") o.tls = true;
+        else if (v != "" && v != "0" && v != "false") bad("tls", "$DTF_TLS is '" + v + "', expected 1, true, 0 or false");
+      }
     if (slow_worker >= 0 && c.self.job != "ps" && trainer_index(c) == std::size_t(slow_worker))
       o.compute_delay = std::chrono::milliseconds(slow_ms);
     return o;

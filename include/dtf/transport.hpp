@@ -8,8 +8,10 @@
 // A connection starts with the dtf handshake (dtf/transport/handshake.hpp, shared with the
 // ring sockets of the collectives): protocol version, cluster id and identity; with a shared
 // secret both sides prove knowledge of it by HMAC-SHA256 over fresh nonces. The handshake
-// decides who may connect; the frames after it are neither encrypted nor authenticated (see
-// README, "Security"). Addresses are parsed by dtf/transport/address.hpp.
+// decides who may connect. By default the frames after it are neither encrypted nor
+// authenticated; with transport_options::tls every byte of the connection, the handshake
+// included, runs inside TLS 1.3 keyed by the cluster secret (dtf/transport/tls.hpp; README,
+// "Security"). Addresses are parsed by dtf/transport/address.hpp.
 //
 // A hostile or broken peer cannot stall or exhaust a server: at most max_connections at once
 // (more are closed at accept, logged), a handshake within handshake_timeout_ms, a started frame
@@ -34,7 +36,9 @@
 #include <dtf/transport/address.hpp>
 #include <dtf/transport/handshake.hpp>
 #include <dtf/transport/impl/io.hpp>
+#include <dtf/transport/impl/stream.hpp>
 #include <dtf/transport/options.hpp>
+#include <dtf/transport/tls.hpp>
 
 #include <asio.hpp>
 
@@ -102,7 +106,11 @@ struct rpc_call {
 /// The client side: connections to a set of named peers, requests in parallel.
 class rpc_client {
  public:
-  explicit rpc_client(transport_options options) : options_(std::move(options)) {}
+  /// Errors: errc::invalid_config for options.tls without a secret.
+  explicit rpc_client(transport_options options)
+      : options_(std::move(options)),
+        tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::client, options_.secret,
+                                              options_.cluster_id)) {}
   rpc_client(const rpc_client&) = delete;
   rpc_client& operator=(const rpc_client&) = delete;
 
@@ -152,9 +160,11 @@ class rpc_client {
   void discard_payload(exchange& x, std::uint64_t left, errc code, std::string reason);
   void connect(peer& p);
   void handshake(peer& p, std::chrono::steady_clock::time_point deadline);
-  void wait(peer& p, std::chrono::steady_clock::time_point deadline, std::error_code& result, const char* what);
+  void wait(peer& p, std::chrono::steady_clock::time_point deadline, std::error_code& result, const char* what,
+            bool tls = false);
 
   transport_options options_;
+  detail::tls_context tls_context_;  // options_.tls
   asio::io_context io_;
   std::vector<std::unique_ptr<peer>> peers_;
   std::uint64_t request_id_ = 0;
@@ -238,7 +248,8 @@ template <class Handler>
 class rpc_server {
  public:
   /// Binds to `bind_address` ("host:port"; port 0 picks a free one). Errors: errc::io_error
-  /// when the port is taken, errc::invalid_config for an address that does not parse.
+  /// when the port is taken, errc::invalid_config for an address that does not parse or for
+  /// options.tls without a secret.
   rpc_server(Handler& handler, transport_options options, const std::string& bind_address, int threads = 1);
 
   std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
@@ -261,6 +272,7 @@ class rpc_server {
 
   Handler& handler_;
   transport_options options_;
+  detail::tls_context tls_context_;  // options_.tls
   // Before io_: sessions still queued in io_ decrement open_ when io_ destroys them.
   std::atomic<std::size_t> rejected_{0}, open_{0};
   asio::io_context io_;

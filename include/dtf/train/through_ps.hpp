@@ -85,6 +85,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   transport.cluster_id = c.id();
   transport.identity = me;
   transport.secret = o.secret;
+  transport.tls = o.tls;
   transport.timeout_ms = o.timeout_ms;
   if (c.num_ps() == 0)
     throw error(errc::invalid_config, o.name + ": a parameter-server strategy needs ps tasks in the cluster");

@@ -30,6 +30,7 @@
 #include <dtf/detail/messages.hpp>
 #include <dtf/error.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
@@ -62,6 +63,19 @@ inline std::string printable(std::string_view text, std::size_t max_chars = 128)
     }
   }
   if (text.size() > max_chars) out += "...";
+  return out;
+}
+
+/// A refusal frame carrying `reason` (what a refused peer is told).
+inline std::vector<std::byte> refusal_frame(const std::string& reason) {
+  const auto meta = encode_message(refused_msg{reason});
+  frame_header h;
+  h.kind = message_kind::refused;
+  h.meta_size = std::uint32_t(meta.size());
+  const auto header = encode_header(h);
+  std::vector<std::byte> out(header.size() + meta.size());
+  std::copy(header.begin(), header.end(), out.begin());
+  std::copy(meta.begin(), meta.end(), out.begin() + std::ptrdiff_t(header.size()));
   return out;
 }
 
@@ -109,6 +123,10 @@ class handshake {
         header_ = decode_header(std::span<const std::byte, frame_header_size>(in_.data(), frame_header_size),
                                 frame_limits{max_handshake_meta, 0});
       } catch (const error& e) {
+        // A TLS record (a ClientHello: 0x16 0x03) where a dtf hello belongs.
+        if (role_ == role::server && in_[0] == std::byte{0x16} && in_[1] == std::byte{0x03})
+          return fail("the peer speaks TLS and this task does not (transport_options::tls, --tls): turn TLS on "
+                      "for every task or none", {});
         return fail(std::string("malformed handshake: ") + e.message(), {});
       }
       have_header_ = true;
@@ -146,7 +164,10 @@ class handshake {
   }
   void fail(std::string reason, std::string tell_peer) {
     failure_ = std::move(reason);
-    if (!tell_peer.empty()) emit(message_kind::refused, encode_message(refused_msg{std::move(tell_peer)}));
+    if (!tell_peer.empty()) {
+      const auto frame = refusal_frame(tell_peer);
+      out_.insert(out_.end(), frame.begin(), frame.end());
+    }
     state_ = state::failed;
   }
   void refuse(const std::string& reason) { fail("refused: " + reason, reason); }

@@ -21,6 +21,9 @@ struct transport_options {
   std::string cluster_id;  ///< peers must present the same id (empty: not checked by a server)
   std::string identity;    ///< this task, e.g. "worker.0"
   std::string secret;      ///< shared secret; empty disables authentication
+  /// Every byte of every connection inside TLS 1.3 keyed by the secret (dtf/transport/tls.hpp);
+  /// needs a secret. Both ends must agree: a peer in the other mode is refused with the reason.
+  bool tls = false;
   std::uint32_t timeout_ms = 30000;            ///< a request's reply must arrive within this
   std::uint32_t connect_timeout_ms = 60000;    ///< keep retrying a peer that is not listening yet
   std::uint32_t handshake_timeout_ms = 10000;  ///< server: a new peer must finish the handshake

@@ -10,7 +10,7 @@ namespace dtf {
 
 struct rpc_client::peer {
   peer(asio::io_context& io, std::string n, std::string a) : socket(io), name(std::move(n)), address(std::move(a)) {}
-  detail::tcp_socket socket;
+  detail::rpc_stream socket;
   std::string name, address;
   bool connected = false;
   std::string describe() const { return name + " (" + address + ")"; }
@@ -232,7 +232,7 @@ inline void rpc_client::read_reply_payload(exchange& x) {
 }
 
 inline void rpc_client::wait(peer& p, std::chrono::steady_clock::time_point deadline, std::error_code& result,
-                             const char* what) {
+                             const char* what, bool tls) {
   if (!detail::run_until(io_, deadline, [&] { return result != asio::error::would_block; })) {
     p.socket.close();
     detail::run_until(io_, std::chrono::steady_clock::now() + std::chrono::seconds(5),
@@ -241,7 +241,9 @@ inline void rpc_client::wait(peer& p, std::chrono::steady_clock::time_point dead
   }
   if (result) {
     p.socket.close();
-    throw error(errc::peer_failure, p.describe() + ": connection lost " + what + ": " + result.message());
+    throw error(errc::peer_failure, p.describe() + ": " +
+                                        (tls ? detail::tls_error_text(result)
+                                             : "connection lost " + std::string(what) + ": " + result.message()));
   }
 }
 
@@ -280,8 +282,16 @@ inline void rpc_client::connect(peer& p) {
   p.connected = true;
 }
 
-// Drives the shared handshake machine with synchronous steps, each bounded by `deadline`.
+// Drives the shared handshake machine with synchronous steps, each bounded by `deadline`; with
+// TLS on, the TLS handshake first (a fresh TLS layer per connection), within the same deadline.
 inline void rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point deadline) {
+  p.socket.reset_tls();
+  if (tls_context_) {
+    std::error_code result = asio::error::would_block;
+    p.socket.start_tls(tls_context_.get(), detail::tls_role::client);
+    p.socket.async_tls_handshake([&](std::error_code ec) { result = ec; });
+    wait(p, deadline, result, "in the TLS handshake", true);
+  }
   detail::handshake h(detail::handshake::role::client, {options_.cluster_id, options_.identity, options_.secret});
   std::vector<std::byte> in;
   for (;;) {

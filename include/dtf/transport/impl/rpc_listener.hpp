@@ -21,6 +21,8 @@ rpc_server<Handler>::rpc_server(Handler& handler, transport_options options, con
                                 int threads)
     : handler_(handler),
       options_(std::move(options)),
+      tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::server, options_.secret,
+                                            options_.cluster_id)),
       acceptor_(io_),
       accept_backoff_(io_),
       threads_(std::max(1, threads)) {

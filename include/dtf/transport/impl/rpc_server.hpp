@@ -69,7 +69,14 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     std::error_code ec;
     socket_.set_option(asio::ip::tcp::no_delay(true), ec);
     arm(server_.options_.handshake_timeout_ms, "did not complete the handshake");
-    handshake_step();
+    if (!server_.tls_context_) return handshake_step();
+    // TLS first (or a plain peer refused), then the dtf handshake inside it.
+    detail::async_accept_tls(socket_, server_.tls_context_.get(), strand_,
+                             [self = this->shared_from_this()](std::string failure) {
+                               if (self->closed_) return;
+                               if (!failure.empty()) return self->drop(failure);
+                               self->handshake_step();
+                             });
   }
 
  private:
@@ -388,7 +395,7 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
   }
 
   rpc_server& server_;
-  detail::tcp_socket socket_;
+  detail::rpc_stream socket_;
   detail::io_strand strand_;
   detail::steady_timer_on<detail::io_strand> timer_;
   detail::handshake handshake_;

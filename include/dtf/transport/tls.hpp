@@ -1,0 +1,317 @@
+// dtf/transport/tls.hpp — optional TLS 1.3 on the request/reply transport (dtf/transport.hpp):
+// the key, the OpenSSL context settings, one end of a TLS connection as a bytes-in/bytes-out
+// machine (tls_channel; dtf/transport/impl/stream.hpp drives it with Asio) and the reasons a
+// TLS handshake fails.
+//
+// Design (what a security reviewer should check)
+//
+// - Off by default (transport_options::tls, --tls, DTF_TLS=1). When on, a connection is TLS
+//   1.3 from its first byte: the TLS handshake, then dtf's HMAC handshake
+//   (dtf/transport/handshake.hpp) and every frame inside TLS records. TLS 1.3 only (no
+//   downgrade to 1.2 or below), one cipher suite: TLS_AES_128_GCM_SHA256 (AEAD: every record is
+//   encrypted and authenticated; the record sequence numbers make a replayed, dropped,
+//   reordered or modified record fail the connection).
+// - No certificates: an external pre-shared key (RFC 8446 §2.2, OpenSSL's TLS 1.3 PSK session
+//   callbacks) derived from the cluster secret every task already has, with HKDF-SHA256
+//   (RFC 5869; salt "dtf tls psk v1", info the cluster id): the trust model is today's HMAC
+//   handshake (whoever has the secret belongs to the cluster), with nothing new to issue,
+//   distribute, rotate or revoke. Both ends prove knowledge of the key in the handshake (the
+//   PSK binder and the Finished messages), so there is no unauthenticated key exchange: an
+//   active attacker without the secret can neither complete a handshake nor sit in the middle.
+//   The key is bound to the cluster id: a task of another cluster with the same secret fails the
+//   TLS handshake. The secret and the key never cross the wire; the PSK identity on the wire is
+//   the constant "dtf-psk-v1" (it reveals neither the cluster id nor the task).
+// - Forward secrecy: psk_dhe_ke only (SSL_OP_ALLOW_NO_DHE_KEX is cleared): every connection
+//   also runs an ephemeral (EC)DHE exchange (X25519 by default), so a secret that leaks later
+//   does not decrypt recorded traffic (it does let its holder join the cluster, as today).
+// - No session tickets (resumption would add state and nothing the PSK does not give), no
+//   0-RTT early data (replayable by design).
+// - No downgrade between modes: TLS is required on both sides when on. A server with TLS looks
+//   at a new connection's first byte: a plain dtf hello is answered with a plain refusal
+//   ("this task requires TLS") and dropped with a logged reason; a server without TLS that
+//   receives a TLS ClientHello drops it naming the cause; a client with TLS reports a server
+//   that does not speak TLS, or has another key, by name (tls_failure_reason below).
+// - An empty secret cannot turn TLS on (errc::invalid_config): a key from no secret would be
+//   public and the encryption decorative.
+// - Deadlines: the TLS handshake counts against handshake_timeout_ms like the dtf handshake.
+// - The secret must be high-entropy (e.g. `openssl rand -hex 32`): the PSK binder in the
+//   ClientHello, like the HMACs of the plain handshake, lets someone who recorded a handshake
+//   test guesses of the secret offline. TLS does not hide sizes or timing: an observer
+//   still sees how many bytes pass when.
+//
+// Not covered: the ring sockets of the collective strategies (dtf/detail/ring_socket.hpp) do
+// not speak TLS; a collective strategy with TLS on is refused (see README, "Security").
+//
+// Thread safety: the functions are reentrant; an SSL_CTX configured here may be shared by the
+// connections of several threads (OpenSSL's rule for SSL_CTX after set-up).
+#pragma once
+
+#include <dtf/error.hpp>
+
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+#include <openssl/ssl.h>
+
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+namespace dtf::detail {
+
+/// The label that salts the key derivation, and the PSK identity sent in the ClientHello.
+inline constexpr std::string_view tls_psk_label = "dtf tls psk v1";
+inline constexpr std::string_view tls_psk_identity = "dtf-psk-v1";
+inline constexpr const char* tls_ciphersuite = "TLS_AES_128_GCM_SHA256";
+/// The first byte of a TLS record carrying a handshake message (a ClientHello starts so).
+inline constexpr unsigned char tls_handshake_record = 0x16;
+
+using tls_key = std::array<unsigned char, 32>;
+
+/// HKDF-SHA256 of the cluster secret, salt tls_psk_label, info the cluster id. Errors:
+/// errc::invalid_config for an empty secret; errc::internal when OpenSSL fails.
+inline tls_key derive_tls_key(std::string_view secret, std::string_view cluster_id) {
+  if (secret.empty())
+    throw error(errc::invalid_config, "TLS needs a cluster secret (--secret or DTF_CLUSTER_SECRET): "
+                                      "its key is derived from it");
+  tls_key key{};
+  std::unique_ptr<EVP_PKEY_CTX, decltype(&EVP_PKEY_CTX_free)> ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr),
+                                                                   &EVP_PKEY_CTX_free);
+  std::size_t length = key.size();
+  const auto bytes = [](std::string_view s) { return reinterpret_cast<const unsigned char*>(s.data()); };
+  if (!ctx || EVP_PKEY_derive_init(ctx.get()) <= 0 || EVP_PKEY_CTX_set_hkdf_md(ctx.get(), EVP_sha256()) <= 0 ||
+      EVP_PKEY_CTX_set1_hkdf_salt(ctx.get(), bytes(tls_psk_label), int(tls_psk_label.size())) <= 0 ||
+      EVP_PKEY_CTX_set1_hkdf_key(ctx.get(), bytes(secret), int(secret.size())) <= 0 ||
+      EVP_PKEY_CTX_add1_hkdf_info(ctx.get(), bytes(cluster_id), int(cluster_id.size())) <= 0 ||
+      EVP_PKEY_derive(ctx.get(), key.data(), &length) <= 0 || length != key.size())
+    throw error(errc::internal, "HKDF-SHA256 of the TLS key failed in OpenSSL");
+  return key;
+}
+
+enum class tls_role { client, server };
+
+namespace tls_impl {
+
+// The key lives in the SSL_CTX's extra data (its own index), freed and wiped with the context.
+inline void free_key(void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
+  if (!ptr) return;
+  OPENSSL_cleanse(ptr, sizeof(tls_key));
+  delete static_cast<tls_key*>(ptr);
+}
+
+inline int key_index() {
+  static const int index = SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, &free_key);
+  return index;
+}
+
+// A PSK is presented to OpenSSL as a TLS 1.3 session holding the key as its master key.
+// OpenSSL takes ownership of the returned session.
+inline SSL_SESSION* psk_session(SSL* ssl) {
+  const auto* key = static_cast<const tls_key*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), key_index()));
+  static constexpr unsigned char aes128gcm_sha256[] = {0x13, 0x01};
+  const SSL_CIPHER* cipher = SSL_CIPHER_find(ssl, aes128gcm_sha256);
+  if (!key || !cipher) return nullptr;
+  SSL_SESSION* s = SSL_SESSION_new();
+  if (s && SSL_SESSION_set1_master_key(s, key->data(), key->size()) == 1 && SSL_SESSION_set_cipher(s, cipher) == 1 &&
+      SSL_SESSION_set_protocol_version(s, TLS1_3_VERSION) == 1)
+    return s;
+  SSL_SESSION_free(s);
+  return nullptr;
+}
+
+inline int use_session(SSL* ssl, const EVP_MD* md, const unsigned char** id, std::size_t* id_length,
+                       SSL_SESSION** session) {
+  *session = nullptr;
+  // A second call (after a HelloRetryRequest) names the hash the server chose: ours is SHA-256.
+  if (md && EVP_MD_get_type(md) != NID_sha256) return 1;
+  *session = psk_session(ssl);
+  *id = reinterpret_cast<const unsigned char*>(tls_psk_identity.data());
+  *id_length = tls_psk_identity.size();
+  return *session ? 1 : 0;
+}
+
+inline int find_session(SSL* ssl, const unsigned char* id, std::size_t id_length, SSL_SESSION** session) {
+  *session = nullptr;
+  // An unknown identity: no PSK, and with no certificate the handshake then fails.
+  if (std::string_view(reinterpret_cast<const char*>(id), id_length) != tls_psk_identity) return 1;
+  *session = psk_session(ssl);
+  return *session ? 1 : 0;
+}
+
+}  // namespace tls_impl
+
+/// Sets up `ctx` for dtf's TLS as `role` (see the design above) with the key of `secret` and
+/// `cluster_id`. Errors: errc::invalid_config for an empty secret; errc::internal when OpenSSL
+/// refuses a setting.
+inline void configure_tls(SSL_CTX* ctx, tls_role role, std::string_view secret, std::string_view cluster_id) {
+  auto key = std::make_unique<tls_key>(derive_tls_key(secret, cluster_id));
+  const int index = tls_impl::key_index();
+  if (index < 0 || SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1 ||
+      SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION) != 1 || SSL_CTX_set_ciphersuites(ctx, tls_ciphersuite) != 1 ||
+      SSL_CTX_set_num_tickets(ctx, 0) != 1 || SSL_CTX_set_ex_data(ctx, index, key.get()) != 1)
+    throw error(errc::internal, "OpenSSL refused dtf's TLS settings");
+  key.release();  // owned by ctx now (tls_impl::free_key)
+  SSL_CTX_clear_options(ctx, SSL_OP_ALLOW_NO_DHE_KEX);  // (EC)DHE on every connection: forward secrecy
+  SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
+  SSL_CTX_set_max_early_data(ctx, 0);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);  // the PSK authenticates both ends; no certificates
+  if (role == tls_role::client)
+    SSL_CTX_set_psk_use_session_callback(ctx, &tls_impl::use_session);
+  else
+    SSL_CTX_set_psk_find_session_callback(ctx, &tls_impl::find_session);
+}
+
+/// Why a TLS handshake failed, for a log line or an error: `reason` is OpenSSL's reason code
+/// (ERR_GET_REASON), 0 when the connection just ended; `detail` OpenSSL's own text.
+inline std::string tls_failure_reason(int reason, const std::string& detail) {
+  std::string why;
+  switch (reason) {
+    case 0:
+      why = "the peer closed the connection in the TLS handshake (does it run without TLS? TLS must be on for "
+            "every task or none)";
+      break;
+    case SSL_R_WRONG_VERSION_NUMBER:
+    case SSL_R_PACKET_LENGTH_TOO_LONG:
+    case SSL_R_HTTP_REQUEST:
+      why = "the peer does not speak TLS (it runs without TLS: TLS must be on for every task or none)";
+      break;
+    case SSL_R_BINDER_DOES_NOT_VERIFY:  // the server's view
+    case SSL_R_SSLV3_ALERT_ILLEGAL_PARAMETER:  // the client's: the alert a failed binder sends
+    case SSL_R_TLSV1_ALERT_DECRYPT_ERROR:
+    case SSL_R_DECRYPTION_FAILED_OR_BAD_RECORD_MAC:
+      why = "the TLS key does not match: the peer has another cluster secret or cluster id";
+      break;
+    case SSL_R_UNSUPPORTED_PROTOCOL:
+    case SSL_R_TLSV1_ALERT_PROTOCOL_VERSION:
+      why = "the peer does not offer TLS 1.3";
+      break;
+    case SSL_R_NO_SHARED_CIPHER:
+    case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
+      why = "no dtf pre-shared key was offered or accepted (not a dtf TLS peer, or another dtf version)";
+      break;
+    default:
+      why = "TLS handshake failed";
+  }
+  return detail.empty() ? why : why + " [" + detail + "]";
+}
+
+/// An owned SSL_CTX set up by configure_tls (null: TLS off).
+struct ssl_ctx_free {
+  void operator()(SSL_CTX* c) const noexcept { SSL_CTX_free(c); }
+};
+using tls_context = std::unique_ptr<SSL_CTX, ssl_ctx_free>;
+
+/// The context of one end of dtf's TLS, or null when `on` is false. Errors: those of
+/// configure_tls.
+inline tls_context make_tls_context(bool on, tls_role role, std::string_view secret, std::string_view cluster_id) {
+  if (!on) return nullptr;
+  tls_context ctx(SSL_CTX_new(role == tls_role::client ? TLS_client_method() : TLS_server_method()));
+  if (!ctx) throw error(errc::internal, "SSL_CTX_new failed in OpenSSL");
+  configure_tls(ctx.get(), role, secret, cluster_id);
+  return ctx;
+}
+
+/// OpenSSL's packed error codes (ERR_get_error) as std::error_code values.
+class tls_error_category final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "dtf.tls"; }
+  std::string message(int code) const override {
+    char text[256];
+    ERR_error_string_n(static_cast<unsigned long>(code), text, sizeof text);
+    return text;
+  }
+};
+inline const std::error_category& tls_category() {
+  static const tls_error_category category;
+  return category;
+}
+
+/// One end of a TLS connection as a machine, bytes in and bytes out (like dtf's handshake):
+/// ciphertext from the socket goes in through feed(), ciphertext to send comes out of output();
+/// plaintext goes through write() and read(). It never touches a socket, so the caller keeps
+/// its own I/O model (Asio here). Thread safety: one object per connection, one thread at a time.
+class tls_channel {
+ public:
+  enum class status { done, want_read, closed, failed };
+
+  tls_channel(SSL_CTX* ctx, tls_role role) : ssl_(SSL_new(ctx)) {
+    BIO* in = BIO_new(BIO_s_mem());
+    BIO* out = BIO_new(BIO_s_mem());
+    if (!ssl_ || !in || !out) {
+      BIO_free(in);
+      BIO_free(out);
+      throw error(errc::internal, "SSL_new failed in OpenSSL");
+    }
+    BIO_set_mem_eof_return(in, -1);  // no ciphertext yet: "want read", not end of stream
+    SSL_set_bio(ssl_.get(), in, out);  // owned by ssl_ now
+    in_ = in;
+    out_ = out;
+    role == tls_role::client ? SSL_set_connect_state(ssl_.get()) : SSL_set_accept_state(ssl_.get());
+  }
+
+  /// Advances the handshake; send output() after it whatever it returns.
+  status handshake() {
+    ERR_clear_error();
+    const int rc = SSL_do_handshake(ssl_.get());
+    return rc == 1 ? status::done : classify(rc);
+  }
+  /// Ciphertext that arrived.
+  void feed(const void* data, std::size_t n) {
+    if (n > 0 && BIO_write(in_, data, int(n)) != int(n)) throw error(errc::internal, "BIO_write failed in OpenSSL");
+  }
+  /// Encrypts all of `n` plaintext bytes into output(); false on failure (failure_code() says why).
+  bool write(const void* data, std::size_t n) {
+    ERR_clear_error();
+    std::size_t written = 0;
+    if (n == 0 || (SSL_write_ex(ssl_.get(), data, n, &written) == 1 && written == n)) return true;
+    classify(0);
+    return false;
+  }
+  /// Decrypts up to `n` bytes; 0 with `s` saying why none (want_read: feed more ciphertext).
+  std::size_t read(void* data, std::size_t n, status& s) {
+    ERR_clear_error();
+    std::size_t got = 0;
+    if (SSL_read_ex(ssl_.get(), data, n, &got) == 1) return got;
+    s = classify(0);
+    return 0;
+  }
+  /// The ciphertext to send (valid until consume_output() or the next call that encrypts).
+  std::span<const std::byte> output() const {
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(out_, &data);
+    return {reinterpret_cast<const std::byte*>(data), n > 0 ? std::size_t(n) : 0};
+  }
+  void consume_output() { (void)BIO_reset(out_); }
+  /// The failure of the last call that failed (tls_category()).
+  std::error_code failure_code() const { return {int(error_), tls_category()}; }
+
+ private:
+  status classify(int rc) {
+    switch (SSL_get_error(ssl_.get(), rc)) {
+      case SSL_ERROR_WANT_READ:
+        return status::want_read;
+      case SSL_ERROR_ZERO_RETURN:
+        return status::closed;
+      default:
+        error_ = ERR_peek_last_error();
+        if (error_ == 0) error_ = ERR_PACK(ERR_LIB_SSL, 0, SSL_R_UNEXPECTED_EOF_WHILE_READING);
+        ERR_clear_error();
+        return status::failed;
+    }
+  }
+
+  struct ssl_free {
+    void operator()(SSL* s) const noexcept { SSL_free(s); }
+  };
+  std::unique_ptr<SSL, ssl_free> ssl_;
+  BIO* in_ = nullptr;   // owned by ssl_
+  BIO* out_ = nullptr;  // owned by ssl_
+  unsigned long error_ = 0;
+};
+
+}  // namespace dtf::detail
