@@ -114,7 +114,7 @@ TEST_CASE("a large push applied as it arrives gives exactly the values of one ap
   }
 }
 
-TEST_CASE("a non-finite push is refused whole; one declared finite loses its pieces from the NaN on", "[ps][pieces][hostile]") {
+TEST_CASE("a non-finite push is refused whole, and one declared finite loses its pieces from the NaN on", "[ps][pieces][hostile]") {
   const auto layout = layout8();
   const auto init = seeded(1, 1.0f);
   ps_with ps(true, 1);
@@ -194,7 +194,7 @@ struct pieces_handler {
 
 }  // namespace
 
-TEST_CASE("the transport hands a large payload over in pieces, in order; a refused piece is the reply", "[transport][pieces]") {
+TEST_CASE("the transport hands a large payload over in pieces, in order, and a refused piece is the reply", "[transport][pieces]") {
   pieces_handler handler;
   transport_options o = opts("ps.0");
   o.pieces_min_bytes = 4096;
