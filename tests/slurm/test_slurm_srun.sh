@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster, brought up by this test from Debian's packages (slurm-wlm, munge)
 # in a temporary directory and torn down after: munged with its own key and socket, slurmctld
-# and slurmd with their own configuration, state, spool, pid and log files, on free ports.
+# and slurmd with their own configuration, state, spool, pid and log files.
 # Then `srun -n 4` runs the downpour example as 1 ps + 3 workers, each task resolving the
 # cluster from Slurm's variables (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST),
 # on the full run (five epochs of the 60,000 training examples, about 12 s here) that must
 # reach 0.80 test accuracy (it reaches about 0.85; asynchronous updates make it vary).
+# The ports are fixed (slurmctld 6817, slurmd 6818, the tasks 2222..2225), so the script runs
+# in a network namespace of its own, where nobody else can hold them: it re-executes itself
+# under `unshare -n`, and everything that talks (munged, slurmctld, slurmd, srun, the tasks)
+# runs there. The tasks address each other by this host's name (Slurm's node list): each
+# address it resolves to that is not local in the namespace is added to its `lo` (and so is
+# 127.0.0.2, for slurmd: see below).
 # Skipped (exit 77) with the reason where it cannot start: not root, no slurmctld/slurmd/srun/
-# munged, or the daemons do not come up.
+# munged, no private network namespace, or the daemons do not come up.
 # Usage: test_slurm_srun.sh <downpour example>
 set -uo pipefail
 example=${1:?usage: $0 <downpour example>}
@@ -18,52 +24,72 @@ for tool in munged slurmctld slurmd srun scontrol; do
     skip "$tool not found (apt-get install slurm-wlm munge; scripts/install-deps.sh does)"
 done
 export PATH=$PATH:/usr/sbin
+for tool in unshare ip; do
+  command -v "$tool" >/dev/null || skip "$tool not found (util-linux, iproute2): it makes the test's network namespace"
+done
+# Re-executed in a network namespace of its own (see above): DTF_SLURM_TEST_NETNS, the outer
+# namespace's inode, marks the inner run, which checks that its namespace is another one.
+outer_netns=${DTF_SLURM_TEST_NETNS:-}
+unset DTF_SLURM_TEST_NETNS
+netns=$(stat -L -c %i /proc/$$/ns/net) || skip "cannot read this process's network namespace"
+if [[ -z $outer_netns ]]; then
+  why=$(unshare -n true 2>&1) || skip "no private network namespace (unshare -n: ${why:-refused}); the fixed ports could be taken"
+  DTF_SLURM_TEST_NETNS=$netns exec unshare -n "$BASH" "$0" "$@"
+fi
+[[ $netns != "$outer_netns" ]] || skip "not in a network namespace of its own (DTF_SLURM_TEST_NETNS set by the caller?)"
+why=$(ip link set lo up 2>&1) || skip "cannot bring lo up in the test's network namespace: $why"
+# An IPv4 address besides 127.0.0.1: glibc's getaddrinfo with AI_ADDRCONFIG and AF_INET (as
+# slurmd resolves its listening address) fails where 127.0.0.1 is the only IPv4 address.
+why=$(ip addr add 127.0.0.2/32 dev lo 2>&1) || skip "cannot add 127.0.0.2 to lo in the test's network namespace: $why"
 work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_slurm.XXXXXX")
 chmod 755 "$work"
 daemons=()
-cleanup() {
-  local p
-  for p in "${daemons[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${daemons[@]}"; do
-    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
-    kill -KILL "$p" 2>/dev/null
+alive() {  # alive PID: the process exists and is not a zombie
+  local key value
+  while read -r key value; do
+    [[ $key == State: ]] && { [[ $value != Z* ]]; return; }
+  done 2>/dev/null <"/proc/$1/status"
+  return 1
+}
+stop() {  # stop PID...: SIGTERM, up to 5 s for all to end, then SIGKILL
+  local p left
+  (($#)) || return 0
+  for p; do kill -TERM "$p" 2>/dev/null; done
+  for _ in $(seq 100); do
+    left=0
+    for p; do alive "$p" && left=1; done
+    ((left)) || return 0
+    sleep 0.05
   done
+  for p; do kill -KILL "$p" 2>/dev/null; done
+}
+cleanup() {
+  local d others=()
+  stop "${daemons[@]}"
+  # What the daemons leave behind (srun, slurmstepd, tasks, where the test was interrupted): every
+  # other process in this test's own network namespace is one the test started.
+  for d in /proc/[0-9]*; do
+    [[ ${d#/proc/} != "$$" && $d/ns/net -ef /proc/$$/ns/net ]] && alive "${d#/proc/}" && others+=("${d#/proc/}")
+  done
+  stop "${others[@]}"
   rm -rf "$work"
 }
 trap cleanup EXIT
 source "$(dirname "$0")/../script_lib.sh"
 
-free_ports() {
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-}
-
 node=$(hostname -s)
-getent hosts "$node" >/dev/null || skip "this host's name '$node' does not resolve (the tasks address each other by it)"
-read -r ctld_port slurmd_port < <(free_ports 2)
-# The node's 4 tasks listen on base_port .. base_port+3: a run of 4 free ports.
-base_port=$(python3 - <<'PY'
-import socket
-for _ in range(200):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    if p + 3 > 65535: continue
-    socks = []
-    try:
-        for q in range(p, p + 4):
-            t = socket.socket(); t.bind(("127.0.0.1", q)); socks.append(t)
-        print(p); break
-    except OSError:
-        pass
-    finally:
-        for t in socks: t.close()
-PY
-)
-[[ -n $base_port ]] || skip "no run of 4 free ports for the tasks"
+addresses=$(getent ahosts "$node" | awk '!seen[$1]++ { printf "%s%s", sep, $1; sep = " " }')
+[[ -n $addresses ]] || skip "this host's name '$node' does not resolve (the tasks address each other by it)"
+# The name must lead to this namespace's lo: 127.0.0.0/8 and ::1 do once lo is up, any other
+# address (a LAN one from /etc/hosts or DNS) is added to lo here (it leaves the host's untouched).
+for address in $addresses; do
+  ip route get "$address" 2>/dev/null | grep -q '^local ' && continue
+  if [[ $address == *:* ]]; then prefix=(/128 nodad); else prefix=(/32); fi
+  why=$(ip addr add "$address${prefix[0]}" dev lo "${prefix[@]:1}" 2>&1) ||
+    skip "cannot add $node's address $address to lo in the test's network namespace: $why"
+done
+# Fixed ports: nobody but this test can hold them in its own network namespace.
+ctld_port=6817 slurmd_port=6818 base_port=2222
 mkdir -p "$work"/{state,spool,munge}
 chmod 700 "$work/munge"
 
@@ -116,7 +142,7 @@ wait_until 15 test -s "$work/slurmd.pid" || skip "slurmd wrote no pid file: $(ta
 daemons+=("$(cat "$work/slurmd.pid")")
 node_idle() { scontrol show node "$node" 2>/dev/null | grep -q "State=IDLE"; }
 wait_until 30 node_idle || skip "the Slurm node did not become idle: $(scontrol show node "$node" 2>&1 | grep -m1 State; tail -3 "$work/slurmd.log")"
-echo "slurm: one-node cluster '$node' up (slurmctld :$ctld_port, slurmd :$slurmd_port)"
+echo "slurm: one-node cluster '$node' ($addresses) up in a private network namespace (slurmctld :$ctld_port, slurmd :$slurmd_port)"
 
 cmd=(srun -n 4 --time=5 "$example" --num_ps 1 --base_port "$base_port" --epochs 5
      --log_every 100 --target_accuracy 0.80)
