@@ -9,8 +9,9 @@
 # DDP 4, then again, --rounds times) so that noise from other work hits all of them alike:
 #   loopback  both workers on this machine, 127.0.0.1 (dtf under dtfrun, DDP spawned)
 #   netns     two "hosts": network namespaces joined by a veth pair shaped to 1 Gbit/s in both
-#             directions (tc netem rate 1gbit), one worker in each; skipped, saying why, when
-#             the machine refuses namespaces, veth pairs or netem
+#             directions (tc netem rate 1gbit; where the kernel lacks netem, a token bucket
+#             of the same rate, tc tbf, said so), one worker in each; skipped, saying why, when
+#             the machine refuses namespaces, veth pairs or both qdiscs
 # Prints the median samples/s and step time of each, the ratios dtf-overlap / dtf-no-overlap
 # and dtf-overlap / DDP per setting, and the machine's load (load average before each setting
 # and at the end).
@@ -110,6 +111,7 @@ done
 # end shaped to 1 Gbit/s. Each rank is started in its namespace with its own cluster config.
 netns_ok=0
 netns_why=""
+shaper=""
 if [[ $NETNS == 0 ]]; then
   netns_why="--no-netns given"
 elif ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
@@ -127,19 +129,29 @@ else
     dev=$([[ $i == 0 ]] && echo "${id}x" || echo "${id}y")
     ip -n "$ns" link set "$dev" name eth0 && ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0 &&
       ip -n "$ns" link set lo up && ip -n "$ns" link set eth0 up || { netns_ok=0; netns_why="cannot configure $ns"; }
-    if [[ $netns_ok == 1 ]] && ! ip netns exec "$ns" tc qdisc add dev eth0 root netem rate 1gbit 2>"$work/netns.err"; then
-      netns_ok=0
-      netns_why="this machine refuses tc netem (sch_netem): $(head -n1 "$work/netns.err")"
+    # netem as asked; a kernel without sch_netem gets a token bucket of the same rate (tbf:
+    # 1 Gbit/s, a burst of 256 KiB, at most 50 ms queued), said so in the output.
+    if [[ $netns_ok == 1 ]]; then
+      if ip netns exec "$ns" tc qdisc add dev eth0 root netem rate 1gbit 2>"$work/netns.err"; then
+        shaper="tc netem rate 1gbit"
+      elif ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 50ms 2>>"$work/netns.err"; then
+        shaper="tc tbf rate 1gbit burst 256kb latency 50ms (netem refused: $(head -n1 "$work/netns.err"))"
+      else
+        netns_ok=0
+        netns_why="this machine refuses tc netem and tbf: $(head -n1 "$work/netns.err")"
+      fi
     fi
   done
-  if [[ $netns_ok == 1 ]] && ! ip netns exec "${NS[0]}" ping -c1 -W2 10.77.0.2 >/dev/null 2>&1; then
+  if [[ $netns_ok == 1 ]] && command -v ping >/dev/null && ! ip netns exec "${NS[0]}" ping -c1 -W2 10.77.0.2 >/dev/null 2>&1; then
     netns_ok=0
     netns_why="the namespaces cannot reach each other over the veth pair"
   fi
 fi
 
 if [[ $netns_ok == 1 ]]; then
-  echo "netns: ${NS[0]} (10.77.0.1) <-> ${NS[1]} (10.77.0.2), $(ip netns exec "${NS[0]}" tc qdisc show dev eth0 | head -n1)"
+  echo "netns: ${NS[0]} (10.77.0.1) <-> ${NS[1]} (10.77.0.2), each end shaped by $shaper"
+  echo "netns: $(ip netns exec "${NS[0]}" tc qdisc show dev eth0 | head -n1)"
+  echo "$shaper" >"$OUT.shaper"
   echo "setting=netns start_load=\"$(load)\"" >>"$OUT.load"
   # Fresh namespaces hold no other listener, so fixed ports are free there; each run takes new
   # ones all the same, so that no socket of the previous run (TIME_WAIT) can be in the way.
@@ -191,7 +203,8 @@ fi
 echo "setting=end load=\"$(load)\"" >>"$OUT.load"
 
 echo
-$TORCH_PY - "$OUT" "$OUT.load" "$BUCKET_MIB" <<'PY'
+[[ -f $OUT.shaper ]] || echo "" >"$OUT.shaper"
+$TORCH_PY - "$OUT" "$OUT.load" "$BUCKET_MIB" "$OUT.shaper" <<'PY'
 import re, statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
@@ -204,7 +217,7 @@ names = [("dtf_overlap", "dtf, overlap on"), ("dtf_nooverlap", "dtf, overlap off
          ("ddp_25", "PyTorch DDP, bucket 25 MiB"), (f"ddp_{bucket}", f"PyTorch DDP, bucket {bucket} MiB")]
 med = lambda xs: statistics.median(xs)
 for setting, title in [("loopback", "2 workers on loopback (127.0.0.1)"),
-                       ("netns", "2 namespaces, veth shaped to 1 Gbit/s (tc netem rate 1gbit)")]:
+                       ("netns", "2 namespaces, veth shaped to 1 Gbit/s (" + open(sys.argv[4]).read().strip() + ")")]:
     if setting not in runs:
         continue
     r = runs[setting]
