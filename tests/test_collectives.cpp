@@ -485,3 +485,290 @@ TEST_CASE("mirrored in one process: a failing replica fails the step instead of 
     CHECK(e.code() == dtf::make_error_code(dtf::errc::shape_mismatch));
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Overlap of gradient communication with backprop (dtf/strategies/gradient_buckets.hpp).
+
+namespace {
+
+using dtf::strategies::detail::bucket_reducer;
+using dtf::strategies::detail::gradient_bucket;
+
+/// small_net without the streaming form of loss_and_gradients: reduced after backprop.
+struct non_streaming_net {
+  dtf::nn::sequential net = dtf::test::small_net();
+  std::vector<dtf::variable_spec> variables() const { return net.variables(); }
+  void initialize(std::span<float> p, std::uint64_t s) const { net.initialize(p, s); }
+  float loss_and_gradients(std::span<const float> p, const dtf::tensor& x, const dtf::tensor& y, std::span<float> g) {
+    return net.loss_and_gradients(p, x, y, g);
+  }
+};
+static_assert(dtf::model<non_streaming_net> && !dtf::streams_gradients<non_streaming_net>);
+
+/// small_net whose backprop fails on `fail_rank` at step `fail_step`, after it has reported the
+/// top layer's gradient (so that its first bucket is on the wire).
+struct failing_net {
+  dtf::nn::sequential net = dtf::test::small_net();
+  std::size_t rank = 0, fail_rank = 1, step = 0, fail_step = 2;
+  std::vector<dtf::variable_spec> variables() const { return net.variables(); }
+  void initialize(std::span<float> p, std::uint64_t s) const { net.initialize(p, s); }
+  float loss_and_gradients(std::span<const float> p, const dtf::tensor& x, const dtf::tensor& y, std::span<float> g) {
+    return net.loss_and_gradients(p, x, y, g);
+  }
+  float loss_and_gradients(std::span<const float> p, const dtf::tensor& x, const dtf::tensor& y, std::span<float> g,
+                           const dtf::gradient_ready_fn& ready) {
+    const bool fail = rank == fail_rank && ++step == fail_step;
+    return net.loss_and_gradients(p, x, y, g, dtf::gradient_ready_fn([&](std::size_t first, std::size_t count) {
+                                    ready(first, count);
+                                    if (fail) throw dtf::error(dtf::errc::internal, "failing_net: backprop failed");
+                                  }));
+  }
+};
+static_assert(dtf::streams_gradients<failing_net>);
+
+/// Records the buckets a reducer reduces, and lets a test wait (bounded) for one.
+struct bucket_log {
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<std::size_t> order;
+  bucket_reducer::reduce_fn fn() {
+    return [this](std::size_t k, const gradient_bucket&) {
+      std::lock_guard lock(m);
+      order.push_back(k);
+      cv.notify_all();
+    };
+  }
+  bool wait_for(std::size_t count) {
+    std::unique_lock lock(m);
+    return cv.wait_for(lock, std::chrono::seconds(10), [&] { return order.size() >= count; });
+  }
+  std::vector<std::size_t> seen() {
+    std::lock_guard lock(m);
+    return order;
+  }
+};
+
+/// Trains `steps` batches of `batch` examples per rank on `ranks` ranks with a ring_allreduce
+/// engine built by make(comm, net); returns every rank's parameters.
+template <class Net>
+std::vector<std::vector<float>> train_ring(std::size_t ranks, std::size_t batch, std::size_t steps,
+                                           dtf::strategies::ring_allreduce_config config, bool expect_overlap) {
+  const auto data = dtf::test::synthetic(ranks * batch * steps, 11, dtf::test::labels::argmax).batch(ranks * batch);
+  std::vector<std::vector<float>> result(ranks);
+  run_ranks(ranks, test_options(), [&](communicator& c) {
+    Net net;
+    dtf::strategies::ring_allreduce<Net> s(c, net, config);
+    RANK_CHECK(s.overlaps() == expect_overlap, s.overlaps());
+    s.initialize(5);
+    auto stream = data.stream();
+    while (auto b = stream.next()) {
+      const float loss = s.step(rows_of(*b, c.rank() * batch, batch));
+      RANK_CHECK(std::isfinite(loss), loss);
+    }
+    result[c.rank()].assign(s.parameters().begin(), s.parameters().end());
+  });
+  return result;
+}
+
+struct streaming_net : dtf::nn::sequential {
+  streaming_net() : dtf::nn::sequential(dtf::test::small_net()) {}
+};
+
+}  // namespace
+
+TEST_CASE("gradient buckets are cut at variable boundaries from the top layer down", "[collectives][overlap]") {
+  using dtf::strategies::detail::plan_buckets;
+  const auto vars = dtf::test::small_net().variables();  // kernel 0:128, bias 128:16, kernel 144:48, bias 192:3
+  const std::size_t pre = dtf::strategies::detail::exchange_prefix;
+  CHECK(plan_buckets(vars, pre, 0) == std::vector<gradient_bucket>{{0, pre + 195}});
+  CHECK(plan_buckets(vars, pre, 1) ==
+        std::vector<gradient_bucket>{{pre + 192, pre + 195}, {pre + 144, pre + 192}, {pre + 128, pre + 144}, {0, pre + 128}});
+  // At least 200 bytes (50 floats) each; the last takes the rest, the prefix with it.
+  CHECK(plan_buckets(vars, pre, 200) == std::vector<gradient_bucket>{{pre + 144, pre + 195}, {0, pre + 144}});
+  CHECK(plan_buckets(vars, pre, 1 << 20) == std::vector<gradient_bucket>{{0, pre + 195}});
+  // The wide MLP at 4 MiB: buckets tile the buffer and none but the last is under 4 MiB.
+  dtf::nn::sequential wide{dtf::nn::dense(784, 2048), dtf::nn::relu(), dtf::nn::dense(2048, 2048), dtf::nn::relu(),
+                           dtf::nn::dense(2048, 10)};
+  const auto b = plan_buckets(wide.variables(), pre, std::size_t(4) << 20);
+  REQUIRE(b.size() == 2);  // [dense_1/kernel, end) and [0, dense_1/kernel)
+  CHECK(b.front().end == pre + wide.num_parameters());
+  CHECK(b.back().begin == 0);
+  for (std::size_t k = 0; k + 1 < b.size(); ++k) {
+    CHECK(b[k].begin == b[k + 1].end);
+    CHECK(b[k].size() * sizeof(float) >= (std::size_t(4) << 20));
+  }
+}
+
+TEST_CASE("bucket_reducer with a communication thread reduces a bucket while backprop still runs", "[collectives][overlap]") {
+  const std::vector<gradient_bucket> buckets{{6, 10}, {2, 6}, {0, 2}};
+  bucket_reducer reducer(buckets, /*overlap=*/true);
+  REQUIRE(reducer.overlapping());
+  for (int step = 0; step < 3; ++step) {
+    bucket_log log;
+    reducer.begin_step(log.fn());
+    reducer.report(6, 4);
+    REQUIRE(log.wait_for(1));  // bucket 0 is reduced before the rest of the gradient exists
+    CHECK(log.seen() == std::vector<std::size_t>{0});
+    reducer.report(2, 2);
+    reducer.report(4, 2);
+    REQUIRE(log.wait_for(2));
+    reducer.finish();  // bucket 2 (the prefix, never reported) is reduced now
+    CHECK(log.seen() == std::vector<std::size_t>{0, 1, 2});
+  }
+}
+
+TEST_CASE("bucket_reducer keeps the bucket order whatever order the gradients come in", "[collectives][overlap]") {
+  const std::vector<gradient_bucket> buckets{{6, 10}, {2, 6}, {0, 2}};
+  for (const bool overlap : {true, false}) {
+    INFO("overlap " << overlap);
+    bucket_reducer reducer(buckets, overlap);
+    bucket_log log;
+    reducer.begin_step(log.fn());
+    reducer.report(2, 4);  // bucket 1 first: it waits for bucket 0
+    reducer.report(0, 2);
+    if (!overlap) CHECK(log.seen().empty());  // without a thread nothing moves before finish
+    reducer.report(6, 4);
+    reducer.finish();
+    CHECK(log.seen() == std::vector<std::size_t>{0, 1, 2});
+  }
+}
+
+TEST_CASE("bucket_reducer: two reporters, double reports, errors and aborted steps", "[collectives][overlap]") {
+  const std::vector<gradient_bucket> buckets{{6, 10}, {0, 6}};
+  SECTION("a bucket is ready once every reporter has reported it") {
+    bucket_reducer reducer(buckets, true, /*reporters=*/2);
+    bucket_log log;
+    reducer.begin_step(log.fn());
+    reducer.report(6, 4);
+    reducer.report(0, 6);
+    reducer.report(6, 4);  // the second replica's top layer: bucket 0 is complete
+    REQUIRE(log.wait_for(1));
+    reducer.finish();
+    CHECK(log.seen() == std::vector<std::size_t>{0, 1});
+  }
+  SECTION("a float reported more often than there are reporters, or outside the buffer, is refused") {
+    bucket_reducer reducer(buckets, false);
+    bucket_log log;
+    reducer.begin_step(log.fn());
+    reducer.report(6, 4);
+    CHECK_THROWS_WITH(reducer.report(8, 1), Catch::Contains("reported more often than there are reporters"));
+    CHECK_THROWS_WITH(reducer.report(9, 5), Catch::Contains("outside the buffer"));
+  }
+  SECTION("a failed reduction is rethrown by finish, and the next step runs") {
+    bucket_reducer reducer(buckets, true);
+    reducer.begin_step([](std::size_t k, const gradient_bucket&) {
+      if (k == 1) throw dtf::error(dtf::errc::peer_failure, "bucket 1 failed");
+    });
+    reducer.report(6, 4);
+    CHECK_THROWS_WITH(reducer.finish(), Catch::Contains("bucket 1 failed"));
+    bucket_log log;
+    reducer.begin_step(log.fn());
+    reducer.finish();
+    CHECK(log.seen() == std::vector<std::size_t>{0, 1});
+  }
+  SECTION("an aborted step reduces nothing more, and the next step runs") {
+    bucket_reducer reducer(buckets, true);
+    bucket_log first;
+    reducer.begin_step(first.fn());
+    reducer.report(6, 4);
+    REQUIRE(first.wait_for(1));
+    reducer.abort_step();
+    bucket_log second;
+    reducer.begin_step(second.fn());
+    reducer.report(6, 4);
+    reducer.finish();
+    CHECK(first.seen() == std::vector<std::size_t>{0});
+    CHECK(second.seen() == std::vector<std::size_t>{0, 1});
+  }
+}
+
+TEST_CASE("ring_allreduce: overlap on and off give the same parameters bit for bit", "[collectives][overlap]") {
+  dtf::strategies::ring_allreduce_config on{.rule = dtf::optim::adam{.learning_rate = 1e-2f}, .bucket_bytes = 1};
+  auto off = on;
+  off.overlap = false;
+  const std::size_t batch = 6, steps = 8;
+  for (const std::size_t ranks : {2, 3}) {
+    INFO(ranks << " ranks");
+    const auto with = train_ring<streaming_net>(ranks, batch, steps, on, /*expect_overlap=*/true);
+    const auto without = train_ring<streaming_net>(ranks, batch, steps, off, false);
+    const auto unstreamed = train_ring<non_streaming_net>(ranks, batch, steps, on, false);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      REQUIRE(with[r] == with[0]);
+      REQUIRE(with[r] == without[r]);
+      REQUIRE(with[r] == unstreamed[r]);
+    }
+  }
+}
+
+TEST_CASE("ring_allreduce with overlap: 3 ranks at batch B equal one process at 3B", "[collectives][overlap]") {
+  // Plain SGD: the mean of the ranks' mean gradients is the gradient of the whole batch.
+  const std::size_t batch = 8, steps = 15;
+  const auto single = train_single(3 * batch, steps);
+  const auto data = dtf::test::synthetic(3 * batch * steps, 7, dtf::test::labels::argmax).batch(3 * batch);
+  std::vector<std::vector<float>> result(3);
+  run_ranks(3, test_options(), [&](communicator& c) {
+    auto net = dtf::test::small_net();
+    dtf::strategies::ring_allreduce<dtf::nn::sequential> s(
+        c, net, {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .overlap = true, .bucket_bytes = 1});
+    RANK_CHECK(s.overlaps() && s.buckets().size() == 4, s.buckets().size());
+    s.initialize(3);
+    auto stream = data.stream();
+    while (auto b = stream.next()) s.step(rows_of(*b, c.rank() * batch, batch));
+    result[c.rank()].assign(s.parameters().begin(), s.parameters().end());
+  });
+  for (std::size_t r = 1; r < 3; ++r) REQUIRE(result[r] == result[0]);
+  for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+}
+
+TEST_CASE("ring_allreduce with overlap: a rank whose backprop fails mid-step fails every rank within the timeout",
+          "[collectives][overlap]") {
+  auto o = test_options();
+  o.timeout_ms = 2000;
+  const auto data = dtf::test::synthetic(3 * 4 * 4, 7, dtf::test::labels::argmax).batch(12);
+  const auto started = std::chrono::steady_clock::now();
+  const auto failures = run_ranks_collect(3, o, [&](communicator& c) {
+    failing_net net;
+    net.rank = c.rank();
+    dtf::strategies::ring_allreduce<failing_net> s(c, net, {.bucket_bytes = 1});
+    s.initialize(1);
+    auto stream = data.stream();
+    while (auto b = stream.next()) s.step(rows_of(*b, c.rank() * 4, 4));
+  });
+  const auto took = std::chrono::steady_clock::now() - started;
+  CHECK(took < std::chrono::seconds(20));
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    REQUIRE(failures[r]);
+  }
+  CHECK_THAT(message_of(failures[1]), Catch::Contains("failing_net: backprop failed"));
+}
+
+TEST_CASE("mirrored: overlap on and off give the same variables bit for bit", "[collectives][overlap]") {
+  const std::size_t batch = 6, steps = 8, replicas = 2, processes = 2;
+  const auto data =
+      dtf::test::synthetic(processes * replicas * batch * steps, 13, dtf::test::labels::argmax).batch(4 * batch);
+  auto train = [&](bool overlap) {
+    std::vector<std::vector<float>> result(processes * replicas);
+    run_ranks(processes, test_options(), [&](communicator& c) {
+      dtf::strategies::mirrored<dtf::nn::sequential> s(
+          c, dtf::test::small_net(), replicas,
+          {.rule = dtf::optim::adam{.learning_rate = 1e-2f}, .overlap = overlap, .bucket_bytes = 1});
+      RANK_CHECK(s.overlaps() == overlap, s.overlaps());
+      s.initialize(3);
+      auto stream = data.stream();
+      while (auto b = stream.next()) {
+        std::vector<dtf::data::host_batch> mine;
+        for (std::size_t k = 0; k < replicas; ++k) mine.push_back(rows_of(*b, (c.rank() * replicas + k) * batch, batch));
+        RANK_CHECK(std::isfinite(s.step(mine)), "loss");
+      }
+      for (std::size_t k = 0; k < replicas; ++k)
+        result[c.rank() * replicas + k].assign(s.parameters(k).begin(), s.parameters(k).end());
+    });
+    return result;
+  };
+  const auto with = train(true), without = train(false);
+  for (std::size_t k = 0; k < with.size(); ++k) {
+    REQUIRE(with[k] == with[0]);
+    REQUIRE(with[k] == without[k]);
+  }
+}

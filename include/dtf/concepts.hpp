@@ -40,6 +40,24 @@ concept model = requires(const M& cm, M& m, std::span<float> p, std::span<const 
   { m.loss_and_gradients(cp, x, y, g) } -> std::convertible_to<float>;
 };
 
+/// What a model's backprop calls as gradients become final: floats [first, first + count) of the
+/// gradient buffer g hold their final values (on CUDA builds: the kernels that wrote them have
+/// completed), and the model writes them no more in this call.
+using gradient_ready_fn = std::function<void(std::size_t first, std::size_t count)>;
+
+/// streams_gradients: a model that hands each variable's gradient to the strategy as soon as
+/// backprop has produced it, so that its communication overlaps the rest of backprop
+/// (optional: a model without it is reduced after backprop). For `ready` a gradient_ready_fn:
+///   m.loss_and_gradients(cp, x, y, g, ready) -> float  as above, and calls ready for every
+///                                       float of g exactly once, in the order backprop
+///                                       finishes them (the same order on every task),
+///                                       typically once per variable from the top layer down
+template <class M>
+concept streams_gradients = model<M> && requires(M& m, std::span<const float> cp, const tensor& x, const tensor& y,
+                                                 std::span<float> g, const gradient_ready_fn& ready) {
+  { m.loss_and_gradients(cp, x, y, g, ready) } -> std::convertible_to<float>;
+};
+
 /// classifier: a model that also produces logits, so accuracy can be measured.
 ///   m.logits(cp, x, out)  writes [batch, classes] float32 logits into the device tensor out
 ///                         (resizing it)

@@ -92,24 +92,16 @@ class sequential {
   /// an embedding lookup, back-propagates).
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            tensor* input_grad = nullptr) {
-    check_size(p.size(), "parameter");
-    check_size(g.size(), "gradient");
-    forward(p.data(), x, acts_.back());
-    const float loss = loss_(acts_.back(), y, &grads_.back());
-    // grads_[i] holds d loss / d (output of layer i); each keeps its size from step to step.
-    for (std::size_t i = layers_.size(); i-- > 0;) {
-      const tensor& in = i == 0 ? x : acts_[i - 1];
-      if (auto* d = std::get_if<dense>(&layers_[i])) {
-        tensor* dx = i == 0 ? input_grad : &grads_[i - 1];
-        if (relu_follows(i))  // the ReLU's mask is applied in the Dense layer's pass over dy
-          d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i], dx);
-        else
-          d->backward(p.data() + offsets_[i], in, grads_[i], g.data() + offsets_[i], dx);
-      } else if (!relu_follows(i - 1)) {  // layer 0 is always Dense
-        std::get<relu>(layers_[i]).backward(acts_[i], grads_[i], grads_[i - 1]);
-      }
-    }
-    return loss;
+    return backprop(p, x, y, g, input_grad, nullptr);
+  }
+
+  /// The same, calling ready(first, count) with each Dense layer's variables (its kernel and
+  /// bias, one contiguous range) as soon as their gradient is written, from the last layer to
+  /// the first (dtf::streams_gradients: a collective strategy reduces them while the layers
+  /// below are computed).
+  float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
+                           const gradient_ready_fn& ready) {
+    return backprop(p, x, y, g, nullptr, ready ? &ready : nullptr);
   }
 
   /// Logits [batch, classes] of the batch into out.
@@ -126,6 +118,38 @@ class sequential {
   }
 
  private:
+  // Forward, loss and backward; with `ready`, each Dense layer's gradient is reported as soon
+  // as it is written.
+  float backprop(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g, tensor* input_grad,
+                 const gradient_ready_fn* ready) {
+    check_size(p.size(), "parameter");
+    check_size(g.size(), "gradient");
+    forward(p.data(), x, acts_.back());
+    const float loss = loss_(acts_.back(), y, &grads_.back());
+    // grads_[i] holds d loss / d (output of layer i); each keeps its size from step to step.
+    for (std::size_t i = layers_.size(); i-- > 0;) {
+      const tensor& in = i == 0 ? x : acts_[i - 1];
+      if (auto* d = std::get_if<dense>(&layers_[i])) {
+        tensor* dx = i == 0 ? input_grad : &grads_[i - 1];
+        if (relu_follows(i))  // the ReLU's mask is applied in the Dense layer's pass over dy
+          d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i], dx);
+        else
+          d->backward(p.data() + offsets_[i], in, grads_[i], g.data() + offsets_[i], dx);
+        if (ready) {
+#if DTF_CUDA
+          // The strategy may read these floats from another thread and stream at once.
+          if (const cudaError_t rc = cudaDeviceSynchronize(); rc != cudaSuccess)
+            throw error(errc::internal, std::string("nn::sequential: cudaDeviceSynchronize: ") + cudaGetErrorString(rc));
+#endif
+          (*ready)(offsets_[i], d->num_parameters());
+        }
+      } else if (!relu_follows(i - 1)) {  // layer 0 is always Dense
+        std::get<relu>(layers_[i]).backward(acts_[i], grads_[i], grads_[i - 1]);
+      }
+    }
+    return loss;
+  }
+
   void check_size(std::size_t n, const char* what) const {
     if (n != num_parameters_)
       throw error(errc::shape_mismatch, std::string("nn::sequential: ") + what + " buffer has " + std::to_string(n) +
@@ -167,5 +191,6 @@ class sequential {
 
 static_assert(model<sequential>, "nn::sequential must model dtf::model");
 static_assert(classifier<sequential>, "nn::sequential must model dtf::classifier");
+static_assert(streams_gradients<sequential>, "nn::sequential must model dtf::streams_gradients");
 
 }  // namespace dtf::nn

@@ -19,9 +19,15 @@
 //      ncclGroupStart/End per step), with no copy through host memory. Both compute the mean
 //      of the replicas' gradients (and losses);
 //   3. replica 0 averages the result across processes with the ring allreduce (skipped
-//      with one process);
+//      with one process), in buckets cut at variable boundaries (config.bucket_bytes, see
+//      dtf/strategies/gradient_buckets.hpp), one allreduce each, always in the same order;
 //   4. every replica applies the same optimiser step to its own variables, so the copies
 //      stay bitwise identical.
+// Overlap (config.overlap, CPU builds, more than one process, a model that streams its
+// gradients, dtf::streams_gradients): steps 2 and 3 run bucket by bucket on a communication
+// thread as soon as every replica has produced a bucket's gradients, while the replicas'
+// backprop goes on below it. The buckets, their order and the arithmetic are the same with
+// overlap off, so the variables are bitwise identical either way.
 // Every process must run the same number of replicas (the global mean is then the mean of
 // the processes' means). Communication per step: one allreduce of the model's gradients per
 // process, none between the replicas of a process (shared memory).
@@ -45,6 +51,7 @@
 #include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/runtime.hpp>
+#include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/tensor.hpp>
 
 #include <thrust/copy.h>
@@ -75,6 +82,12 @@ struct mirrored_config {
   bool linear_scaling = false;
   std::int64_t warmup_steps = 0;
   std::uint32_t timeout_ms = 60000;  ///< longest a replica may wait for the others inside a step
+  /// Reduce each bucket of gradients (across the replicas, then the processes) on a
+  /// communication thread as soon as every replica has produced it (see the file comment).
+  bool overlap = true;
+  /// Gradients cross processes in buckets of at least this many bytes, cut at variable
+  /// boundaries (0: one bucket). Every process must use the same value.
+  std::size_t bucket_bytes = std::size_t(4) << 20;
 };
 
 /// Nccl: reduce the replicas with NCCL where every replica has a GPU of its own (see the file
@@ -117,7 +130,7 @@ class mirrored<M, Nccl> {
   /// `replicas` copies of `prototype`, one per thread. Errors: errc::invalid_argument for 0
   /// replicas; with NCCL, errc::internal when its initialisation fails.
   mirrored(communicator& comm, const M& prototype, std::size_t replicas, mirrored_config config = {})
-      : comm_(comm), config_(config), n_(num_parameters(prototype.variables())), reduced_(n_ + 1) {
+      : comm_(comm), config_(config), n_(num_parameters(prototype.variables())), reduced_(pre + n_) {
     if (replicas == 0) throw error(errc::invalid_argument, "mirrored: 0 replicas");
     for (std::size_t k = 0; k < replicas; ++k) {
       on_device(k);
@@ -134,6 +147,11 @@ class mirrored<M, Nccl> {
     }
 #endif
     on_device(0);
+    reducer_ = std::make_unique<detail::bucket_reducer>(
+        detail::plan_buckets(prototype.variables(), pre, config.bucket_bytes),
+        config.overlap && streams_gradients<M> && device_memory_is_host_accessible && comm.size() > 1 &&
+            !reduces_on_gpus(),
+        replicas);
     threads_ = std::make_unique<detail::replica_threads>(replicas, [](std::size_t k) {
       set_cpu_threads({.device = 1, .blas = 0});  // OpenMP's thread count is per thread
       on_device(k);
@@ -148,6 +166,11 @@ class mirrored<M, Nccl> {
     else
       return false;
   }
+  /// Whether the buckets are reduced while the replicas' backprop runs (see the file comment).
+  bool overlaps() const noexcept { return reducer_->overlapping(); }
+  /// The buckets the gradients cross processes in ([begin, end) floats of [loss, 15 zeros,
+  /// gradient]), in the order they are reduced.
+  const std::vector<detail::gradient_bucket>& buckets() const noexcept { return reducer_->buckets(); }
   /// Replicas in all: replicas() × processes.
   std::size_t global_replicas() const noexcept { return replicas_.size() * comm_.size(); }
 
@@ -175,6 +198,12 @@ class mirrored<M, Nccl> {
     detail::replica_barrier barrier(r);
     std::vector<std::exception_ptr> failures(r);
     const float lr = learning_rate();
+    reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& b) {
+      if (reducer_->overlapping()) average_replicas(b.begin, b.end);
+      if (comm_.size() > 1)
+        comm_.allreduce<float>("mirrored/gradients/" + std::to_string(k),
+                               std::span<float>(reduced_).subspan(b.begin, b.size()), reduce_op::average);
+    });
     const auto body = [&](std::size_t k) {
       try {
         replica_step(k, batches[k], barrier, lr);
@@ -184,6 +213,7 @@ class mirrored<M, Nccl> {
       }
     };
     threads_->run(body);
+    if (std::any_of(failures.begin(), failures.end(), [](const auto& f) { return bool(f); })) reducer_->abort_step();
     // The root cause first: a replica's own failure, not another's "a replica failed".
     for (auto& f : failures)
       if (f) {
@@ -198,7 +228,7 @@ class mirrored<M, Nccl> {
     for (auto& f : failures)
       if (f) std::rethrow_exception(f);
     ++step_;
-    return reduced_[n_];
+    return reduced_[0];
   }
 
   /// The rate of the next step.
@@ -233,11 +263,11 @@ class mirrored<M, Nccl> {
  private:
   struct replica {
     replica(const M& prototype, std::size_t n, const optim::rule& rule)
-        : net(prototype), params({n}), grads({n + 1}), host_grads(device_memory_is_host_accessible ? 0 : n + 1),
+        : net(prototype), params({n}), grads({pre + n}), host_grads(device_memory_is_host_accessible ? 0 : pre + n),
           opt(rule, n) {}
     M net;
-    tensor params, grads, x, y;
-    std::vector<float> host_grads;  // CUDA builds: the gradients staged in host memory
+    tensor params, grads, x, y;  // grads: [loss, 15 zeros, the gradient]
+    std::vector<float> host_grads;  // CUDA builds: grads staged in host memory
     optim::optimizer<> opt;
   };
 
@@ -255,28 +285,63 @@ class mirrored<M, Nccl> {
     return rep.host_grads.data();
   }
 
+  // Replica k's share of step 1-4.
   void replica_step(std::size_t k, const data::host_batch& b, detail::replica_barrier& barrier, float lr) {
     const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
     replica& rep = *replicas_[k];
     assign_from_host(rep.x, b.features);
     assign_from_host(rep.y, b.labels);
-    const float loss = rep.net.loss_and_gradients(rep.params.template span<const float>(), rep.x, rep.y,
-                                                  rep.grads.template span<float>().first(n_));
+    const auto params = rep.params.template span<const float>();
+    const auto grads = rep.grads.template span<float>().subspan(pre, n_);
+    float loss = 0;
+    if constexpr (streams_gradients<M>) {
+      if (reducer_->overlapping())
+        loss = rep.net.loss_and_gradients(params, rep.x, rep.y, grads, gradient_ready_fn([this](std::size_t first, std::size_t count) {
+                                            reducer_->report(pre + first, count);
+                                          }));
+      else
+        loss = rep.net.loss_and_gradients(params, rep.x, rep.y, grads);
+    } else {
+      loss = rep.net.loss_and_gradients(params, rep.x, rep.y, grads);
+    }
 #if DTF_CUDA
     if constexpr (Nccl)
       if (nccl_) return nccl_step(k, loss, barrier, lr);
 #endif
     if constexpr (device_memory_is_host_accessible) {
-      rep.grads.template data<float>()[n_] = loss;
+      float* g = rep.grads.template data<float>();
+      std::fill(g, g + pre, 0.0f);
+      g[0] = loss;
     } else {
       auto g = rep.grads.template device_ptr<float>();
-      thrust::copy(g, g + std::ptrdiff_t(n_), rep.host_grads.begin());
-      rep.host_grads[n_] = loss;
+      thrust::copy(g + std::ptrdiff_t(pre), g + std::ptrdiff_t(pre + n_), rep.host_grads.begin() + std::ptrdiff_t(pre));
+      rep.host_grads[0] = loss;
     }
     barrier.arrive_and_wait(timeout);
-    // Replica k averages slice k of everyone's gradients (and the loss) into reduced_.
-    const std::size_t r = replicas_.size(), total = n_ + 1;
-    const std::size_t begin = total * k / r, end = total * (k + 1) / r;
+    if (!reducer_->overlapping()) {
+      // Replica k averages slice k of everyone's gradients (and the loss) into reduced_.
+      const std::size_t r = replicas_.size(), total = pre + n_;
+      average_replicas(total * k / r, total * (k + 1) / r);
+      barrier.arrive_and_wait(timeout);
+    }
+    // Across processes, bucket by bucket (with overlap: the buckets not reduced yet, and the
+    // replicas' average of each first).
+    if (k == 0) reducer_->finish();
+    barrier.arrive_and_wait(timeout);
+    const auto mean = std::span<const float>(reduced_).subspan(pre, n_);
+    if constexpr (device_memory_is_host_accessible) {
+      rep.opt.apply(rep.params.template span<float>(), mean, lr);
+    } else {
+      thrust::copy(mean.begin(), mean.end(), rep.grads.template device_ptr<float>() + std::ptrdiff_t(pre));
+      rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().subspan(pre, n_), lr);
+    }
+  }
+
+  // reduced_[i] = the replicas' mean of floats i in [begin, end) of [loss, zeros, gradient], in
+  // the same order whoever computes it (the replicas by slices, or the communication thread by
+  // buckets).
+  void average_replicas(std::size_t begin, std::size_t end) {
+    const std::size_t r = replicas_.size();
     const float inv = 1.0f / float(r);
     float* out = reduced_.data();
     const float* first = host_gradients(0);
@@ -286,16 +351,6 @@ class mirrored<M, Nccl> {
       for (std::size_t i = begin; i < end; ++i) out[i] += g[i];
     }
     for (std::size_t i = begin; i < end; ++i) out[i] *= inv;
-    barrier.arrive_and_wait(timeout);
-    if (k == 0 && comm_.size() > 1) comm_.allreduce<float>("mirrored/gradients", std::span<float>(reduced_), reduce_op::average);
-    barrier.arrive_and_wait(timeout);
-    if constexpr (device_memory_is_host_accessible) {
-      rep.opt.apply(rep.params.template span<float>(), std::span<const float>(reduced_).first(n_), lr);
-    } else {
-      auto g = rep.grads.template device_ptr<float>();
-      thrust::copy(reduced_.begin(), reduced_.begin() + std::ptrdiff_t(n_), g);
-      rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().first(n_), lr);
-    }
   }
 
 #if DTF_CUDA
@@ -305,38 +360,42 @@ class mirrored<M, Nccl> {
     const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
     replica& rep = *replicas_[k];
     float* grads = rep.grads.template data<float>();
-    dtf::detail::check_cuda(cudaMemcpy(grads + n_, &loss, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy (loss)");
+    dtf::detail::check_cuda(cudaMemset(grads, 0, pre * sizeof(float)), "cudaMemset (prefix)");
+    dtf::detail::check_cuda(cudaMemcpy(grads, &loss, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy (loss)");
     // The model's kernels ran on the default stream; NCCL's streams do not wait for it.
     dtf::detail::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (gradients)");
     barrier.arrive_and_wait(timeout);
     if (k == 0) {
       std::vector<float*> buffers;
       for (auto& r : replicas_) buffers.push_back(r->grads.template data<float>());
-      nccl_->average(buffers, n_ + 1);
+      nccl_->average(buffers, pre + n_);
       on_device(0);
       const bool across = comm_.size() > 1;
-      dtf::detail::check_cuda(cudaMemcpy(across ? reduced_.data() : reduced_.data() + n_, across ? grads : grads + n_,
-                                         (across ? n_ + 1 : 1) * sizeof(float), cudaMemcpyDeviceToHost),
+      dtf::detail::check_cuda(cudaMemcpy(reduced_.data(), grads, (across ? pre + n_ : 1) * sizeof(float),
+                                         cudaMemcpyDeviceToHost),
                               "cudaMemcpy (reduced gradients)");
-      if (across) comm_.allreduce<float>("mirrored/gradients", std::span<float>(reduced_), reduce_op::average);
+      reducer_->finish();  // across processes, bucket by bucket
     }
     barrier.arrive_and_wait(timeout);
     if (comm_.size() > 1)
-      dtf::detail::check_cuda(cudaMemcpy(grads, reduced_.data(), n_ * sizeof(float), cudaMemcpyHostToDevice),
+      dtf::detail::check_cuda(cudaMemcpy(grads + pre, reduced_.data() + pre, n_ * sizeof(float), cudaMemcpyHostToDevice),
                               "cudaMemcpy (gradients across processes)");
-    rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().first(n_), lr);
+    rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().subspan(pre, n_), lr);
   }
 #endif
+
+  static constexpr std::size_t pre = detail::exchange_prefix;
 
   communicator& comm_;
   mirrored_config config_;
   std::size_t n_;
-  std::vector<float> reduced_;
+  std::vector<float> reduced_;  // [loss, 15 zeros, the mean gradient]
   std::vector<std::unique_ptr<replica>> replicas_;
   std::int64_t step_ = 0;
   // Null (or nothing, without NCCL): the host path. Its type depends on Nccl only, never on
   // the translation unit, so that mirrored<M, false> has one layout everywhere.
   std::conditional_t<Nccl, std::unique_ptr<detail::nccl_replica_group>, detail::no_replica_group> nccl_;
+  std::unique_ptr<detail::bucket_reducer> reducer_;
   std::unique_ptr<detail::replica_threads> threads_;  // last: its threads stop before the replicas go
 };
 

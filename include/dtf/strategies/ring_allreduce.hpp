@@ -11,8 +11,17 @@
 // With plain SGD, n ranks at batch B compute exactly the update one process computes at batch
 // n·B (the mean of equal-size means is the mean), up to float rounding.
 //
-// Communication per step: one allreduce of the model's gradients plus one float (the loss
-// travels in the same buffer): 2(n-1)/n of the model's bytes sent and received per rank.
+// Communication per step: the model's gradients plus the loss (one buffer, see
+// dtf/strategies/gradient_buckets.hpp), 2(n-1)/n of the model's bytes sent and received per
+// rank, reduced as buckets of config.bucket_bytes cut at variable boundaries from the top
+// layer down, one allreduce each, always in that order.
+//
+// Overlap (config.overlap, on by default): when the model reports each variable's gradient as
+// backprop produces it (dtf::streams_gradients, e.g. dtf::nn::sequential), a communication
+// thread allreduces each bucket as soon as it is complete, while backprop computes the layers
+// below; the optimiser step waits for the last bucket. The buckets and their order are the same
+// with overlap off (every bucket reduced after backprop), so the parameters are bitwise
+// identical either way. A model that does not stream its gradients is reduced after backprop.
 // Errors: those of dtf::communicator (a dead or mismatched rank fails every rank).
 // Thread safety: one thread per instance.
 #pragma once
@@ -25,6 +34,7 @@
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
+#include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/tensor.hpp>
 
 #include <thrust/copy.h>
@@ -32,6 +42,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,6 +55,13 @@ struct ring_allreduce_config {
   /// over warmup_steps; off: the rule's rate as given.
   bool linear_scaling = false;
   std::int64_t warmup_steps = 0;
+  /// Allreduce each bucket of gradients on a communication thread as soon as backprop has
+  /// produced it (models that stream their gradients; see the file comment). Off: the same
+  /// buckets are reduced after backprop. The parameters are the same bit for bit either way.
+  bool overlap = true;
+  /// Fusion: gradients travel in buckets of at least this many bytes, cut at variable
+  /// boundaries (0: one bucket, the whole gradient). Every rank must use the same value.
+  std::size_t bucket_bytes = std::size_t(4) << 20;
 };
 
 template <class M = void>
@@ -80,7 +98,12 @@ class ring_allreduce<M> {
  public:
   ring_allreduce(communicator& comm, M& net, ring_allreduce_config config = {})
       : comm_(comm), net_(net), config_(config), n_(num_parameters(net.variables())), params_({n_}),
-        grads_({n_ + 1}), optimizer_(config.rule, n_) {}
+        grads_({detail::exchange_prefix + n_}), optimizer_(config.rule, n_),
+        host_(device_memory_is_host_accessible ? 0 : detail::exchange_prefix + n_) {
+    const bool streams = streams_gradients<M>;
+    reducer_ = std::make_unique<detail::bucket_reducer>(
+        detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, current_device_setter());
+  }
 
   /// Rank 0 initialises the parameters from `seed`; every rank receives them.
   void initialize(std::uint64_t seed) {
@@ -88,20 +111,37 @@ class ring_allreduce<M> {
     comm_.broadcast("ring_allreduce/params", params_, 0);
   }
 
-  /// One synchronous step on this rank's batch: gradients, allreduce (average), update.
-  /// Returns the loss averaged over the ranks' batches.
+  /// One synchronous step on this rank's batch: gradients, allreduce (average, by buckets,
+  /// overlapping backprop where the model streams its gradients), update. Returns the loss
+  /// averaged over the ranks' batches.
   float step(const data::host_batch& b) {
     assign_from_host(x_, b.features);
     assign_from_host(y_, b.labels);
-    const float loss =
-        net_.loss_and_gradients(params_.template span<const float>(), x_, y_, grads_.template span<float>().first(n_));
+    constexpr std::size_t pre = detail::exchange_prefix;
+    const auto grads = grads_.template span<float>().subspan(pre, n_);
+    const auto params = params_.template span<const float>();
+    reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
+    float loss = 0;
+    try {
+      if constexpr (streams_gradients<M>) {
+        loss = net_.loss_and_gradients(params, x_, y_, grads, gradient_ready_fn([this](std::size_t first, std::size_t count) {
+                                         reducer_->report(detail::exchange_prefix + first, count);
+                                       }));
+      } else {
+        loss = net_.loss_and_gradients(params, x_, y_, grads);
+      }
+    } catch (...) {
+      reducer_->abort_step();
+      throw;
+    }
     auto g = grads_.template device_ptr<float>();
-    thrust::fill(g + std::ptrdiff_t(n_), g + std::ptrdiff_t(n_ + 1), loss);
-    comm_.allreduce("ring_allreduce/gradients", grads_, reduce_op::average);
-    optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().first(n_), learning_rate());
+    thrust::fill(g, g + std::ptrdiff_t(pre), 0.0f);
+    thrust::fill(g, g + 1, loss);
+    reducer_->finish();
+    optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), learning_rate());
     ++step_;
     float mean_loss = 0;
-    thrust::copy(g + std::ptrdiff_t(n_), g + std::ptrdiff_t(n_ + 1), &mean_loss);
+    thrust::copy(g, g + 1, &mean_loss);
     return mean_loss;
   }
 
@@ -124,6 +164,12 @@ class ring_allreduce<M> {
   std::span<float> parameters() { return params_.template span<float>(); }
   std::int64_t global_step() const noexcept { return step_; }
   communicator& comm() noexcept { return comm_; }
+  /// Whether the gradients' buckets are reduced while backprop runs (config.overlap, a model
+  /// that streams its gradients, more than one rank).
+  bool overlaps() const noexcept { return reducer_->overlapping(); }
+  /// The buckets the gradients travel in ([begin, end) floats of [loss, 15 zeros, gradient]),
+  /// in the order they are reduced.
+  const std::vector<detail::gradient_bucket>& buckets() const noexcept { return reducer_->buckets(); }
 
   /// The update rule's state, for checkpoints (every rank holds the same).
   const optim::optimizer<>& optimizer() const noexcept { return optimizer_; }
@@ -138,13 +184,40 @@ class ring_allreduce<M> {
   }
 
  private:
+  // Bucket k's allreduce (average), in place; CUDA builds stage it through host memory.
+  void reduce_bucket(std::size_t k, const detail::gradient_bucket& b) {
+    const std::string name = "ring_allreduce/gradients/" + std::to_string(k);
+    if constexpr (device_memory_is_host_accessible) {
+      comm_.allreduce<float>(name, grads_.template span<float>().subspan(b.begin, b.size()), reduce_op::average);
+    } else {
+      auto g = grads_.template device_ptr<float>();
+      thrust::copy(g + std::ptrdiff_t(b.begin), g + std::ptrdiff_t(b.end), host_.begin() + std::ptrdiff_t(b.begin));
+      comm_.allreduce<float>(name, std::span<float>(host_).subspan(b.begin, b.size()), reduce_op::average);
+      thrust::copy(host_.begin() + std::ptrdiff_t(b.begin), host_.begin() + std::ptrdiff_t(b.end),
+                   g + std::ptrdiff_t(b.begin));
+    }
+  }
+
+  // The communication thread works on the device that is current where the engine is built.
+  static std::function<void()> current_device_setter() {
+#if DTF_CUDA
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return {};
+    return [device] { cudaSetDevice(device); };
+#else
+    return {};
+#endif
+  }
+
   communicator& comm_;
   M& net_;
   ring_allreduce_config config_;
   std::size_t n_;
-  tensor params_, grads_, x_, y_;
+  tensor params_, grads_, x_, y_;  // grads_: [loss, 15 zeros, the gradient]
   optim::optimizer<> optimizer_;
+  std::vector<float> host_;  // CUDA builds: the buckets staged in host memory
   std::int64_t step_ = 0;
+  std::unique_ptr<detail::bucket_reducer> reducer_;  // last: its thread stops first
 };
 
 }  // namespace dtf::strategies
