@@ -206,11 +206,13 @@ echo
 [[ -f $OUT.shaper ]] || echo "" >"$OUT.shaper"
 $TORCH_PY - "$OUT" "$OUT.load" "$BUCKET_MIB" "$OUT.shaper" <<'PY'
 import re, statistics, sys
-runs = {}
+runs, losses = {}, {}
 for line in open(sys.argv[1]):
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
     runs.setdefault(kv["setting"], {}).setdefault(kv["run"], []).append(
         (float(kv["samples_per_s"]), float(kv["step_ms"]), float(kv["load1"])))
+    if "loss" in kv:
+        losses.setdefault(kv["setting"], {}).setdefault(kv["run"], set()).add(kv["loss"])
 loads = [l.strip() for l in open(sys.argv[2])]
 bucket = sys.argv[3]
 names = [("dtf_overlap", "dtf, overlap on"), ("dtf_nooverlap", "dtf, overlap off"),
@@ -234,6 +236,12 @@ for setting, title in [("loopback", "2 workers on loopback (127.0.0.1)"),
     print(f"  ratio dtf-overlap / dtf-no-overlap: {ratio('dtf_overlap', 'dtf_nooverlap')}")
     print(f"  ratio dtf-overlap / DDP (25 MiB):   {ratio('dtf_overlap', 'ddp_25')}")
     print(f"  ratio dtf-overlap / DDP ({bucket} MiB):    {ratio('dtf_overlap', f'ddp_{bucket}')}")
+    lo = losses.get(setting, {})
+    on, off = lo.get("dtf_overlap", set()), lo.get("dtf_nooverlap", set())
+    if on and off:
+        same = on == off and len(on) == 1
+        print(f"  dtf's last loss, overlap on / off: {','.join(sorted(on))} / {','.join(sorted(off))}"
+              f" ({'identical' if same else 'DIFFERENT'})")
 print("load averages (1, 5, 15 min):", "; ".join(loads))
 print("(samples/s: both workers' examples per second, median of the rounds; load1: 1-minute load average when each run ended)")
 PY

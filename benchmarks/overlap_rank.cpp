@@ -13,6 +13,7 @@
 // step, taken in a session hook) and prints
 //   RESULT overlap=<0|1> framework=dtf hidden=<h> batch=<b> workers=<n> bucket_mib=<m> threads=<t>
 //          steps=<s> samples_per_s=<all ranks' examples per second> step_ms=<ms per step>
+//          loss=<the last step's loss, averaged over the ranks: the same with overlap on and off>
 // (dtf::train prints its own "RESULT scheme=..." line too, over every step).
 #include <dtf/dtf.hpp>
 
@@ -134,9 +135,9 @@ int main(int argc, char** argv) try {
     const double s = std::chrono::duration<double>(times->t1 - times->t0).count();
     std::printf(
         "RESULT overlap=%d framework=dtf hidden=%s batch=%d workers=%zu bucket_mib=%g threads=%d steps=%lld "
-        "samples_per_s=%.1f step_ms=%.2f\n",
+        "samples_per_s=%.1f step_ms=%.2f loss=%.9g\n",
         overlap ? 1 : 0, hidden.c_str(), batch, workers, bucket_mib, threads, static_cast<long long>(timed),
-        double(timed) * double(batch) * double(workers) / s, 1e3 * s / double(timed));
+        double(timed) * double(batch) * double(workers) / s, 1e3 * s / double(timed), r.loss);
     std::fflush(stdout);
   }
   return r.exit_code;
