@@ -19,15 +19,19 @@
 # Installs its peer itself (never the tests): Debian's python3-torch with apt (needs root).
 #
 #   benchmarks/overlap.sh [build-dir] [--rounds 3] [--steps 30] [--warmup 5] [--no-netns]
+#                         [--hidden 2048,2048] [--batch 64] [--bucket_mib 4]
 set -u
 BUILD=${1:-build}
 [[ $# -gt 0 ]] && shift
-ROUNDS=3 STEPS=30 WARMUP=5 NETNS=1
+ROUNDS=3 STEPS=30 WARMUP=5 NETNS=1 HIDDEN=2048,2048 BATCH=64 BUCKET_MIB=4
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rounds) ROUNDS=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --warmup) WARMUP=$2; shift 2 ;;
+    --hidden) HIDDEN=$2; shift 2 ;;
+    --batch) BATCH=$2; shift 2 ;;
+    --bucket_mib) BUCKET_MIB=$2; shift 2 ;;
     --no-netns) NETNS=0; shift ;;
     *) echo "overlap.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -50,7 +54,6 @@ if ! $TORCH_PY -c 'import torch' 2>/dev/null; then
 fi
 PEER="$TORCH_PY $HERE/overlap_peer_ddp.py"
 
-HIDDEN=2048,2048 BATCH=64 BUCKET_MIB=4
 COMMON=(--hidden "$HIDDEN" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP")
 work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_overlap.XXXXXX")
 OUT=$work/results.txt
@@ -81,18 +84,26 @@ record() {
     tail -n 20 "$3" >&2
     return 1
   fi
-  echo "setting=$1 run=$2 load1=$(cut -d' ' -f1 /proc/loadavg) ${line#RESULT }" >>"$OUT"
+  echo "setting=$1 run=$2 round=$r load1=$(cut -d' ' -f1 /proc/loadavg) ${line#RESULT }" >>"$OUT"
   echo "  $1 $2: ${line#RESULT }"
 }
 
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(load)"
-echo "# torch $($TORCH_PY -c 'import torch; print(torch.__version__)'), MLP 784-${HIDDEN/,/-}-10, batch $BATCH per worker, 2 workers, $WARMUP warm-up + $STEPS timed steps, $ROUNDS rounds"
+echo "# torch $($TORCH_PY -c 'import torch; print(torch.__version__)'), MLP 784-${HIDDEN//,/-}-10, batch $BATCH per worker, 2 workers, $WARMUP warm-up + $STEPS timed steps, $ROUNDS rounds"
 echo "setting=loopback start_load=\"$(load)\"" >>"$OUT.load"
 
 # --- loopback: dtfrun starts both dtf ranks (ports picked and handed over by dtfrun); the DDP
 # peer spawns its ranks on a free port of 127.0.0.1.
+# alone SETTING ROUND: one dtf rank with no cluster (no communication at all): the compute of a
+# step, for reference (not a contestant).
+alone() {
+  local log=$work/${1}_alone_$2.log
+  timeout 600 "$BENCH" "${COMMON[@]}" --bucket_mib "$BUCKET_MIB" --threads 1 >"$log" 2>&1
+  record "$1" dtf_alone "$log"
+}
 for ((r = 1; r <= ROUNDS; r++)); do
   echo "loopback, round $r/$ROUNDS (load $(load))"
+  alone loopback "$r"
   for mode in overlap nooverlap; do
     log=$work/lo_${mode}_$r.log
     timeout 600 "$DTFRUN" --workers 2 --no-live -- "$BENCH" "${COMMON[@]}" --"$mode" --bucket_mib "$BUCKET_MIB" \
@@ -176,6 +187,7 @@ if [[ $netns_ok == 1 ]]; then
   }
   for ((r = 1; r <= ROUNDS; r++)); do
     echo "netns, round $r/$ROUNDS (load $(load))"
+    alone netns "$r"
     for mode in overlap nooverlap; do
       port=$((port + 2))
       c0=$("$DTFRUN" --print-tf-config --workers 2 --hosts 10.77.0.1,10.77.0.2 --port-base "$port" --task worker.0)
@@ -210,12 +222,12 @@ runs, losses = {}, {}
 for line in open(sys.argv[1]):
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
     runs.setdefault(kv["setting"], {}).setdefault(kv["run"], []).append(
-        (float(kv["samples_per_s"]), float(kv["step_ms"]), float(kv["load1"])))
+        (float(kv["samples_per_s"]), float(kv["step_ms"]), float(kv["load1"]), kv["round"]))
     if "loss" in kv:
         losses.setdefault(kv["setting"], {}).setdefault(kv["run"], set()).add(kv["loss"])
 loads = [l.strip() for l in open(sys.argv[2])]
 bucket = sys.argv[3]
-names = [("dtf_overlap", "dtf, overlap on"), ("dtf_nooverlap", "dtf, overlap off"),
+names = [("dtf_alone", "(dtf, 1 worker, no comm.)"), ("dtf_overlap", "dtf, overlap on"), ("dtf_nooverlap", "dtf, overlap off"),
          ("ddp_25", "PyTorch DDP, bucket 25 MiB"), (f"ddp_{bucket}", f"PyTorch DDP, bucket {bucket} MiB")]
 med = lambda xs: statistics.median(xs)
 for setting, title in [("loopback", "2 workers on loopback (127.0.0.1)"),
@@ -229,13 +241,22 @@ for setting, title in [("loopback", "2 workers on loopback (127.0.0.1)"),
     for key, label in names:
         if key not in r:
             continue
-        m[key] = med(s for s, _, _ in r[key])
-        print(f"  {label:30} {m[key]:>10.1f} {med(t for _, t, _ in r[key]):>9.1f} {len(r[key]):>5} "
-              f"{med(l for _, _, l in r[key]):>6.2f}")
-    ratio = lambda a, b: f"{m[a] / m[b]:.2f}" if a in m and b in m and m[b] > 0 else "n/a"
+        m[key] = med(x[0] for x in r[key])
+        print(f"  {label:30} {m[key]:>10.1f} {med(x[1] for x in r[key]):>9.1f} {len(r[key]):>5} "
+              f"{med(x[2] for x in r[key]):>6.2f}")
+    # The ratio of the medians, and the median of the rounds' own ratios (the programs of a
+    # round ran back to back, so a round's ratio sees the same machine load on both sides).
+    def ratio(a, b):
+        if a not in r or b not in r:
+            return "n/a"
+        by_round = {x[3]: x[0] for x in r[b]}
+        paired = [x[0] / by_round[x[3]] for x in r[a] if by_round.get(x[3], 0) > 0]
+        if not paired:
+            return f"{m[a] / m[b]:.2f}"
+        return f"{m[a] / m[b]:.2f} (rounds: median {med(paired):.2f}, {min(paired):.2f}-{max(paired):.2f})"
     print(f"  ratio dtf-overlap / dtf-no-overlap: {ratio('dtf_overlap', 'dtf_nooverlap')}")
-    print(f"  ratio dtf-overlap / DDP (25 MiB):   {ratio('dtf_overlap', 'ddp_25')}")
-    print(f"  ratio dtf-overlap / DDP ({bucket} MiB):    {ratio('dtf_overlap', f'ddp_{bucket}')}")
+    print(f"  ratio dtf-overlap / DDP 25 MiB:     {ratio('dtf_overlap', 'ddp_25')}")
+    print(f"  ratio dtf-overlap / DDP {bucket} MiB:      {ratio('dtf_overlap', f'ddp_{bucket}')}")
     lo = losses.get(setting, {})
     on, off = lo.get("dtf_overlap", set()), lo.get("dtf_nooverlap", set())
     if on and off:
@@ -243,5 +264,6 @@ for setting, title in [("loopback", "2 workers on loopback (127.0.0.1)"),
         print(f"  dtf's last loss, overlap on / off: {','.join(sorted(on))} / {','.join(sorted(off))}"
               f" ({'identical' if same else 'DIFFERENT'})")
 print("load averages (1, 5, 15 min):", "; ".join(loads))
-print("(samples/s: both workers' examples per second, median of the rounds; load1: 1-minute load average when each run ended)")
+print("(samples/s: both workers' examples per second, median of the rounds (the 1-worker row: its own); step ms: median;")
+print(" load1: 1-minute load average when each run ended; ratios: of the median samples/s, then the median and range of each round's own ratio)")
 PY
