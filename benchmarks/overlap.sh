@@ -163,6 +163,26 @@ if [[ $netns_ok == 1 ]]; then
   echo "netns: ${NS[0]} (10.77.0.1) <-> ${NS[1]} (10.77.0.2), each end shaped by $shaper"
   echo "netns: $(ip netns exec "${NS[0]}" tc qdisc show dev eth0 | head -n1)"
   echo "$shaper" >"$OUT.shaper"
+  # What TCP gets through the shaped pair: 200 MiB from b to a, one connection.
+  ip netns exec "${NS[0]}" "$TORCH_PY" -c '
+import socket, time
+s = socket.socket(); s.bind(("10.77.0.1", 22999)); s.listen(1)
+c, _ = s.accept(); n = 0; t0 = None
+while True:
+    b = c.recv(1 << 20)
+    if not b: break
+    t0 = t0 or time.perf_counter(); n += len(b)
+print(f"netns: TCP goodput a<-b {n * 8 / (time.perf_counter() - t0) / 1e9:.3f} Gbit/s ({n >> 20} MiB, one connection)")
+' &
+  gp=$!
+  sleep 1
+  ip netns exec "${NS[1]}" "$TORCH_PY" -c '
+import socket
+c = socket.create_connection(("10.77.0.1", 22999)); buf = bytes(1 << 20)
+for _ in range(200): c.sendall(buf)
+c.close()
+' || echo "netns: the goodput probe failed"
+  wait "$gp"
   echo "setting=netns start_load=\"$(load)\"" >>"$OUT.load"
   # Fresh namespaces hold no other listener, so fixed ports are free there; each run takes new
   # ones all the same, so that no socket of the previous run (TIME_WAIT) can be in the way.
