@@ -18,12 +18,12 @@
 #
 # Installs its peer itself (never the tests): Debian's python3-torch with apt (needs root).
 #
-#   benchmarks/overlap.sh [build-dir] [--rounds 3] [--steps 30] [--warmup 5] [--no-netns]
+#   benchmarks/overlap.sh [build-dir] [--rounds 3] [--steps 30] [--warmup 5] [--no-netns] [--no-loopback]
 #                         [--hidden 2048,2048] [--batch 64] [--bucket_mib 4]
 set -u
 BUILD=${1:-build}
 [[ $# -gt 0 ]] && shift
-ROUNDS=3 STEPS=30 WARMUP=5 NETNS=1 HIDDEN=2048,2048 BATCH=64 BUCKET_MIB=4
+ROUNDS=3 STEPS=30 WARMUP=5 NETNS=1 LOOPBACK=1 HIDDEN=2048,2048 BATCH=64 BUCKET_MIB=4
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -33,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --batch) BATCH=$2; shift 2 ;;
     --bucket_mib) BUCKET_MIB=$2; shift 2 ;;
     --no-netns) NETNS=0; shift ;;
+    --no-loopback) LOOPBACK=0; shift ;;
     *) echo "overlap.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -101,7 +102,7 @@ alone() {
   timeout 600 "$BENCH" "${COMMON[@]}" --bucket_mib "$BUCKET_MIB" --threads 1 >"$log" 2>&1
   record "$1" dtf_alone "$log"
 }
-for ((r = 1; r <= ROUNDS; r++)); do
+for ((r = 1; r <= ROUNDS * LOOPBACK; r++)); do
   echo "loopback, round $r/$ROUNDS (load $(load))"
   alone loopback "$r"
   for mode in overlap nooverlap; do
