@@ -91,7 +91,7 @@ record() {
 
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(load)"
 echo "# torch $($TORCH_PY -c 'import torch; print(torch.__version__)'), MLP 784-${HIDDEN//,/-}-10, batch $BATCH per worker, 2 workers, $WARMUP warm-up + $STEPS timed steps, $ROUNDS rounds"
-echo "setting=loopback start_load=\"$(load)\"" >>"$OUT.load"
+echo "start load=\"$(load)\"" >>"$OUT.load"
 
 # --- loopback: dtfrun starts both dtf ranks (ports picked and handed over by dtfrun); the DDP
 # peer spawns its ranks on a free port of 127.0.0.1.
@@ -184,7 +184,7 @@ for _ in range(200): c.sendall(buf)
 c.close()
 ' || echo "netns: the goodput probe failed"
   wait "$gp"
-  echo "setting=netns start_load=\"$(load)\"" >>"$OUT.load"
+  echo "netns start load=\"$(load)\"" >>"$OUT.load"
   # Fresh namespaces hold no other listener, so fixed ports are free there; each run takes new
   # ones all the same, so that no socket of the previous run (TIME_WAIT) can be in the way.
   port=23000
@@ -233,7 +233,7 @@ c.close()
 else
   echo "netns: SKIPPED — $netns_why"
 fi
-echo "setting=end load=\"$(load)\"" >>"$OUT.load"
+echo "end load=\"$(load)\"" >>"$OUT.load"
 
 echo
 [[ -f $OUT.shaper ]] || echo "" >"$OUT.shaper"
