@@ -29,7 +29,9 @@ int main(int argc, char** argv) try {
       .add("optimizer", optimizer, "sgd, momentum, nesterov, adagrad or adam")
       .add("lr", lr, "base learning rate (for one replica's batch)")
       .add("linear_scaling", c.linear_scaling, "scale the rate by the replicas in all; --nolinear_scaling: off")
-      .add("warmup_steps", c.warmup_steps, "ramp from lr to the scaled rate over this many steps");
+      .add("warmup_steps", c.warmup_steps, "ramp from lr to the scaled rate over this many steps")
+      .add("overlap", c.overlap, "reduce each bucket of gradients while backprop runs; --nooverlap: after backprop")
+      .add("bucket_bytes", c.bucket_bytes, "gradients cross processes in buckets of at least this many bytes (0: one)");
   if (!flags.parse(argc, argv)) return 0;
   if (replicas < 1) throw dtf::error(dtf::errc::invalid_config, "--replicas " + std::to_string(replicas) + " < 1");
 

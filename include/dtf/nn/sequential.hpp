@@ -14,9 +14,14 @@
 #pragma once
 
 #include <dtf/concepts.hpp>
+#include <dtf/config.hpp>
 #include <dtf/nn/init.hpp>
 #include <dtf/nn/layers.hpp>
 #include <dtf/nn/loss.hpp>
+
+#if DTF_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include <initializer_list>
 #include <string>

@@ -112,7 +112,8 @@ class bucket_reducer {
   /// A new step, whose buckets reduce(k, bucket) reduces (called in order k = 0, 1, ..., once
   /// each): nothing reported, nothing reduced.
   void begin_step(reduce_fn reduce) {
-    std::lock_guard lock(m_);
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return !active_; });  // the last step's loop has ended
     reduce_ = std::move(reduce);
     for (std::size_t k = 0; k < buckets_.size(); ++k) remaining_[k] = reporters_ * buckets_[k].size();
     ready_ = 0;
@@ -171,10 +172,12 @@ class bucket_reducer {
     std::unique_lock lock(m_);
     stop_ = true;
     cv_.notify_all();
-    cv_.wait(lock, [&] { return !busy_; });
+    cv_.wait(lock, [&] { return !active_; });
   }
 
  private:
+  // The communication thread: one pass over the buckets per step, each as soon as it is ready;
+  // a pass ends when every bucket is reduced, one failed, or the step was aborted.
   void run() {
     std::unique_lock lock(m_);
     std::uint64_t seen = 0;
@@ -182,11 +185,10 @@ class bucket_reducer {
       cv_.wait(lock, [&] { return quit_ || generation_ != seen; });
       if (quit_) return;
       seen = generation_;
+      active_ = true;
       for (std::size_t k = 0; k < buckets_.size(); ++k) {
         cv_.wait(lock, [&] { return quit_ || stop_ || ready_ > k; });
-        if (quit_) return;
-        if (stop_) break;
-        busy_ = true;
+        if (quit_ || stop_) break;
         lock.unlock();
         std::exception_ptr failed;
         try {
@@ -195,16 +197,15 @@ class bucket_reducer {
           failed = std::current_exception();
         }
         lock.lock();
-        busy_ = false;
         if (failed) {
           failure_ = failed;
-          cv_.notify_all();
           break;
         }
         ++reduced_;
-        if (reduced_ == buckets_.size() || stop_) cv_.notify_all();
       }
-      if (stop_) cv_.notify_all();
+      active_ = false;
+      cv_.notify_all();
+      if (quit_) return;
     }
   }
 
@@ -217,7 +218,9 @@ class bucket_reducer {
   std::size_t ready_ = 0;               // buckets 0..ready_-1 are fully reported
   std::size_t reduced_ = 0;             // buckets reduced this step
   std::uint64_t generation_ = 0;        // steps begun
-  bool stop_ = false, busy_ = false, quit_ = false;
+  bool stop_ = false;    // this step was aborted
+  bool active_ = false;  // the thread is in a step's pass over the buckets
+  bool quit_ = false;
   std::exception_ptr failure_;
   std::thread thread_;  // last: started once the rest exists
 };

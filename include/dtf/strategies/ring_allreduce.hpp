@@ -28,6 +28,7 @@
 
 #include <dtf/collectives.hpp>
 #include <dtf/concepts.hpp>
+#include <dtf/config.hpp>
 #include <dtf/data/dataset.hpp>
 #include <dtf/error.hpp>
 #include <dtf/host.hpp>
@@ -37,11 +38,16 @@
 #include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/tensor.hpp>
 
+#if DTF_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <thrust/copy.h>
 #include <thrust/fill.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
