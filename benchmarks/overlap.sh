@@ -6,7 +6,8 @@
 # and 4, dtf's bucket size; overlap_peer_ddp.py).
 #
 # Two settings, each with the programs interleaved round by round (dtf on, dtf off, DDP 25,
-# DDP 4, then again, --rounds times) so that noise from other work hits all of them alike:
+# DDP 4, then again, --rounds times, each pair in the other order every other round) so that
+# noise from other work hits all of them alike:
 #   loopback  both workers on this machine, 127.0.0.1 (dtf under dtfrun, DDP spawned)
 #   netns     two "hosts": network namespaces joined by a veth pair shaped to 1 Gbit/s in both
 #             directions (tc netem rate 1gbit; where the kernel lacks netem, a token bucket
@@ -95,6 +96,8 @@ echo "start load=\"$(load)\"" >>"$OUT.load"
 
 # --- loopback: dtfrun starts both dtf ranks (ports picked and handed over by dtfrun); the DDP
 # peer spawns its ranks on a free port of 127.0.0.1.
+# order A B: "A B" in odd rounds, "B A" in even ones (so that neither of a pair always runs first).
+order() { if ((r % 2)); then echo "$1 $2"; else echo "$2 $1"; fi; }
 # alone SETTING ROUND: one dtf rank with no cluster (no communication at all): the compute of a
 # step, for reference (not a contestant).
 alone() {
@@ -105,13 +108,13 @@ alone() {
 for ((r = 1; r <= ROUNDS * LOOPBACK; r++)); do
   echo "loopback, round $r/$ROUNDS (load $(load))"
   alone loopback "$r"
-  for mode in overlap nooverlap; do
+  for mode in $(order overlap nooverlap); do
     log=$work/lo_${mode}_$r.log
     timeout 600 "$DTFRUN" --workers 2 --no-live -- "$BENCH" "${COMMON[@]}" --"$mode" --bucket_mib "$BUCKET_MIB" \
       --threads 1 >"$log" 2>&1
     record loopback "dtf_$mode" "$log"
   done
-  for cap in 25 "$BUCKET_MIB"; do
+  for cap in $(order 25 "$BUCKET_MIB"); do
     log=$work/lo_ddp${cap}_$r.log
     GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 timeout 600 $PEER "${COMMON[@]}" --bucket_mib "$cap" --threads 1 \
       --workers 2 >"$log" 2>&1
@@ -209,7 +212,7 @@ c.close()
   for ((r = 1; r <= ROUNDS; r++)); do
     echo "netns, round $r/$ROUNDS (load $(load))"
     alone netns "$r"
-    for mode in overlap nooverlap; do
+    for mode in $(order overlap nooverlap); do
       port=$((port + 2))
       c0=$("$DTFRUN" --print-tf-config --workers 2 --hosts 10.77.0.1,10.77.0.2 --port-base "$port" --task worker.0)
       c1=$("$DTFRUN" --print-tf-config --workers 2 --hosts 10.77.0.1,10.77.0.2 --port-base "$port" --task worker.1)
@@ -219,7 +222,7 @@ c.close()
         env TF_CONFIG="$c1" "$BENCH" "${COMMON[@]}" --"$mode" --bucket_mib "$BUCKET_MIB" --threads 1
       record netns "dtf_$mode" "$log0"
     done
-    for cap in 25 "$BUCKET_MIB"; do
+    for cap in $(order 25 "$BUCKET_MIB"); do
       port=$((port + 2))
       log0=$work/ns_ddp${cap}_${r}_0.log
       both "ddp_$cap" "$log0" "$work/ns_ddp${cap}_${r}_1.log" \
