@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -80,8 +81,10 @@ class dense {
   void forward_relu(const float* p, const tensor& x, tensor& y) { forward_impl(p, x, y, true); }
 
   /// From dy [rows, out]: writes dW and db into g (this layer's gradient slice) and, when dx is
-  /// not null, dx [rows, in] = dy W^T.
-  void backward(const float* p, const tensor& x, const tensor& dy, float* g, tensor* dx) {
+  /// not null, dx [rows, in] = dy W^T. `gradient_done`, when given, is called once dW and db
+  /// are written, before dx is computed (so that they can travel while dx is computed).
+  void backward(const float* p, const tensor& x, const tensor& dy, float* g, tensor* dx,
+                const std::function<void()>& gradient_done = {}) {
     const std::size_t rows = dy.dim(0);
 #if DTF_CUDA
     if (ones_.size() < rows) ones_.assign(rows, 1.0f);
@@ -90,18 +93,19 @@ class dense {
 #else
     column_sums(dy.data<float>(), rows, g + in_ * out_);
 #endif
-    weight_and_input_gradients(p, x, dy.data<float>(), rows, g, dx);
+    weight_and_input_gradients(p, x, dy.data<float>(), rows, g, dx, gradient_done);
   }
 
   /// backward() of this layer followed by nn::relu whose output was y: dy (the gradient with
   /// respect to y) is masked in place where y is not positive, in the same pass that sums
   /// the bias gradient. Same result as relu::backward then backward().
-  void backward_relu(const float* p, const tensor& x, const tensor& y, tensor& dy, float* g, tensor* dx) {
+  void backward_relu(const float* p, const tensor& x, const tensor& y, tensor& dy, float* g, tensor* dx,
+                     const std::function<void()>& gradient_done = {}) {
     const std::size_t rows = dy.dim(0);
 #if DTF_CUDA
     thrust::transform(dy.device_ptr<float>(), dy.device_ptr<float>() + dy.size(), y.device_ptr<float>(),
                       dy.device_ptr<float>(), detail::relu_grad_op{});
-    backward(p, x, dy, g, dx);
+    backward(p, x, dy, g, dx, gradient_done);
 #else
     float* d = dy.data<float>();
     const float* yv = y.data<float>();
@@ -116,7 +120,7 @@ class dense {
         db[c] += v;
       }
     }
-    weight_and_input_gradients(p, x, d, rows, g, dx);
+    weight_and_input_gradients(p, x, d, rows, g, dx, gradient_done);
 #endif
   }
 
@@ -170,11 +174,12 @@ class dense {
   }
 #endif
 
-  // dW = x^T dy into g, and dx = dy W^T when dx is not null.
+  // dW = x^T dy into g, then gradient_done(), then dx = dy W^T when dx is not null.
   void weight_and_input_gradients(const float* p, const tensor& x, const float* dy, std::size_t rows, float* g,
-                                  tensor* dx) {
+                                  tensor* dx, const std::function<void()>& gradient_done) {
     dtf::detail::gemm(dtf::detail::transpose::yes, dtf::detail::transpose::no, in_, out_, rows, 1.0f,
                       x.data<float>(), in_, dy, out_, 0.0f, g, out_);
+    if (gradient_done) gradient_done();
     if (dx) {
       dx->resize({rows, in_}, dtype::float32);
       dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::yes, rows, in_, out_, 1.0f, dy, out_, p,

@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -101,8 +102,8 @@ class sequential {
   }
 
   /// The same, calling ready(first, count) with each Dense layer's variables (its kernel and
-  /// bias, one contiguous range) as soon as their gradient is written, from the last layer to
-  /// the first (dtf::streams_gradients: a collective strategy reduces them while the layers
+  /// bias, one contiguous range) as soon as their gradient is written (before the layer's
+  /// gradient with respect to its input is computed), from the last layer to the first (dtf::streams_gradients: a collective strategy reduces them while the layers
   /// below are computed).
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            const gradient_ready_fn& ready) {
@@ -136,18 +137,21 @@ class sequential {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       if (auto* d = std::get_if<dense>(&layers_[i])) {
         tensor* dx = i == 0 ? input_grad : &grads_[i - 1];
-        if (relu_follows(i))  // the ReLU's mask is applied in the Dense layer's pass over dy
-          d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i], dx);
-        else
-          d->backward(p.data() + offsets_[i], in, grads_[i], g.data() + offsets_[i], dx);
-        if (ready) {
+        // The layer's kernel and bias gradient is final before its dx is computed.
+        std::function<void()> done;
+        if (ready)
+          done = [&, i, d] {
 #if DTF_CUDA
-          // The strategy may read these floats from another thread and stream at once.
-          if (const cudaError_t rc = cudaDeviceSynchronize(); rc != cudaSuccess)
-            throw error(errc::internal, std::string("nn::sequential: cudaDeviceSynchronize: ") + cudaGetErrorString(rc));
+            // The strategy may read these floats from another thread and stream at once.
+            if (const cudaError_t rc = cudaDeviceSynchronize(); rc != cudaSuccess)
+              throw error(errc::internal, std::string("nn::sequential: cudaDeviceSynchronize: ") + cudaGetErrorString(rc));
 #endif
-          (*ready)(offsets_[i], d->num_parameters());
-        }
+            (*ready)(offsets_[i], d->num_parameters());
+          };
+        if (relu_follows(i))  // the ReLU's mask is applied in the Dense layer's pass over dy
+          d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i], dx, done);
+        else
+          d->backward(p.data() + offsets_[i], in, grads_[i], g.data() + offsets_[i], dx, done);
       } else if (!relu_follows(i - 1)) {  // layer 0 is always Dense
         std::get<relu>(layers_[i]).backward(acts_[i], grads_[i], grads_[i - 1]);
       }
