@@ -92,6 +92,7 @@ record() {
 
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load $(load)"
 echo "# torch $($TORCH_PY -c 'import torch; print(torch.__version__)'), MLP 784-${HIDDEN//,/-}-10, batch $BATCH per worker, 2 workers, $WARMUP warm-up + $STEPS timed steps, $ROUNDS rounds"
+: >"$OUT"
 echo "start load=\"$(load)\"" >>"$OUT.load"
 
 # --- loopback: dtfrun starts both dtf ranks (ports picked and handed over by dtfrun); the DDP
