@@ -89,6 +89,7 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
       }
       if (first != tls_handshake_record) {
         try {
+          drain_before_close(p.fd.get());
           write_all(p.fd.get(), refusal_frame(tls_required_refusal),
                     std::min(p.deadline, ring_clock::now() + milliseconds(100)), p.remote);
         } catch (const error&) {
@@ -232,8 +233,11 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
     std::vector<bool> finished(conns.size(), false);
     for (std::size_t i = 0; i < conns.size() && first_conn + i < fds.size(); ++i)
       if (fds[first_conn + i].revents != 0) finished[i] = step(conns[i]);
-    for (std::size_t i = conns.size(); i-- > 0;)
-      if (finished[i]) conns.erase(conns.begin() + std::ptrdiff_t(i));
+    for (std::size_t i = conns.size(); i-- > 0;) {
+      if (!finished[i]) continue;
+      if (conns[i].fd) drain_before_close(conns[i].fd.get());  // refused or dropped (not handed over)
+      conns.erase(conns.begin() + std::ptrdiff_t(i));
+    }
   }
   return out;
 }

@@ -30,6 +30,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -414,7 +415,19 @@ inline void tls_handshake(int fd, ring_tls& tls, ring_clock::time_point deadline
   }
 }
 
-/// What a plain server logs when a client without TLS is refused by a TLS one.
+/// Reads and drops what a connection about to be refused or dropped has sent (bounded), so
+/// that closing it sends a FIN after the refusal rather than a reset, which could discard the
+/// refusal at the peer before it reads it.
+inline void drain_before_close(int fd) {
+  std::array<std::byte, 4096> buf;
+  for (int i = 0; i < 16; ++i) {
+    const ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    break;
+  }
+}
+
+/// What a TLS server logs when a client without TLS is refused.
 inline constexpr const char* tls_refused_plain_peer =
     "refused: a peer without TLS (this task requires TLS: turn it on for every task or none)";
 
@@ -437,8 +450,9 @@ inline ring_connection accept_tls(unique_fd fd, SSL_CTX* ctx, ring_clock::time_p
   }
   if (first != tls_handshake_record) {
     try {
-      write_all(c.get(), refusal_frame(tls_required_refusal), std::min(deadline, ring_clock::now() + std::chrono::milliseconds(100)),
-                who);
+      drain_before_close(c.get());
+      write_all(c.get(), refusal_frame(tls_required_refusal),
+                std::min(deadline, ring_clock::now() + std::chrono::milliseconds(100)), who);
     } catch (const error&) {
     }
     throw error(errc::peer_failure, who + ": " + tls_refused_plain_peer);
