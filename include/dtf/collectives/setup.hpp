@@ -6,6 +6,9 @@
 #include <dtf/collectives.hpp>
 #include <dtf/detail/ring_acceptor.hpp>
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <exception>
@@ -45,6 +48,10 @@ inline void tcp_backend::connect() {
     }
   }
   const detail::handshake_identity server_me{options_.cluster_id, names_[rank_], options_.secret};
+  // Wakes the acceptor when this rank's own connections fail: a refusal then ends the set-up
+  // at once rather than at the deadline.
+  detail::unique_fd cancel(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!cancel) throw error(errc::io_error, "eventfd: " + detail::errno_text(errno));
   std::exception_ptr accept_failure;
   std::thread acceptor([&] {
     // Setup only: the data path never leaves the calling thread.
@@ -53,7 +60,7 @@ inline void tcp_backend::connect() {
       for (const auto& i : in) expected.push_back(i.identity);
       auto fds = detail::accept_neighbours(listener_.native_handle(), server_me, expected, deadline,
                                            {options_.handshake_timeout_ms, options_.max_pending_connections}, nullptr,
-                                           tls_server.get());
+                                           tls_server.get(), cancel.get());
       for (std::size_t i = 0; i < in.size(); ++i) *in[i].slot = std::move(fds[i]);
     } catch (...) {
       accept_failure = std::current_exception();
@@ -69,6 +76,8 @@ inline void tcp_backend::connect() {
   } catch (...) {
     right_.reset();
     for (auto& p : partners_) p.reset();
+    const std::uint64_t one = 1;
+    (void)!::write(cancel.get(), &one, sizeof one);
     acceptor.join();
     throw;
   }

@@ -33,6 +33,9 @@
 
 namespace dtf::detail {
 
+/// How long an acceptor keeps answering after its caller gave up (see accept_neighbours).
+inline constexpr int ring_accept_grace_ms = 1000;
+
 struct ring_accept_limits {
   std::uint32_t handshake_timeout_ms = 10000;  ///< per connection, from its accept
   std::size_t max_pending = 64;                ///< handshakes in progress at once
@@ -41,11 +44,16 @@ struct ring_accept_limits {
 /// Accepts one connection for each of `expected` (identities, matched exactly) on the
 /// non-blocking `listener`; returns them in the order of `expected`. Strangers, peers of
 /// another cluster and unexpected identities are refused and counted in `refused`.
-/// `tls`: the server context with TLS on, null without.
+/// `tls`: the server context with TLS on, null without. `cancel_fd` (-1: none): a descriptor
+/// that becomes readable when the caller gives up (its own connections failed): the deadline
+/// then moves to at most ring_accept_grace_ms later, so that a neighbour still handshaking is
+/// told why it is refused (another mode, another secret) rather than finding the port gone,
+/// and the set-up ends soon instead of at connect_timeout_ms.
 inline std::vector<ring_connection> accept_neighbours(int listener, const handshake_identity& me,
                                                       const std::vector<std::string>& expected,
                                                       ring_clock::time_point deadline, const ring_accept_limits& limits,
-                                                      std::size_t* refused = nullptr, SSL_CTX* tls = nullptr) {
+                                                      std::size_t* refused = nullptr, SSL_CTX* tls = nullptr,
+                                                      int cancel_fd = -1) {
   using namespace std::chrono;
   struct pending {
     unique_fd fd;
@@ -186,6 +194,7 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
     const bool listen_now = conns.size() < limits.max_pending && now >= listener_paused_until;
     if (listen_now) fds.push_back({listener, POLLIN, 0});
     for (auto& p : conns) fds.push_back({p.fd.get(), POLLIN, 0});
+    if (cancel_fd >= 0) fds.push_back({cancel_fd, POLLIN, 0});  // last: the connections' indices stay as they are
     auto wake = deadline;
     for (auto& p : conns) wake = std::min(wake, p.deadline);
     if (!listen_now && conns.size() < limits.max_pending) wake = std::min(wake, listener_paused_until);
@@ -193,6 +202,10 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
     if (rc < 0) {
       if (errno == EINTR) continue;
       throw error(errc::io_error, "poll: " + errno_text(errno));
+    }
+    if (cancel_fd >= 0 && fds.back().revents != 0) {
+      deadline = std::min(deadline, ring_clock::now() + milliseconds(ring_accept_grace_ms));
+      cancel_fd = -1;
     }
     std::size_t first_conn = 0;
     if (listen_now) {
