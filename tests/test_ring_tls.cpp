@@ -221,6 +221,28 @@ TEST_CASE("ring TLS: the bytes on the wire are not the plaintext (which a plain 
   }
 }
 
+TEST_CASE("ring TLS: a byte changed on the wire fails the collective instead of changing the result",
+          "[collectives][tls]") {
+  ring r(2);
+  // Past the handshakes (well under 4 KiB), inside the broadcast's tensor bytes.
+  recording_proxy proxy(r.addresses[1], 100000);
+  std::vector<std::vector<std::string>> views{{r.addresses[0], proxy.address()}, r.addresses};
+  auto o = ring_options(true);
+  o.timeout_ms = 3000;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto failures = run_ranks(r.listeners, views, {o, o}, [&](communicator& c) {
+    std::vector<std::uint8_t> bytes(300000, 7);
+    c.broadcast<std::uint8_t>("tensor", bytes, 0);  // rank 0 -> rank 1 through the relay
+  });
+  proxy.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(2 * o.timeout_ms));
+  REQUIRE(failures[1]);  // the receiver of the changed record
+  const std::string m = message_of(failures[1]);
+  INFO(m);
+  CHECK(m.find("rank 0") != std::string::npos);
+  CHECK(m.find("failed authentication") != std::string::npos);
+}
+
 TEST_CASE("ring TLS: a TLS rank and a plain rank refuse each other with the reason on both sides",
           "[collectives][tls]") {
   ring r(2);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -40,15 +41,17 @@ struct recording_proxy {
   std::vector<std::byte> to_server, to_client;
   std::thread accepting, a, b;
 
-  explicit recording_proxy(const std::string& server_address) {
+  /// `flip_to_server_at`: the offset of a byte of the client-to-server stream to invert on its
+  /// way (an active attacker's edit); none by default.
+  explicit recording_proxy(const std::string& server_address, std::size_t flip_to_server_at = SIZE_MAX) {
     const auto target = detail::resolve_endpoint(io, server_address);
-    accepting = std::thread([this, target] {
+    accepting = std::thread([this, target, flip_to_server_at] {
       std::error_code ec;
       acceptor.accept(down, ec);
       if (!ec) up.connect(target, ec);
       if (ec) return;
-      a = std::thread([this] { relay(down, up, to_server); });
-      b = std::thread([this] { relay(up, down, to_client); });
+      a = std::thread([this, flip_to_server_at] { relay(down, up, to_server, flip_to_server_at); });
+      b = std::thread([this] { relay(up, down, to_client, SIZE_MAX); });
     });
   }
   // On a failed test: wakes every blocked accept and read (shutdown), then joins.
@@ -61,13 +64,15 @@ struct recording_proxy {
     join();
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port()); }
-  static void relay(detail::tcp_socket& from, detail::tcp_socket& to, std::vector<std::byte>& record) {
+  static void relay(detail::tcp_socket& from, detail::tcp_socket& to, std::vector<std::byte>& record,
+                    std::size_t flip_at) {
     std::array<std::byte, 64 * 1024> buf;
     std::error_code ec;
     for (;;) {
       const std::size_t n = from.read_some(asio::buffer(buf), ec);
       if (ec) break;
       record.insert(record.end(), buf.begin(), buf.begin() + std::ptrdiff_t(n));
+      if (flip_at >= record.size() - n && flip_at < record.size()) buf[flip_at - (record.size() - n)] ^= std::byte{0xff};
       asio::write(to, asio::buffer(buf.data(), n), ec);
       if (ec) break;
     }
