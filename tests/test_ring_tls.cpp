@@ -362,3 +362,29 @@ TEST_CASE("ring TLS: a dead rank makes every other rank fail within the timeout"
   }
   CHECK(elapsed < std::chrono::milliseconds(o.timeout_ms * 2));
 }
+
+TEST_CASE("ring TLS: a silent socket and a fake TLS client on a rank's port do not stall the set-up",
+          "[collectives][tls][hostile]") {
+  ring r(3);
+  // Connected before any rank exists, so each rank's acceptor meets them first: one says
+  // nothing, one starts a TLS record and then sends garbage.
+  std::vector<detail::unique_fd> strangers;
+  const auto deadline = detail::ring_clock::now() + std::chrono::seconds(5);
+  for (const auto& a : r.addresses) {
+    strangers.push_back(detail::connect_with_retry(a, "rank", deadline));
+    strangers.push_back(detail::connect_with_retry(a, "rank", deadline));
+    const std::vector<std::byte> fake{std::byte{0x16}, std::byte{0x03}, std::byte{0x01}, std::byte{0xff},
+                                      std::byte{0xff}, std::byte{0x42}, std::byte{0x42}, std::byte{0x42}};
+    detail::write_all(strangers.back().get(), fake, deadline, "rank");
+  }
+  auto o = ring_options(true);
+  o.connect_timeout_ms = 8000;
+  o.handshake_timeout_ms = 8000;  // as long as set-up: only concurrency can save it
+  const auto t0 = std::chrono::steady_clock::now();
+  require_all_succeeded(r.run(o, [](communicator& c) {
+    std::vector<float> v{float(c.rank() + 1)};
+    c.allreduce<float>("x", v);
+    RING_CHECK(v[0] == 6.0f, v[0]);
+  }));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(6000));
+}
