@@ -17,11 +17,13 @@ grep -q "TLS needs a cluster secret" "$work/nosecret.log" || fail "--tls without
 DTF_CLUSTER_SECRET=s3cret DTF_TLS=1 "$dtfrun" --workers 2 --timeout_s 200 -- "$dir/ring_allreduce" "${ring[@]}" \
   >"$work/env.log" 2>&1 || fail "dtfrun ring_allreduce with DTF_TLS=1 failed (status $?)"
 grep -q "RESULT scheme=ring_allreduce workers=2" "$work/env.log" || fail "no RESULT line with DTF_TLS=1"
+grep -q "ring inside TLS 1.3" "$work/env.log" || fail "DTF_TLS=1 did not turn TLS on for the ring"
 grep -q "refused\|closed the connection" "$work/env.log" && fail "a ring connection was refused or dropped under TLS"
 
 "$dtfrun" --workers 3 --timeout_s 200 -- "$dir/ring_allreduce" "${ring[@]}" --secret s3cret --tls \
   >"$work/flags.log" 2>&1 || fail "dtfrun ring_allreduce --tls (3 workers) failed (status $?)"
 grep -q "RESULT scheme=ring_allreduce workers=3" "$work/flags.log" || fail "no RESULT line with --tls"
+grep -q "ring inside TLS 1.3" "$work/flags.log" || fail "--tls did not turn TLS on for the ring"
 
 # worker.0 without TLS (--tls=0), worker.1 with it (--tls=1); their ports are bound and listening
 # before they start and handed down (tests/launch_with_ports.py).
@@ -49,6 +51,7 @@ if command -v mpirun >/dev/null; then
       --rendezvous 127.0.0.1:29500 "${ring[@]}" >"$work/mpi.log" 2>&1 || fail "ring_allreduce under mpirun with TLS failed"
     grep -q "source mpi" "$work/mpi.log" || fail "the ranks did not resolve the cluster from mpirun's variables"
     grep -q "RESULT scheme=ring_allreduce workers=2" "$work/mpi.log" || fail "no RESULT line under mpirun with TLS"
+    grep -q "source mpi, ring inside TLS 1.3" "$work/mpi.log" || fail "TLS was not on under mpirun"
   else
     echo "mpirun part skipped: no private network namespace"
   fi

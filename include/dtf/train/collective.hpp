@@ -121,8 +121,10 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   session.create();  // resumes from model_dir's latest checkpoint
   const std::int64_t last_step = o.last_step > 0 ? o.last_step : epochs_last_step;
   if (is_chief) {
-    std::printf("%s: %s with %zu replicas x %zu processes (source %s), %zu parameters, batch %zu per replica; %lld steps\n",
-                me.c_str(), o.name.c_str(), r, comm.size(), source.c_str(), num_parameters(vars), o.batch,
+    std::printf("%s: %s with %zu replicas x %zu processes (source %s%s), %zu parameters, batch %zu per replica; %lld "
+                "steps\n",
+                me.c_str(), o.name.c_str(), r, comm.size(), source.c_str(),
+                o.tls && comm.size() > 1 ? ", ring inside TLS 1.3" : "", num_parameters(vars), o.batch,
                 static_cast<long long>(last_step));
     std::fflush(stdout);
   }
