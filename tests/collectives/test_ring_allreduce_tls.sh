@@ -2,9 +2,9 @@
 # TLS on the ring (--tls, DTF_TLS=1; collective_options::tls) with real processes:
 # --tls without a secret is a configuration error naming the secret; dtfrun runs ring_allreduce
 # to completion with TLS from the environment (2 workers) and from the flags (3 workers: an
-# odd ring); a worker with TLS and one without refuse each other, each naming the cause, and
-# exit promptly; and, where mpirun and a private network namespace are at hand, the MPI
-# rendezvous runs inside TLS too.
+# odd ring), and mirrored across 2 processes; a worker with TLS and one without refuse each
+# other, each naming the cause, and exit promptly; and, where mpirun and a private network
+# namespace are at hand, the MPI rendezvous runs inside TLS too.
 # Usage: test_ring_allreduce_tls.sh <dtfrun> <examples dir>
 source "$(dirname "$0")/../multiprocess/lib.sh"
 dir=$example
@@ -24,6 +24,11 @@ grep -q "refused\|closed the connection" "$work/env.log" && fail "a ring connect
   >"$work/flags.log" 2>&1 || fail "dtfrun ring_allreduce --tls (3 workers) failed (status $?)"
 grep -q "RESULT scheme=ring_allreduce workers=3" "$work/flags.log" || fail "no RESULT line with --tls"
 grep -q "ring inside TLS 1.3" "$work/flags.log" || fail "--tls did not turn TLS on for the ring"
+
+DTF_CLUSTER_SECRET=s3cret DTF_TLS=1 "$dtfrun" --workers 2 --timeout_s 200 -- "$dir/mirrored" --replicas 2 \
+  "${ring[@]}" >"$work/mirrored.log" 2>&1 || fail "dtfrun mirrored (2 processes x 2 replicas) with TLS failed (status $?)"
+grep -q "RESULT scheme=mirrored workers=2 replicas=2" "$work/mirrored.log" || fail "no RESULT line from mirrored with TLS"
+grep -q "ring inside TLS 1.3" "$work/mirrored.log" || fail "DTF_TLS=1 did not turn TLS on for mirrored's ring"
 
 # worker.0 without TLS (--tls=0), worker.1 with it (--tls=1); their ports are bound and listening
 # before they start and handed down (tests/launch_with_ports.py).
