@@ -11,7 +11,6 @@
 #include "tls_helpers.hpp"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
