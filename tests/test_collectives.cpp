@@ -18,6 +18,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <exception>
 #include <string>
 #include <thread>
@@ -30,10 +32,17 @@ using dtf::communicator;
 using dtf::reduce_op;
 using dtf::ring_listener;
 
+// DTF_TEST_RING_TLS=1 (ctest's collectives_tests_under_tls) runs every test here with each ring
+// inside TLS (collective_options::tls, with a secret): TLS must change no result, no error and
+// no timeout.
 collective_options test_options() {
   collective_options o;
   o.timeout_ms = 5000;
   o.connect_timeout_ms = 10000;
+  if (const char* v = std::getenv("DTF_TEST_RING_TLS"); v && std::string_view(v) == "1") {
+    o.tls = true;
+    o.secret = "ring-tls-test-secret";
+  }
   return o;
 }
 

@@ -10,6 +10,7 @@
 #include <dtf/transport/tls.hpp>
 
 #include "ps_helpers.hpp"
+#include "tls_helpers.hpp"
 
 #include <openssl/bio.h>
 #include <openssl/ssl.h>
@@ -27,6 +28,9 @@ using namespace dtf;
 using dtf::test::log_sink;
 using dtf::test::opts;
 using dtf::test::running_ps;
+using dtf::test::contains;
+using dtf::test::pattern_payload;
+using dtf::test::recording_proxy;
 
 namespace {
 
@@ -60,14 +64,6 @@ struct echo_server {
   }
 };
 
-// A payload whose bytes repeat a recognisable text.
-std::vector<std::byte> pattern_payload(std::size_t n) {
-  static const std::string text = "PLAINTEXT-PATTERN-0123456789-";
-  std::vector<std::byte> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = std::byte(text[i % text.size()]);
-  return v;
-}
-
 // One request to `address`; returns the echoed payload.
 std::vector<std::byte> echo(rpc_client& c, std::size_t peer, const std::vector<std::byte>& payload) {
   std::vector<std::byte> back(payload.size());
@@ -77,61 +73,6 @@ std::vector<std::byte> echo(rpc_client& c, std::size_t peer, const std::vector<s
   c.call(call);
   return back;
 }
-
-bool contains(const std::vector<std::byte>& hay, std::string_view needle) {
-  const auto* h = reinterpret_cast<const char*>(hay.data());
-  return std::search(h, h + hay.size(), needle.begin(), needle.end()) != h + hay.size();
-}
-
-// A TCP relay for one connection that records the bytes of each direction. Each direction runs
-// on its own thread until its source ends, then half-closes its destination, so both threads
-// end once the client and then the server have closed.
-struct recording_proxy {
-  asio::io_context io;
-  detail::tcp_acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
-  detail::tcp_socket down{io}, up{io};
-  std::vector<std::byte> to_server, to_client;
-  std::thread accepting, a, b;
-
-  explicit recording_proxy(const std::string& server_address) {
-    const auto target = detail::resolve_endpoint(io, server_address);
-    accepting = std::thread([this, target] {
-      std::error_code ec;
-      acceptor.accept(down, ec);
-      if (!ec) up.connect(target, ec);
-      if (ec) return;
-      a = std::thread([this] { relay(down, up, to_server); });
-      b = std::thread([this] { relay(up, down, to_client); });
-    });
-  }
-  // On a failed test: wakes every blocked accept and read (shutdown), then joins.
-  ~recording_proxy() {
-    if (!accepting.joinable()) return;
-    ::shutdown(acceptor.native_handle(), SHUT_RDWR);
-    accepting.join();
-    ::shutdown(down.native_handle(), SHUT_RDWR);
-    ::shutdown(up.native_handle(), SHUT_RDWR);
-    join();
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(acceptor.local_endpoint().port()); }
-  static void relay(detail::tcp_socket& from, detail::tcp_socket& to, std::vector<std::byte>& record) {
-    std::array<std::byte, 64 * 1024> buf;
-    std::error_code ec;
-    for (;;) {
-      const std::size_t n = from.read_some(asio::buffer(buf), ec);
-      if (ec) break;
-      record.insert(record.end(), buf.begin(), buf.begin() + std::ptrdiff_t(n));
-      asio::write(to, asio::buffer(buf.data(), n), ec);
-      if (ec) break;
-    }
-    to.shutdown(asio::socket_base::shutdown_send, ec);
-  }
-  // Call after the client and the server have closed their ends.
-  void join() {
-    for (auto* t : {&accepting, &a, &b})
-      if (t->joinable()) t->join();
-  }
-};
 
 }  // namespace
 

@@ -168,9 +168,14 @@ TEST_CASE("train: bad options and a ps strategy without ps tasks are errors that
                     Catch::Contains("needs ps tasks"));
   CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), {.max_recoveries = 1}),
                     Catch::Contains("no parameter server"));
-  // The ring has no TLS: a collective strategy refuses to run unencrypted when asked for TLS.
-  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), {.secret = "s", .tls = true}),
-                    Catch::Contains("ring sockets of the collective strategies do not encrypt"));
+  // TLS reaches the ring (collective_options::tls): it needs a secret there too.
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), {.tls = true}),
+                    Catch::Contains("TLS needs a cluster secret"));
+  dtf::train_options with_tls;
+  with_tls.num_steps = 2;
+  with_tls.secret = "s";
+  with_tls.tls = true;
+  CHECK(dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>(), with_tls).global_step == 2);
 }
 
 TEST_CASE("train_flags: flags become options, and bad values name the flag", "[train]") {

@@ -11,7 +11,10 @@
 // cluster spec (under mpirun, ranks meet at --rendezvous first, see make_communicator),
 // connects once to its right neighbour and accepts its left neighbour, with the handshake of
 // dtf/transport.hpp (protocol version, cluster id, identity, HMAC-SHA256 when a secret is
-// set), and keeps both connections for the communicator's lifetime.
+// set), and keeps both connections for the communicator's lifetime. With
+// collective_options::tls every such connection (and the rendezvous) is TLS 1.3 from its first
+// byte, keyed by the secret as the ps transport's (dtf/transport/tls.hpp): every byte between
+// ranks is encrypted and authenticated, and a rank in the other mode is refused by name.
 //
 // Backends: dtf::communicator is basic_communicator<tcp_backend>, the API below over dtf's TCP
 // ring. The same API runs over MPI (basic_communicator<mpi_backend>,

@@ -76,7 +76,7 @@ struct train_flags {
         .add("batch", train.batch, "examples per local step")
         .add("seed", train.seed, "seed for initialisation and shuffling")
         .add("secret", train.secret, "cluster secret (default: $DTF_CLUSTER_SECRET; empty: no authentication)")
-        .add("tls", train.tls, "encrypt every connection with TLS 1.3 keyed by the secret (default: $DTF_TLS=1; ps strategies)")
+        .add("tls", train.tls, "encrypt every connection between tasks with TLS 1.3 keyed by the secret (default: $DTF_TLS=1)")
         .add("timeout_ms", train.timeout_ms,
              s == train_flag_set::ps ? "deadline of every request to a ps" : "longest wait without progress inside a collective")
         .add("log_every", train.log_every, "iterations (local steps) between progress lines")

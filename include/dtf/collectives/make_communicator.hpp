@@ -1,6 +1,6 @@
 // dtf/collectives/make_communicator.hpp — a communicator from a resolved
 // cluster, with the MPI rendezvous (rank 0 collects every rank's listening port
-// and sends the table back).
+// and sends the table back; inside TLS with collective_options::tls).
 #pragma once
 
 #include <dtf/collectives.hpp>
@@ -52,23 +52,29 @@ inline communicator make_communicator(cluster& c, collective_options options) {
   const std::size_t n = tasks.size();
   const detail::handshake_identity me{options.cluster_id, names[rank], options.secret};
   const auto deadline = detail::ring_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
+  // The rendezvous connections are TLS too when the ring is (same key, same refusals).
+  const auto tls_server =
+      detail::make_tls_context(options.tls, detail::tls_role::server, options.secret, options.cluster_id);
+  const auto tls_client =
+      detail::make_tls_context(options.tls, detail::tls_role::client, options.secret, options.cluster_id);
 
   if (c.source == "mpi" && !c.rendezvous.empty()) {
     std::vector<std::string> addresses(n);
     if (rank == 0) {
       ring_listener listener(c.rendezvous);
       addresses[0] = c.rendezvous;
-      std::vector<detail::unique_fd> peers;
+      std::vector<detail::ring_connection> peers;
       std::size_t registered = 1;
       std::string last;
       while (registered < n) {
-        detail::unique_fd fd = detail::accept_one(listener.native_handle(), deadline,
-                                                  std::to_string(n - registered) + " more ranks at the rendezvous " +
-                                                      c.rendezvous + (last.empty() ? "" : " (refused: " + last + ")"));
+        detail::unique_fd accepted = detail::accept_one(listener.native_handle(), deadline,
+                                                        std::to_string(n - registered) + " more ranks at the rendezvous " +
+                                                            c.rendezvous + (last.empty() ? "" : " (refused: " + last + ")"));
         try {
           const std::string who = "rendezvous peer";
-          const std::string identity = detail::server_handshake(fd.get(), me, deadline, who);
-          auto [h, meta] = detail::read_control(fd.get(), deadline, identity);
+          detail::ring_connection fd = detail::accept_tls(std::move(accepted), tls_server.get(), deadline, who);
+          const std::string identity = detail::server_handshake(fd, me, deadline, who);
+          auto [h, meta] = detail::read_control(fd, deadline, identity);
           if (h.kind != detail::message_kind::rendezvous_register)
             throw error(errc::peer_failure, identity + ": expected a rendezvous registration");
           const auto reg = detail::decode_message<detail::rendezvous_register_msg>(meta, "rendezvous registration");
@@ -88,18 +94,19 @@ inline communicator make_communicator(cluster& c, collective_options options) {
       }
       const auto table = detail::encode_message(detail::rendezvous_table_msg{addresses});
       for (auto& p : peers)
-        detail::write_control(p.get(), detail::message_kind::rendezvous_table, table, deadline, "rank");
+        detail::write_control(p, detail::message_kind::rendezvous_table, table, deadline, "rank");
       for (std::size_t r = 0; r < n; ++r) c.spec.jobs[tasks[r].job][tasks[r].index] = addresses[r];
       return communicator(std::move(listener), rank, std::move(addresses), std::move(names), std::move(options));
     }
     ring_listener listener("0.0.0.0:0");
     const std::string who = "rank 0 (" + names[0] + ") at the rendezvous " + c.rendezvous;
-    detail::unique_fd fd = detail::connect_with_retry(c.rendezvous, who, deadline);
-    detail::client_handshake(fd.get(), me, deadline, who);
-    detail::write_control(fd.get(), detail::message_kind::rendezvous_register,
+    detail::ring_connection fd =
+        detail::connect_tls(detail::connect_with_retry(c.rendezvous, who, deadline), tls_client.get(), deadline, who);
+    detail::client_handshake(fd, me, deadline, who);
+    detail::write_control(fd, detail::message_kind::rendezvous_register,
                           detail::encode_message(detail::rendezvous_register_msg{std::uint32_t(rank), listener.port()}),
                           deadline, who);
-    auto [h, meta] = detail::read_control(fd.get(), deadline, who);
+    auto [h, meta] = detail::read_control(fd, deadline, who);
     if (h.kind != detail::message_kind::rendezvous_table)
       throw error(errc::peer_failure, who + ": expected the rendezvous table");
     auto table = detail::decode_message<detail::rendezvous_table_msg>(meta, "rendezvous table");

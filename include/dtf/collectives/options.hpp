@@ -52,6 +52,11 @@ struct collective_options {
   std::uint32_t handshake_timeout_ms = 10000;
   /// Set-up: at most this many handshakes in progress on a rank's port; more are refused.
   std::size_t max_pending_connections = 64;
+  /// Every connection between ranks (ring, hypercube partners, MPI rendezvous) inside TLS 1.3
+  /// keyed by `secret` and `cluster_id`, as the request/reply transport's (dtf/transport/tls.hpp):
+  /// encrypted and authenticated from its first byte. Needs a secret; every rank must agree (a
+  /// TLS rank and a plain one refuse each other, naming the cause).
+  bool tls = false;
 };
 
 /// A bound, listening socket for one rank; port 0 picks a free port (tests, rendezvous).

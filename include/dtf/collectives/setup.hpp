@@ -1,9 +1,13 @@
 // dtf/collectives/setup.hpp — connection set-up of a communicator (concurrent handshakes on its
-// port) and the per-collective descriptor step.
+// port; with collective_options::tls, each connection TLS 1.3 from its first byte) and the
+// per-collective descriptor step.
 #pragma once
 
 #include <dtf/collectives.hpp>
 #include <dtf/detail/ring_acceptor.hpp>
+
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -13,17 +17,23 @@
 namespace dtf {
 
 inline void tcp_backend::connect() {
+  // Both contexts first: TLS without a secret is a configuration error even for one rank. The
+  // connections' SSL objects hold references: the contexts live as long as they do.
+  const auto tls_server = detail::make_tls_context(options_.tls, detail::tls_role::server, options_.secret,
+                                                   options_.cluster_id);
+  const auto tls_client = detail::make_tls_context(options_.tls, detail::tls_role::client, options_.secret,
+                                                   options_.cluster_id);
   if (size_ == 1) return;
   using namespace std::chrono;
   const auto deadline = detail::ring_clock::now() + milliseconds(options_.connect_timeout_ms);
   struct incoming {
     std::string identity;
-    detail::unique_fd* slot;
+    detail::ring_connection* slot;
   };
   struct outgoing {
     std::size_t to;
     std::string identity;
-    detail::unique_fd* slot;
+    detail::ring_connection* slot;
   };
   std::vector<incoming> in{{names_[left_rank()], &left_}};
   std::vector<outgoing> out{{right_rank(), names_[rank_], &right_}};
@@ -38,6 +48,10 @@ inline void tcp_backend::connect() {
     }
   }
   const detail::handshake_identity server_me{options_.cluster_id, names_[rank_], options_.secret};
+  // Wakes the acceptor when this rank's own connections fail: a refusal then ends the set-up
+  // at once rather than at the deadline.
+  detail::unique_fd cancel(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!cancel) throw error(errc::io_error, "eventfd: " + detail::errno_text(errno));
   std::exception_ptr accept_failure;
   std::thread acceptor([&] {
     // Setup only: the data path never leaves the calling thread.
@@ -45,7 +59,8 @@ inline void tcp_backend::connect() {
       std::vector<std::string> expected;
       for (const auto& i : in) expected.push_back(i.identity);
       auto fds = detail::accept_neighbours(listener_.native_handle(), server_me, expected, deadline,
-                                           {options_.handshake_timeout_ms, options_.max_pending_connections});
+                                           {options_.handshake_timeout_ms, options_.max_pending_connections}, nullptr,
+                                           tls_server.get(), cancel.get());
       for (std::size_t i = 0; i < in.size(); ++i) *in[i].slot = std::move(fds[i]);
     } catch (...) {
       accept_failure = std::current_exception();
@@ -54,12 +69,15 @@ inline void tcp_backend::connect() {
   try {
     for (auto& o : out) {
       const std::string who = describe(o.to);
-      *o.slot = detail::connect_with_retry(addresses_[o.to], who, deadline);
-      detail::client_handshake(o.slot->get(), {options_.cluster_id, o.identity, options_.secret}, deadline, who);
+      *o.slot = detail::connect_tls(detail::connect_with_retry(addresses_[o.to], who, deadline), tls_client.get(),
+                                    deadline, who);
+      detail::client_handshake(*o.slot, {options_.cluster_id, o.identity, options_.secret}, deadline, who);
     }
   } catch (...) {
     right_.reset();
     for (auto& p : partners_) p.reset();
+    const std::uint64_t one = 1;
+    (void)!::write(cancel.get(), &one, sizeof one);
     acceptor.join();
     throw;
   }
@@ -68,8 +86,12 @@ inline void tcp_backend::connect() {
   detail::tune_stream_socket(right_.get(), options_.socket_buffer_bytes);
   detail::tune_stream_socket(left_.get(), options_.socket_buffer_bytes);
   for (auto& p : partners_) detail::tune_stream_socket(p.get(), options_.socket_buffer_bytes);
+  for (auto* c : {&right_, &left_}) if (c->tls) c->tls->set_read_buffer(detail::ring_tls_data_buffer);
+  for (auto& p : partners_) if (p.tls) p.tls->set_read_buffer(detail::ring_tls_data_buffer);
   link_.right = right_.get();
   link_.left = left_.get();
+  link_.right_tls = right_.tls.get();
+  link_.left_tls = left_.tls.get();
   link_.right_name = describe(right_rank());
   link_.left_name = describe(left_rank());
   link_.timeout_ms = options_.timeout_ms;
@@ -81,6 +103,7 @@ inline void tcp_backend::connect() {
 inline detail::ring_link tcp_backend::partner_link(std::size_t k) const {
   detail::ring_link l = link_;
   l.right = l.left = partners_[k].get();
+  l.right_tls = l.left_tls = partners_[k].tls.get();  // one connection, one TLS session both ways
   l.right_name = l.left_name = describe(rank_ ^ (std::size_t(1) << k));
   return l;
 }

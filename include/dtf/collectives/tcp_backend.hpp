@@ -8,6 +8,8 @@
 #include <dtf/detail/ring_engine.hpp>
 #include <dtf/detail/ring_schedule.hpp>
 #include <dtf/detail/ring_socket.hpp>
+#include <dtf/detail/ring_tls.hpp>
+#include <dtf/transport/tls.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -36,7 +38,9 @@ class tcp_backend {
   /// addresses[rank+1] and accepts addresses[rank-1]'s connection (identities are `names`,
   /// e.g. "worker.1"; empty: "rank K"). Errors: errc::timeout naming the neighbour that did
   /// not appear within connect_timeout_ms; errc::peer_failure when a neighbour refuses (other
-  /// cluster, wrong secret); errc::invalid_argument for rank >= size or mismatched lists.
+  /// cluster, wrong secret, TLS on one side only: the error names the cause);
+  /// errc::invalid_argument for rank >= size or mismatched lists; errc::invalid_config for
+  /// options.tls without a secret.
   tcp_backend(ring_listener listener, std::size_t rank, std::vector<std::string> addresses,
               std::vector<std::string> names = {}, collective_options options = {})
       : options_(std::move(options)), rank_(rank), size_(addresses.size()), addresses_(std::move(addresses)),
@@ -180,8 +184,8 @@ class tcp_backend {
   std::size_t rank_ = 0, size_ = 1;
   std::vector<std::string> addresses_, names_;
   ring_listener listener_;
-  detail::unique_fd right_, left_;
-  std::vector<detail::unique_fd> partners_;  // hypercube partners rank ^ 2^k (power-of-two worlds)
+  detail::ring_connection right_, left_;
+  std::vector<detail::ring_connection> partners_;  // hypercube partners rank ^ 2^k (power-of-two worlds)
   detail::ring_link link_;
   std::uint64_t sequence_ = 0;
   std::optional<std::string> failed_;

@@ -1,6 +1,7 @@
 // dtf/detail/ring_acceptor.hpp — accepts a rank's expected neighbours on its listening socket,
 // running the handshakes of every connection that has arrived at once (one poll() loop over
-// the listener and each half-finished handshake).
+// the listener and each half-finished handshake): with TLS on, the TLS handshake first
+// (dtf/detail/ring_tls.hpp) and the dtf handshake inside it.
 //
 // Why concurrent: handshaking one connection at a time lets a single silent socket on a
 // rank's port (a port scanner, a stuck peer) stall the whole ring's set-up until the set-up
@@ -9,21 +10,31 @@
 // accept, with the reason kept for the error); accept failures such as EMFILE pause the
 // listener (10 ms doubling to 1 s) instead of spinning.
 //
+// Modes: with TLS on, a connection whose first byte is not a TLS handshake record is told
+// tls_required_refusal in a plain dtf frame and dropped; without TLS, the dtf handshake
+// recognises a TLS ClientHello and refuses it by name. Either way the reason is kept.
+//
 // Errors: errc::timeout naming the first neighbour that never completed a handshake, with the
 // last refusal seen meanwhile (peer text escaped); errc::io_error for poll/accept faults other
 // than running out of descriptors or memory.
 #pragma once
 
 #include <dtf/detail/ring_socket.hpp>
+#include <dtf/detail/ring_tls.hpp>
 #include <dtf/transport/handshake.hpp>
+#include <dtf/transport/tls.hpp>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace dtf::detail {
+
+/// How long an acceptor keeps answering after its caller gave up (see accept_neighbours).
+inline constexpr int ring_accept_grace_ms = 1000;
 
 struct ring_accept_limits {
   std::uint32_t handshake_timeout_ms = 10000;  ///< per connection, from its accept
@@ -33,17 +44,26 @@ struct ring_accept_limits {
 /// Accepts one connection for each of `expected` (identities, matched exactly) on the
 /// non-blocking `listener`; returns them in the order of `expected`. Strangers, peers of
 /// another cluster and unexpected identities are refused and counted in `refused`.
-inline std::vector<unique_fd> accept_neighbours(int listener, const handshake_identity& me,
-                                                const std::vector<std::string>& expected, ring_clock::time_point deadline,
-                                                const ring_accept_limits& limits, std::size_t* refused = nullptr) {
+/// `tls`: the server context with TLS on, null without. `cancel_fd` (-1: none): a descriptor
+/// that becomes readable when the caller gives up (its own connections failed): the deadline
+/// then moves to at most ring_accept_grace_ms later, so that a neighbour still handshaking is
+/// told why it is refused (another mode, another secret) rather than finding the port gone,
+/// and the set-up ends soon instead of at connect_timeout_ms.
+inline std::vector<ring_connection> accept_neighbours(int listener, const handshake_identity& me,
+                                                      const std::vector<std::string>& expected,
+                                                      ring_clock::time_point deadline, const ring_accept_limits& limits,
+                                                      std::size_t* refused = nullptr, SSL_CTX* tls = nullptr,
+                                                      int cancel_fd = -1) {
   using namespace std::chrono;
   struct pending {
     unique_fd fd;
     handshake hs;
     ring_clock::time_point deadline;
     std::string remote;
+    std::unique_ptr<ring_tls> tls;  // with TLS, once the first byte was a TLS record
+    bool tls_up = false;             // the TLS handshake is done: the dtf one runs inside it
   };
-  std::vector<unique_fd> out(expected.size());
+  std::vector<ring_connection> out(expected.size());
   std::vector<pending> conns;
   std::string last;
   std::size_t filled = 0;
@@ -58,10 +78,98 @@ inline std::vector<unique_fd> accept_neighbours(int listener, const handshake_id
     const auto bytes = p.hs.take_output();
     if (bytes.empty()) return true;
     try {
-      write_all(p.fd.get(), bytes, std::min(p.deadline, ring_clock::now() + milliseconds(100)), p.remote);
+      write_all(ring_io(p.fd.get(), p.tls.get()), bytes, std::min(p.deadline, ring_clock::now() + milliseconds(100)),
+                p.remote);
       return true;
     } catch (const error&) {
       return false;
+    }
+  };
+  // Advances connection p on readable bytes; true when it is finished (handed over or dropped).
+  const auto step = [&](pending& p) -> bool {
+    if (tls && !p.tls) {
+      unsigned char first = 0;
+      const ssize_t n = ::recv(p.fd.get(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+      if (n <= 0) {
+        note(p.remote + ": closed during the handshake");
+        return true;
+      }
+      if (first != tls_handshake_record) {
+        try {
+          drain_before_close(p.fd.get());
+          write_all(p.fd.get(), refusal_frame(tls_required_refusal),
+                    std::min(p.deadline, ring_clock::now() + milliseconds(100)), p.remote);
+        } catch (const error&) {
+        }
+        note(p.remote + ": " + tls_refused_plain_peer);
+        return true;
+      }
+      p.tls = std::make_unique<ring_tls>(tls, tls_role::server);
+    }
+    if (p.tls && !p.tls_up) {
+      const auto got = p.tls->fill(p.fd.get());
+      if (got == ring_tls::io::would_block) return false;
+      if (got != ring_tls::io::ok) {
+        note(p.remote + ": " + (got == ring_tls::io::closed ? tls_failure_reason(0, "") : p.tls->failure()));
+        return true;
+      }
+      const auto st = p.tls->handshake();
+      const bool sent = p.tls->send_some(p.fd.get()) != ring_tls::io::failed && p.tls->unsent() == 0;
+      if (st == tls_channel::status::want_read && !sent) {
+        note(p.remote + ": connection lost in the TLS handshake");
+        return true;
+      }
+      if (st == tls_channel::status::want_read) return false;
+      if (st != tls_channel::status::done) {
+        note(p.remote + ": " + p.tls->failure());
+        return true;
+      }
+      p.tls_up = true;  // the client's first dtf bytes may have come with its Finished: read on
+    }
+    for (;;) {
+      std::array<std::byte, 512> buf;
+      const std::size_t want = std::min(buf.size(), p.hs.bytes_wanted());
+      std::size_t n = 0;
+      if (p.tls) {
+        auto st = ring_tls::io::ok;
+        n = p.tls->read_some(p.fd.get(), buf.data(), want, st);
+        if (st == ring_tls::io::would_block) return false;
+        if (st != ring_tls::io::ok) {
+          note(p.remote + ": " + (st == ring_tls::io::closed ? "closed during the handshake" : p.tls->failure()));
+          return true;
+        }
+      } else {
+        const ssize_t got = ::recv(p.fd.get(), buf.data(), want, MSG_DONTWAIT);
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+        if (got <= 0) {
+          note(p.remote + ": closed during the handshake");
+          return true;
+        }
+        n = std::size_t(got);
+      }
+      p.hs.receive(std::span<const std::byte>(buf.data(), n));
+      const bool sent = flush(p);
+      if (p.hs.status() == handshake::state::failed) {
+        note(p.remote + (p.hs.peer_identity().empty() ? "" : " ('" + p.hs.peer_identity() + "')") + ": " +
+             p.hs.failure());
+        return true;
+      }
+      if (!sent) {
+        note(p.remote + ": connection lost during the handshake");
+        return true;
+      }
+      if (p.hs.status() == handshake::state::done) {
+        std::size_t slot = 0;
+        while (slot < expected.size() && (out[slot] || expected[slot] != p.hs.peer_identity_raw())) ++slot;
+        if (slot == expected.size()) {
+          note("'" + p.hs.peer_identity() + "' connected, not an expected neighbour of '" + printable(me.identity) + "'");
+        } else {
+          out[slot] = ring_connection{std::move(p.fd), std::move(p.tls)};
+          ++filled;
+        }
+        return true;
+      }
     }
   };
   while (filled < expected.size()) {
@@ -86,6 +194,7 @@ inline std::vector<unique_fd> accept_neighbours(int listener, const handshake_id
     const bool listen_now = conns.size() < limits.max_pending && now >= listener_paused_until;
     if (listen_now) fds.push_back({listener, POLLIN, 0});
     for (auto& p : conns) fds.push_back({p.fd.get(), POLLIN, 0});
+    if (cancel_fd >= 0) fds.push_back({cancel_fd, POLLIN, 0});  // last: the connections' indices stay as they are
     auto wake = deadline;
     for (auto& p : conns) wake = std::min(wake, p.deadline);
     if (!listen_now && conns.size() < limits.max_pending) wake = std::min(wake, listener_paused_until);
@@ -93,6 +202,10 @@ inline std::vector<unique_fd> accept_neighbours(int listener, const handshake_id
     if (rc < 0) {
       if (errno == EINTR) continue;
       throw error(errc::io_error, "poll: " + errno_text(errno));
+    }
+    if (cancel_fd >= 0 && fds.back().revents != 0) {
+      deadline = std::min(deadline, ring_clock::now() + milliseconds(ring_accept_grace_ms));
+      cancel_fd = -1;
     }
     std::size_t first_conn = 0;
     if (listen_now) {
@@ -116,7 +229,7 @@ inline std::vector<unique_fd> accept_neighbours(int listener, const handshake_id
         const auto remote = address_text(s);
         conns.push_back(pending{std::move(fd), handshake(handshake::role::server, {me.cluster_id, me.identity, me.secret}),
                                 std::min(deadline, ring_clock::now() + milliseconds(limits.handshake_timeout_ms)),
-                                remote});
+                                remote, nullptr, false});
       }
       if (conns.size() >= limits.max_pending && fds[0].revents != 0) {
         // Over the cap: take the next connection off the backlog and close it at once.
@@ -131,40 +244,13 @@ inline std::vector<unique_fd> accept_neighbours(int listener, const handshake_id
     // Feed each connection that has bytes; a connection sees only its own bytes, so a silent
     // one delays nobody.
     std::vector<bool> finished(conns.size(), false);
-    for (std::size_t i = 0; i < conns.size() && first_conn + i < fds.size(); ++i) {
-      if (fds[first_conn + i].revents == 0) continue;
-      pending& p = conns[i];
-      std::array<std::byte, 512> buf;
-      const ssize_t n = ::recv(p.fd.get(), buf.data(), std::min(buf.size(), p.hs.bytes_wanted()), 0);
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-      if (n <= 0) {
-        note(p.remote + ": closed during the handshake");
-        finished[i] = true;
-        continue;
-      }
-      p.hs.receive(std::span<const std::byte>(buf.data(), std::size_t(n)));
-      const bool sent = flush(p);
-      if (p.hs.status() == handshake::state::failed) {
-        note(p.remote + (p.hs.peer_identity().empty() ? "" : " ('" + p.hs.peer_identity() + "')") + ": " +
-             p.hs.failure());
-        finished[i] = true;
-      } else if (!sent) {
-        note(p.remote + ": connection lost during the handshake");
-        finished[i] = true;
-      } else if (p.hs.status() == handshake::state::done) {
-        finished[i] = true;
-        std::size_t slot = 0;
-        while (slot < expected.size() && (out[slot] || expected[slot] != p.hs.peer_identity_raw())) ++slot;
-        if (slot == expected.size()) {
-          note("'" + p.hs.peer_identity() + "' connected, not an expected neighbour of '" + printable(me.identity) + "'");
-        } else {
-          out[slot] = std::move(p.fd);
-          ++filled;
-        }
-      }
+    for (std::size_t i = 0; i < conns.size() && first_conn + i < fds.size(); ++i)
+      if (fds[first_conn + i].revents != 0) finished[i] = step(conns[i]);
+    for (std::size_t i = conns.size(); i-- > 0;) {
+      if (!finished[i]) continue;
+      if (conns[i].fd) drain_before_close(conns[i].fd.get());  // refused or dropped (not handed over)
+      conns.erase(conns.begin() + std::ptrdiff_t(i));
     }
-    for (std::size_t i = conns.size(); i-- > 0;)
-      if (finished[i]) conns.erase(conns.begin() + std::ptrdiff_t(i));
   }
   return out;
 }

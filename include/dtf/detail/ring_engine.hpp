@@ -6,10 +6,18 @@
 // Why the calling thread: on a 2-core machine a thread that blocks waiting for an I/O thread
 // can lose a whole 4 ms scheduler tick (DESIGN.md §9). The loop instead retries the sockets,
 // yielding the core between attempts, for up to spin_us before it blocks in poll().
+//
+// With TLS (collective_options::tls) a link's connections carry a TLS layer
+// (dtf/detail/ring_tls.hpp): the loop encrypts up to ring_tls_encrypt_chunk bytes ahead of the
+// socket and sends the records, and decrypts what arrives straight into the receive buffer;
+// it sleeps in poll() only when the TLS layer holds no whole record either, and returns only
+// once every record of the collective has left. Without TLS the only cost is one null test
+// per system call.
 #pragma once
 
 #include <dtf/detail/ring_schedule.hpp>
 #include <dtf/detail/ring_socket.hpp>
+#include <dtf/detail/ring_tls.hpp>
 #include <dtf/error.hpp>
 
 #include <sched.h>
@@ -31,6 +39,8 @@ struct ring_link {
   std::uint32_t timeout_ms = 30000;    ///< longest time without progress
   std::uint32_t spin_us = 20;          ///< retry without blocking this long before poll()
   std::size_t segment_bytes = 1 << 18;  ///< reduction granularity (a multiple of 8)
+  ring_tls* right_tls = nullptr;        ///< the TLS layers of right and left (null: plain;
+  ring_tls* left_tls = nullptr;         ///< the same object when right == left)
 };
 
 /// Runs `steps` in order. `context` (e.g. "allreduce of 'w' (…)") prefixes errors.
@@ -65,10 +75,11 @@ inline void run_ring(const ring_link& link, std::vector<ring_step>& steps, reduc
       ++ss;
       so = 0;
     }
-    if (ss == total && rs == total) return;
+    if (ss == total && rs == total && (!link.right_tls || link.right_tls->unsent() == 0)) return;
 
     bool progress = false;
     bool want_send = false;
+    bool hold = false;  // TLS: keep a header's record until its data's records join it
     if (ss < total) {
       const ring_step& s = steps[ss];
       const std::size_t allowed = (s.gated && ss > 0) ? std::min(s.send_bytes, final_bytes(ss - 1)) : s.send_bytes;
@@ -78,15 +89,40 @@ inline void run_ring(const ring_link& link, std::vector<ring_step>& steps, reduc
         // overrides TCP_NODELAY for this call) instead of waking the receiver twice.
         const bool more = allowed == s.send_bytes && ss + 1 < total && steps[ss + 1].send_bytes > 0 &&
                           !steps[ss + 1].gated;
-        const ssize_t n =
-            ::send(link.right, s.send + so, allowed - so, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
-        if (n > 0) {
-          so += std::size_t(n);
-          progress = true;
-        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          throw error(errc::peer_failure, context + ": connection to " + link.right_name +
-                                              " lost while sending: " + errno_text(errno));
+        if (link.right_tls) {
+          if (link.right_tls->unsent() < ring_tls_encrypt_chunk) {
+            const std::size_t n = std::min(allowed - so, ring_tls_encrypt_chunk);
+            if (!link.right_tls->encrypt(s.send + so, n))
+              throw error(errc::peer_failure, context + ": connection to " + link.right_name + ": " +
+                                                  link.right_tls->failure());
+            so += n;
+            progress = true;
+            hold = more && so == s.send_bytes;
+          }
+        } else {
+          const ssize_t n =
+              ::send(link.right, s.send + so, allowed - so, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
+          if (n > 0) {
+            so += std::size_t(n);
+            progress = true;
+          } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            throw error(errc::peer_failure, context + ": connection to " + link.right_name +
+                                                " lost while sending: " + errno_text(errno));
+          }
         }
+      }
+    }
+    if (link.right_tls && link.right_tls->unsent() > 0 && !hold) {
+      switch (link.right_tls->send_some(link.right)) {
+        case ring_tls::io::ok:
+          progress = true;
+          break;
+        case ring_tls::io::would_block:
+          want_send = true;
+          break;
+        default:
+          throw error(errc::peer_failure, context + ": connection to " + link.right_name +
+                                              " lost while sending: " + link.right_tls->failure());
       }
     }
     if (rs < total) {
@@ -101,7 +137,20 @@ inline void run_ring(const ring_link& link, std::vector<ring_step>& steps, reduc
         at = r.recv + slot;
         want = std::min({want, window - slot, ru + window - ro});
       }
-      const ssize_t n = ::recv(link.left, at, want, MSG_DONTWAIT);
+      ssize_t n = 0;
+      if (link.left_tls) {
+        auto st = ring_tls::io::ok;
+        n = ssize_t(link.left_tls->read_some(link.left, at, want, st));
+        if (st == ring_tls::io::failed)
+          throw error(errc::peer_failure, context + ": connection from " + link.left_name +
+                                              " lost while receiving: " + link.left_tls->failure());
+        if (st == ring_tls::io::would_block) {
+          n = -1;
+          errno = EAGAIN;
+        }
+      } else {
+        n = ::recv(link.left, at, want, MSG_DONTWAIT);
+      }
       if (n > 0) {
         ro += std::size_t(n);
         progress = true;
@@ -145,7 +194,7 @@ inline void run_ring(const ring_link& link, std::vector<ring_step>& steps, reduc
     pollfd fds[2];
     nfds_t nfds = 0;
     if (rs < total) fds[nfds++] = pollfd{link.left, POLLIN, 0};
-    if (want_send) fds[nfds++] = pollfd{link.right, POLLOUT, 0};
+    if (want_send) fds[nfds++] = pollfd{link.right, POLLOUT, 0};  // (TLS: records that did not fit)
     const int rc = ::poll(fds, nfds, std::min(remaining_ms(deadline) + 1, 1000));
     if (rc < 0 && errno != EINTR) throw error(errc::io_error, context + ": poll: " + errno_text(errno));
     spinning = false;

@@ -1,7 +1,7 @@
-// dtf/detail/ring_socket.hpp — plain POSIX TCP sockets for the collectives: listening,
-// connecting with retry, bounded blocking reads and writes, and the dtf handshake (protocol
-// version, cluster id, identity, HMAC-SHA256 mutual authentication when a secret is set) on
-// both sides.
+// dtf/detail/ring_socket.hpp — POSIX TCP sockets for the collectives: listening, connecting
+// with retry, bounded blocking reads and writes, the TLS handshake when TLS is on
+// (dtf/detail/ring_tls.hpp) and the dtf handshake (protocol version, cluster id, identity,
+// HMAC-SHA256 mutual authentication when a secret is set) on both sides.
 //
 // Why not Asio here: the collectives drive their data path from the calling thread with
 // non-blocking send()/recv() and poll(), which needs nothing of Asio's machinery and keeps the
@@ -14,6 +14,7 @@
 #include <dtf/detail/frame.hpp>
 #include <dtf/detail/hmac.hpp>
 #include <dtf/detail/messages.hpp>
+#include <dtf/detail/ring_tls.hpp>
 #include <dtf/error.hpp>
 #include <dtf/transport/address.hpp>
 #include <dtf/transport/handshake.hpp>
@@ -29,9 +30,11 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -67,6 +70,29 @@ class unique_fd {
 
  private:
   int fd_ = -1;
+};
+
+/// A connected socket and, when TLS is on, its TLS layer (every byte of the connection passes
+/// through it).
+struct ring_connection {
+  unique_fd fd;
+  std::unique_ptr<ring_tls> tls;
+
+  int get() const noexcept { return fd.get(); }
+  explicit operator bool() const noexcept { return bool(fd); }
+  void reset() noexcept {
+    fd.reset();
+    tls.reset();
+  }
+};
+
+/// A connection as the blocking helpers below see it: the socket and its TLS layer (null: plain).
+/// A plain descriptor converts to it.
+struct ring_io {
+  int fd = -1;
+  ring_tls* tls = nullptr;
+  ring_io(int f, ring_tls* t = nullptr) noexcept : fd(f), tls(t) {}  // NOLINT: a plain fd is a plain ring_io
+  ring_io(const ring_connection& c) noexcept : fd(c.get()), tls(c.tls.get()) {}  // NOLINT
 };
 
 inline std::string errno_text(int e) { return std::strerror(e); }
@@ -215,8 +241,30 @@ inline unique_fd connect_with_retry(const std::string& address, const std::strin
   throw error(errc::timeout, who + " (" + address + "): not reachable in time (last error: " + last + ")");
 }
 
-/// Writes all of `data` before the deadline (non-blocking socket).
-inline void write_all(int fd, std::span<const std::byte> data, ring_clock::time_point deadline, const std::string& who) {
+/// Sends the ciphertext `tls` holds before the deadline.
+inline void flush_tls(int fd, ring_tls& tls, ring_clock::time_point deadline, const std::string& who) {
+  while (tls.unsent() > 0) {
+    const auto st = tls.send_some(fd);
+    if (st == ring_tls::io::failed)
+      throw error(errc::peer_failure, who + ": connection lost while sending: " + tls.failure());
+    if (st == ring_tls::io::would_block && !wait_fd(fd, POLLOUT, deadline))
+      throw error(errc::timeout, who + ": timed out sending");
+  }
+}
+
+/// Writes all of `data` before the deadline (non-blocking socket; with TLS, encrypted).
+inline void write_all(ring_io io, std::span<const std::byte> data, ring_clock::time_point deadline,
+                      const std::string& who) {
+  if (io.tls) {
+    while (!data.empty()) {
+      const std::size_t n = std::min(data.size(), ring_tls_encrypt_chunk);
+      if (!io.tls->encrypt(data.data(), n)) throw error(errc::peer_failure, who + ": " + io.tls->failure());
+      data = data.subspan(n);
+      flush_tls(io.fd, *io.tls, deadline, who);
+    }
+    return;
+  }
+  const int fd = io.fd;
   while (!data.empty()) {
     const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
     if (n > 0) {
@@ -232,8 +280,25 @@ inline void write_all(int fd, std::span<const std::byte> data, ring_clock::time_
   }
 }
 
-/// Reads exactly data.size() bytes before the deadline (non-blocking socket).
-inline void read_all(int fd, std::span<std::byte> data, ring_clock::time_point deadline, const std::string& who) {
+/// Reads exactly data.size() bytes before the deadline (non-blocking socket; with TLS,
+/// decrypted and authenticated).
+inline void read_all(ring_io io, std::span<std::byte> data, ring_clock::time_point deadline, const std::string& who) {
+  if (io.tls) {
+    while (!data.empty()) {
+      auto st = ring_tls::io::ok;
+      const std::size_t n = io.tls->read_some(io.fd, data.data(), data.size(), st);
+      if (n > 0) {
+        data = data.subspan(n);
+        continue;
+      }
+      if (st == ring_tls::io::closed) throw error(errc::peer_failure, who + ": connection closed by the peer");
+      if (st == ring_tls::io::failed)
+        throw error(errc::peer_failure, who + ": connection lost while receiving: " + io.tls->failure());
+      if (!wait_fd(io.fd, POLLIN, deadline)) throw error(errc::timeout, who + ": timed out waiting for data");
+    }
+    return;
+  }
+  const int fd = io.fd;
   while (!data.empty()) {
     const ssize_t n = ::recv(fd, data.data(), data.size(), 0);
     if (n > 0) {
@@ -251,7 +316,7 @@ inline void read_all(int fd, std::span<std::byte> data, ring_clock::time_point d
 }
 
 /// One small frame (header + control message, no payload).
-inline void write_control(int fd, message_kind kind, const std::vector<std::byte>& meta,
+inline void write_control(ring_io fd, message_kind kind, const std::vector<std::byte>& meta,
                           ring_clock::time_point deadline, const std::string& who) {
   frame_header h;
   h.kind = kind;
@@ -262,7 +327,7 @@ inline void write_control(int fd, message_kind kind, const std::vector<std::byte
   write_all(fd, out, deadline, who);
 }
 
-inline std::pair<frame_header, std::vector<std::byte>> read_control(int fd, ring_clock::time_point deadline,
+inline std::pair<frame_header, std::vector<std::byte>> read_control(ring_io fd, ring_clock::time_point deadline,
                                                                     const std::string& who) {
   std::array<std::byte, frame_header_size> hb{};
   read_all(fd, hb, deadline, who);
@@ -284,7 +349,7 @@ struct handshake_identity {
 
 /// Runs the handshake machine (dtf/transport/handshake.hpp) over a non-blocking socket until it
 /// ends or the deadline passes; a refusal is sent (best effort) before the error is thrown.
-inline handshake run_handshake(int fd, handshake::role role, const handshake_identity& me,
+inline handshake run_handshake(ring_io fd, handshake::role role, const handshake_identity& me,
                                ring_clock::time_point deadline, const std::string& who) {
   handshake h(role, {me.cluster_id, me.identity, me.secret});
   std::vector<std::byte> in;
@@ -310,7 +375,7 @@ inline handshake run_handshake(int fd, handshake::role role, const handshake_ide
 
 /// Client side of the dtf handshake. Throws errc::peer_failure when the server refuses or fails
 /// to authenticate itself, errc::timeout at the deadline.
-inline void client_handshake(int fd, const handshake_identity& me, ring_clock::time_point deadline,
+inline void client_handshake(ring_io fd, const handshake_identity& me, ring_clock::time_point deadline,
                              const std::string& who) {
   run_handshake(fd, handshake::role::client, me, deadline, who);
 }
@@ -319,9 +384,91 @@ inline void client_handshake(int fd, const handshake_identity& me, ring_clock::t
 /// client presented (unescaped: compare it, do not log it); throws errc::peer_failure (after
 /// telling the client why, best effort) when it speaks another protocol, belongs to another
 /// cluster or fails authentication.
-inline std::string server_handshake(int fd, const handshake_identity& me, ring_clock::time_point deadline,
+inline std::string server_handshake(ring_io fd, const handshake_identity& me, ring_clock::time_point deadline,
                                     const std::string& who) {
   return run_handshake(fd, handshake::role::server, me, deadline, who).peer_identity_raw();
+}
+
+/// The TLS handshake on a new connection (`tls` fresh, in the role of this end) before the
+/// deadline. Errors: errc::peer_failure naming the cause (tls_failure_reason: a peer without TLS,
+/// another secret or cluster id), errc::timeout at the deadline.
+inline void tls_handshake(int fd, ring_tls& tls, ring_clock::time_point deadline, const std::string& who) {
+  for (;;) {
+    const auto st = tls.handshake();
+    try {
+      flush_tls(fd, tls, deadline, who);  // (a failure's alert too: it tells the peer why)
+    } catch (const error&) {
+      if (st != tls_channel::status::failed) throw;
+    }
+    if (st == tls_channel::status::done) return;
+    if (st != tls_channel::status::want_read) throw error(errc::peer_failure, who + ": " + tls.failure());
+    for (;;) {
+      const auto got = tls.fill(fd);
+      if (got == ring_tls::io::ok) break;
+      if (got == ring_tls::io::closed)
+        throw error(errc::peer_failure, who + ": " + tls_failure_reason(0, ""));
+      if (got == ring_tls::io::failed)
+        throw error(errc::peer_failure, who + ": connection lost in the TLS handshake: " + tls.failure() + " (" +
+                                            tls_failure_reason(0, "") + ")");
+      if (!wait_fd(fd, POLLIN, deadline)) throw error(errc::timeout, who + ": timed out in the TLS handshake");
+    }
+  }
+}
+
+/// Reads and drops what a connection about to be refused or dropped has sent (bounded), so
+/// that closing it sends a FIN after the refusal rather than a reset, which could discard the
+/// refusal at the peer before it reads it.
+inline void drain_before_close(int fd) {
+  std::array<std::byte, 4096> buf;
+  for (int i = 0; i < 16; ++i) {
+    const ssize_t n = ::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    break;
+  }
+}
+
+/// What a TLS server logs when a client without TLS is refused.
+inline constexpr const char* tls_refused_plain_peer =
+    "refused: a peer without TLS (this task requires TLS: turn it on for every task or none)";
+
+/// Server side of a new connection before the dtf handshake: with TLS (`ctx` not null), a
+/// client whose first byte is not a TLS handshake record gets tls_required_refusal in a plain
+/// dtf frame and errc::peer_failure (tls_refused_plain_peer) is thrown; otherwise the TLS
+/// handshake runs. Without TLS nothing happens (the dtf handshake names a TLS client).
+inline ring_connection accept_tls(unique_fd fd, SSL_CTX* ctx, ring_clock::time_point deadline, const std::string& who) {
+  ring_connection c{std::move(fd), nullptr};
+  if (!ctx) return c;
+  unsigned char first = 0;
+  for (;;) {
+    const ssize_t n = ::recv(c.get(), &first, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 1) break;
+    if (n == 0) throw error(errc::peer_failure, who + ": connection closed before the handshake");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      throw error(errc::peer_failure, who + ": connection lost before the handshake: " + errno_text(errno));
+    if (!wait_fd(c.get(), POLLIN, deadline)) throw error(errc::timeout, who + ": timed out waiting for a handshake");
+  }
+  if (first != tls_handshake_record) {
+    try {
+      drain_before_close(c.get());
+      write_all(c.get(), refusal_frame(tls_required_refusal),
+                std::min(deadline, ring_clock::now() + std::chrono::milliseconds(100)), who);
+    } catch (const error&) {
+    }
+    throw error(errc::peer_failure, who + ": " + tls_refused_plain_peer);
+  }
+  c.tls = std::make_unique<ring_tls>(ctx, tls_role::server);
+  tls_handshake(c.get(), *c.tls, deadline, who);
+  return c;
+}
+
+/// Client side: the TLS handshake (when `ctx` is not null) over a connected socket.
+inline ring_connection connect_tls(unique_fd fd, SSL_CTX* ctx, ring_clock::time_point deadline, const std::string& who) {
+  ring_connection c{std::move(fd), nullptr};
+  if (!ctx) return c;
+  c.tls = std::make_unique<ring_tls>(ctx, tls_role::client);
+  tls_handshake(c.get(), *c.tls, deadline, who);
+  return c;
 }
 
 /// Accepts one connection before the deadline (listening socket is non-blocking).

@@ -62,11 +62,9 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   const auto started = train_clock::now();
   if (o.max_recoveries > 0)
     throw error(errc::invalid_config, "max_recoveries: a collective strategy has no parameter server");
-  if (o.tls)
-    throw error(errc::invalid_config, "tls: the ring sockets of the collective strategies do not encrypt (TLS covers "
-                                      "the parameter-server transport only); run without --tls / DTF_TLS");
   collective_options options;
   options.secret = o.secret;
+  options.tls = o.tls;  // every ring connection inside TLS 1.3 (errc::invalid_config without a secret)
   options.timeout_ms = o.timeout_ms;
   options.segment_bytes = o.segment_bytes;
   std::string me = "local", source = "none";
@@ -123,8 +121,10 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   session.create();  // resumes from model_dir's latest checkpoint
   const std::int64_t last_step = o.last_step > 0 ? o.last_step : epochs_last_step;
   if (is_chief) {
-    std::printf("%s: %s with %zu replicas x %zu processes (source %s), %zu parameters, batch %zu per replica; %lld steps\n",
-                me.c_str(), o.name.c_str(), r, comm.size(), source.c_str(), num_parameters(vars), o.batch,
+    std::printf("%s: %s with %zu replicas x %zu processes (source %s%s), %zu parameters, batch %zu per replica; %lld "
+                "steps\n",
+                me.c_str(), o.name.c_str(), r, comm.size(), source.c_str(),
+                o.tls && comm.size() > 1 ? ", ring inside TLS 1.3" : "", num_parameters(vars), o.batch,
                 static_cast<long long>(last_step));
     std::fflush(stdout);
   }

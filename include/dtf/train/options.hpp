@@ -43,9 +43,9 @@ struct train_options {
   /// restarted task then starts its shard over). See dtf/ps/positions.hpp.
   int position_every = 1;
   std::string secret;       ///< cluster secret (empty: no authentication; train_flags reads $DTF_CLUSTER_SECRET)
-  /// ps strategies: every connection inside TLS 1.3 keyed by the secret (dtf/transport/tls.hpp;
-  /// train_flags: --tls or DTF_TLS=1). Needs a secret; collective strategies refuse it (their ring
-  /// sockets do not encrypt).
+  /// Every connection between tasks inside TLS 1.3 keyed by the secret (dtf/transport/tls.hpp;
+  /// train_flags: --tls or DTF_TLS=1): the ps transport of ps strategies, the ring sockets
+  /// (collective_options::tls) of collective ones. Needs a secret.
   bool tls = false;
   std::uint32_t timeout_ms = 60000;  ///< a ps request's deadline; a collective's longest wait without progress
   int finish_timeout_s = 1800;       ///< chief: how long to wait for the other workers to finish

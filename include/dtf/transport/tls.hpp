@@ -1,7 +1,8 @@
-// dtf/transport/tls.hpp — optional TLS 1.3 on the request/reply transport (dtf/transport.hpp):
-// the key, the OpenSSL context settings, one end of a TLS connection as a bytes-in/bytes-out
-// machine (tls_channel; dtf/transport/impl/stream.hpp drives it with Asio) and the reasons a
-// TLS handshake fails.
+// dtf/transport/tls.hpp — optional TLS 1.3 on the request/reply transport (dtf/transport.hpp)
+// and on the collectives' ring sockets: the key, the OpenSSL context settings, one end of a TLS
+// connection as a bytes-in/bytes-out machine (tls_channel; dtf/transport/impl/stream.hpp drives
+// it with Asio, dtf/detail/ring_tls.hpp with non-blocking POSIX sockets) and the reasons a TLS
+// handshake fails.
 //
 // Design (what a security reviewer should check)
 //
@@ -39,8 +40,11 @@
 //   test guesses of the secret offline. TLS does not hide sizes or timing: an observer
 //   still sees how many bytes pass when.
 //
-// Not covered: the ring sockets of the collective strategies (dtf/detail/ring_socket.hpp) do
-// not speak TLS; a collective strategy with TLS on is refused (see README, "Security").
+// - The same on the ring sockets of the collective strategies (collective_options::tls): every
+//   connection a communicator opens between ranks (ring neighbours, hypercube partners, the MPI
+//   rendezvous) is TLS from its first byte with this key, these context settings and this
+//   machine (tls_channel), driven through non-blocking POSIX sockets by dtf/detail/ring_tls.hpp
+//   and dtf/detail/ring_socket.hpp; a TLS rank and a plain rank refuse each other the same way.
 //
 // Thread safety: the functions are reentrant; an SSL_CTX configured here may be shared by the
 // connections of several threads (OpenSSL's rule for SSL_CTX after set-up).
@@ -200,6 +204,12 @@ inline std::string tls_failure_reason(int reason, const std::string& detail) {
   return detail.empty() ? why : why + " [" + detail + "]";
 }
 
+/// What a TLS end tells a peer that connected without TLS (in clear, as a dtf refusal, so
+/// that the peer's error says why).
+inline constexpr const char* tls_required_refusal =
+    "this task requires TLS (--tls, DTF_TLS=1; transport_options::tls, collective_options::tls): turn TLS on "
+    "for every task or none";
+
 /// An owned SSL_CTX set up by configure_tls (null: TLS off).
 struct ssl_ctx_free {
   void operator()(SSL_CTX* c) const noexcept { SSL_CTX_free(c); }
@@ -229,6 +239,13 @@ class tls_error_category final : public std::error_category {
 inline const std::error_category& tls_category() {
   static const tls_error_category category;
   return category;
+}
+
+/// The reason (tls_failure_reason) of a tls_channel failure (failure_code()).
+inline std::string tls_channel_failure_text(const std::error_code& ec) {
+  if (ec.category() != tls_category()) return "TLS failed: " + ec.message();
+  const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
+  return tls_failure_reason(reason == SSL_R_UNEXPECTED_EOF_WHILE_READING ? 0 : reason, ec.message());
 }
 
 /// One end of a TLS connection as a machine, bytes in and bytes out (like dtf's handshake):

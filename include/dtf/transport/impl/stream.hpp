@@ -189,17 +189,9 @@ class rpc_stream {
 /// The reason of a failed TLS handshake (tls_failure_reason) from its error.
 inline std::string tls_error_text(const std::error_code& ec) {
   if (ec == asio::error::eof || ec == asio::error::connection_reset) return tls_failure_reason(0, "");
-  if (ec.category() == tls_category()) {
-    const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
-    return tls_failure_reason(reason == SSL_R_UNEXPECTED_EOF_WHILE_READING ? 0 : reason, ec.message());
-  }
+  if (ec.category() == tls_category()) return tls_channel_failure_text(ec);
   return "TLS handshake failed: " + ec.message();
 }
-
-/// What a TLS server tells a peer that connected without TLS (in clear, as a dtf refusal, so
-/// that the peer's error says why).
-inline constexpr const char* tls_required_refusal =
-    "this task requires TLS (transport_options::tls, --tls): turn TLS on for every task or none";
 
 /// Server side of a new connection with TLS on: looks at its first byte (without consuming it);
 /// a peer that did not start with a TLS handshake record gets tls_required_refusal in a plain
