@@ -190,13 +190,13 @@ std::vector<float> dyadic(std::uint32_t seed, bool nonzero) {
 
 TEST_CASE("pushes in pieces from 3 clients at once on a ps with 4 I/O threads: exact values, no shard seen part-way",
           "[ps][pieces][concurrency]") {
-  // Client k (1..3) pushes k * base six times; init and base are multiples of 1/256, so the
+  // Client k (1..3) pushes k * base 20 times; init and base are multiples of 1/256, so the
   // values are init + C * base exactly, for every order of the pushes, with C the sum of the
   // applied pushes' k. A 4th client pulls meanwhile (locked): each shard it sees must be
   // init + C * base for one integer C per shard, never decreasing.
   const auto layout = layout8();
   const auto init = dyadic(40, false), base = dyadic(41, true);
-  constexpr int pushers = 3, pushes = 6;
+  constexpr int pushers = 3, pushes = 20;
   constexpr int total_c = pushes * (1 + 2 + 3);
   std::vector<std::pair<std::size_t, std::size_t>> ranges;  // (Catch's macros only on this thread)
   for (std::size_t r = 0; r < rows; ++r) ranges.push_back(range_of(layout, r));

@@ -23,5 +23,5 @@ for f in $tests; do
   pids="$pids $!"
 done
 for p in $pids; do wait "$p"; done  # each one: a failed compile stops the script
-${CXX:-c++} -fsanitize=thread $objs -o "$out/ps_tsan" -lopenblas -lcrypto -lz -lpthread -fopenmp
+${CXX:-c++} -fsanitize=thread $objs -o "$out/ps_tsan" -lopenblas -lssl -lcrypto -lz -lpthread -fopenmp
 TSAN_OPTIONS="halt_on_error=1 ${TSAN_OPTIONS:-}" "$out/ps_tsan" "[concurrency],[hostile],[multi_ps],[sparse],[pieces]"
