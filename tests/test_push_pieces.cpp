@@ -9,6 +9,7 @@
 #include "ps_helpers.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -167,6 +168,104 @@ TEST_CASE("a non-finite push is refused whole, and one declared finite loses its
   grads[nan_at + 17] = 0.0f;
   CHECK(honest.push_gradients(grads).global_step == 1);
   CHECK(ps.ps->pushes_applied_as_received() == 2);
+}
+
+namespace {
+
+// Multiples of 1/256 below 4 in magnitude (nonzero when `nonzero`): every sum of a few dozen of
+// them, in any order, is exact in float.
+std::vector<float> dyadic(std::uint32_t seed, bool nonzero) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> d(-1000, 1000);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    int k = d(gen);
+    if (nonzero && k == 0) k = 1;
+    x = float(k) / 256.0f;
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("pushes in pieces from 3 clients at once on a ps with 4 I/O threads: exact values, no shard seen part-way",
+          "[ps][pieces][concurrency]") {
+  // Client k (1..3) pushes k * base 20 times; init and base are multiples of 1/256, so the
+  // values are init + C * base exactly, for every order of the pushes, with C the sum of the
+  // applied pushes' k. A 4th client pulls meanwhile (locked): each shard it sees must be
+  // init + C * base for one integer C per shard, never decreasing.
+  const auto layout = layout8();
+  const auto init = dyadic(40, false), base = dyadic(41, true);
+  constexpr int pushers = 3, pushes = 20;
+  constexpr int total_c = pushes * (1 + 2 + 3);
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;  // (Catch's macros only on this thread)
+  for (std::size_t r = 0; r < rows; ++r) ranges.push_back(range_of(layout, r));
+  for (const bool lock_free : {false, true}) {
+    DYNAMIC_SECTION((lock_free ? "lock-free sgd gradients" : "locked deltas")) {
+      ps_with ps(true, 4);
+      ps_client chief({ps.address()}, layout, opts("chief.0"));
+      chief.connect();
+      chief.initialize(init, {optim::sgd{1.0f}, lock_free ? apply_mode::lock_free : apply_mode::locked});
+      std::atomic<int> running{pushers};
+      std::vector<std::string> failures(pushers + 1);
+      std::vector<std::thread> ts;
+      for (int k = 1; k <= pushers; ++k)
+        ts.emplace_back([&, k] {
+          try {
+            ps_client c({ps.address()}, layout, opts("worker." + std::to_string(k)));
+            c.connect();
+            std::vector<float> u(n);
+            // Locked: deltas +k*base; lock-free: gradients -k*base under sgd(1), the same update.
+            for (std::size_t i = 0; i < n; ++i) u[i] = (lock_free ? -float(k) : float(k)) * base[i];
+            for (int i = 0; i < pushes; ++i) {
+              if (lock_free)
+                c.push_gradients(u);
+              else
+                c.push_deltas(u);
+            }
+          } catch (const std::exception& e) {
+            failures[std::size_t(k)] = e.what();
+          }
+          --running;
+        });
+      std::size_t pulls = 0;
+      ts.emplace_back([&] {
+        try {
+          ps_client c({ps.address()}, layout, opts("worker.0"));
+          c.connect();
+          std::vector<float> v(n);
+          std::vector<float> last(rows, 0.0f);
+          do {
+            c.pull(v);
+            ++pulls;
+            if (lock_free) continue;  // a lock-free pull may see a shard part-way (Hogwild)
+            for (std::size_t r = 0; r < rows; ++r) {
+              const auto [at, size] = ranges[r];
+              const float cr = (v[at] - init[at]) / base[at];
+              if (cr != std::floor(cr) || cr < last[r] || cr > float(total_c))
+                failures[0] = "shard at row " + std::to_string(r) + ": C = " + std::to_string(cr);
+              last[r] = cr;
+              for (std::size_t i = at; i < at + size; ++i)
+                if (v[i] != init[i] + cr * base[i]) {
+                  failures[0] = "shard at row " + std::to_string(r) + " seen part-way: element " + std::to_string(i);
+                  break;
+                }
+            }
+          } while (running.load() > 0);
+        } catch (const std::exception& e) {
+          failures[0] = e.what();
+        }
+      });
+      for (auto& t : ts) t.join();
+      for (const auto& f : failures) CHECK(f.empty());
+      CHECK(pulls >= 1);
+      std::vector<float> v(n);
+      CHECK(chief.pull(v) == pushers * pushes);
+      CHECK(ps.ps->pushes_applied_as_received() == std::uint64_t(pushers * pushes));
+      for (std::size_t i = 0; i < n; ++i)
+        if (v[i] != init[i] + float(total_c) * base[i]) FAIL("element " << i << ": " << v[i]);
+    }
+  }
 }
 
 namespace {
