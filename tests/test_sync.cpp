@@ -296,9 +296,9 @@ void sync_deltas_on(std::size_t num_ps, std::size_t workers, std::size_t n, std:
     }
     c.mark_done();
   });
-  // Not yet guaranteed: a pull racing the step's apply on another ps can return values of two
-  // steps (seen once in a full run); reported, not asserted, until the pull is fixed.
-  if (mixed_pulls) WARN(mixed_pulls << " pulls returned values of two steps");
+  // Every pull returned the values of one step: each ps applies a step under its step lock,
+  // which its pulls share, and the client reads again a ps still behind the others.
+  CHECK(mixed_pulls == 0);
   std::vector<float> v(40);
   CHECK(chief.pull(v) == steps);
   float expect = 0.0f;

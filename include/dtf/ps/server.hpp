@@ -249,14 +249,22 @@ class parameter_server {
     const std::size_t dense = std::min(payload.size(), store_.bytes_of(m.ids));
     const auto rows = sparse_.sync_rows(peer, m.rows, payload.subspan(dense));
     if (m.position) positions_.admit(peer.identity);  // recorded with the step (position_table)
+    // A step's apply, from its first shard to the new step number, under step_mu_ (exclusive):
+    // a pull sees every shard of one step and that step's number (see pull).
+    std::unique_lock step_lock(step_mu_, std::defer_lock);
     auto r = sync_.contribute(
         peer.identity, m, payload.first(dense), rows.parts, store_, sparse_, options_.nonfinite,
         [&] { return peer.defer(); },
-        [&](std::uint32_t id, const ps_detail::update& u) { store_.apply(store_.find(id), u); },
+        [&](std::uint32_t id, const ps_detail::update& u) {
+          if (!step_lock.owns_lock()) step_lock.lock();
+          store_.apply(store_.find(id), u);
+        },
         [&](std::int64_t step, const std::map<std::string, data::position>& positions) {
+          if (!step_lock.owns_lock()) step_lock.lock();
           positions_.record(positions);  // before anyone is released: a checkpoint of step holds them
           global_step_ = step;
           ++updates_;
+          step_lock.unlock();
         },
         [&](rpc_reply& out) { status(out); });
     if (!r) {
@@ -366,6 +374,10 @@ class parameter_server {
   void pull(const detail::ps_pull_msg& m, const rpc_peer& peer, rpc_reply& reply) {
     std::shared_lock lock(shards_mu_);
     require_initialized();
+    // Synchronous training: the values and the step in the reply are of one step (a step's
+    // apply holds step_mu_ exclusively from its first shard to its new number).
+    std::shared_lock step_lock(step_mu_, std::defer_lock);
+    if (synchronous_) step_lock.lock();
     const std::size_t bytes = store_.bytes_of(m.ids);  // distinct, held: bounded by the model
     // The count read before the values: an update counts once applied, so every counted one
     // is in the values (updates that land during the read make the staleness over-, not under-,
@@ -431,6 +443,7 @@ class parameter_server {
 
   ps_options options_;
   std::shared_mutex shards_mu_;  // init/restore (exclusive) against everything else (shared)
+  std::shared_mutex step_mu_;    // synchronous: a step's apply (exclusive) against pulls (shared)
   ps_detail::shard_store store_;
   ps_detail::sync_aggregator sync_;
   ps_detail::sparse_service sparse_{options_};  // embedding tables (their own lock)
