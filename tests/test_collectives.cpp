@@ -8,6 +8,7 @@
 
 #include <xtensor/xview.hpp>
 
+#include "rank_helpers.hpp"
 #include "train_helpers.hpp"
 
 #include <catch2/catch.hpp>
@@ -26,6 +27,8 @@
 #include <vector>
 
 namespace {
+
+using dtf::test::message_of;
 
 using dtf::collective_options;
 using dtf::communicator;
@@ -77,15 +80,6 @@ std::vector<std::exception_ptr> run_ranks_collect(std::size_t n, const collectiv
   return failures;
 }
 
-std::string message_of(const std::exception_ptr& p) {
-  try {
-    std::rethrow_exception(p);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
 
 /// Runs body on n ranks and asserts, on this thread, that every rank succeeded (naming the
 /// rank and its error otherwise). Catch2's assertion macros are not thread-safe, so rank
@@ -98,14 +92,6 @@ void run_ranks(std::size_t n, const collective_options& o, const std::function<v
   }
 }
 
-#define RANK_CHECK(cond, msg)                                                 \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::ostringstream rank_check_os;                                       \
-      rank_check_os << "RANK_CHECK(" #cond ") failed: " << msg;              \
-      throw std::runtime_error(rank_check_os.str());                          \
-    }                                                                         \
-  } while (false)
 
 // Integer-valued floats well inside float's exact range, so sums are exact in any order.
 float value(std::size_t rank, std::size_t i) { return float(int((i * 7 + rank * 13) % 1001) - 500); }

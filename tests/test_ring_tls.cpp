@@ -8,6 +8,7 @@
 #include <dtf/detail/ring_acceptor.hpp>
 #include <dtf/transport/tls.hpp>
 
+#include "rank_helpers.hpp"
 #include "tls_helpers.hpp"
 
 #include <chrono>
@@ -28,6 +29,8 @@ using dtf::test::recording_proxy;
 
 namespace {
 
+using dtf::test::message_of;
+
 collective_options ring_options(bool tls, std::string secret = "ring-secret", std::string cluster_id = "c1") {
   collective_options o;
   o.cluster_id = std::move(cluster_id);
@@ -38,25 +41,7 @@ collective_options ring_options(bool tls, std::string secret = "ring-secret", st
   return o;
 }
 
-std::string message_of(const std::exception_ptr& p) {
-  try {
-    std::rethrow_exception(p);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an exception that is not a std::exception";
-  }
-}
 
-// Catch2's assertions are not thread-safe: rank bodies throw instead.
-#define RING_CHECK(cond, msg)                                      \
-  do {                                                             \
-    if (!(cond)) {                                                 \
-      std::ostringstream ring_check_os;                            \
-      ring_check_os << "RING_CHECK(" #cond ") failed: " << msg;    \
-      throw std::runtime_error(ring_check_os.str());               \
-    }                                                              \
-  } while (false)
 
 /// n ranks as threads: rank r with options[r] dials addresses[r] (its own view of the ring, so
 /// that a test can put a relay between two ranks); returns each rank's exception (null: none).
@@ -128,7 +113,7 @@ void collectives_on(communicator& c, results& out) {
     for (std::size_t i = 0; i < size; ++i) {
       float want = 0;
       for (std::size_t r = 0; r < n; ++r) want += value(r, i);
-      RING_CHECK(v[i] == want, "allreduce of " << size << ", element " << i << ": " << v[i] << " != " << want);
+      RANK_CHECK(v[i] == want, "allreduce of " << size << ", element " << i << ": " << v[i] << " != " << want);
     }
     mine.push_back(v);
 
@@ -137,7 +122,7 @@ void collectives_on(communicator& c, results& out) {
     const std::size_t root = n - 1;
     c.broadcast<float>("bcast" + std::to_string(size), b, root);
     for (std::size_t i = 0; i < size; ++i)
-      RING_CHECK(b[i] == value(root, i), "broadcast of " << size << ", element " << i);
+      RANK_CHECK(b[i] == value(root, i), "broadcast of " << size << ", element " << i);
     mine.push_back(b);
 
     std::vector<float> in(size), all(size * n);
@@ -145,7 +130,7 @@ void collectives_on(communicator& c, results& out) {
     c.allgather<float>("gather" + std::to_string(size), in, all);
     for (std::size_t r = 0; r < n; ++r)
       for (std::size_t i = 0; i < size; ++i)
-        RING_CHECK(all[r * size + i] == value(r, i), "allgather of " << size << ", rank " << r << ", element " << i);
+        RANK_CHECK(all[r * size + i] == value(r, i), "allgather of " << size << ", rank " << r << ", element " << i);
     mine.push_back(all);
   }
   std::lock_guard lock(out.m);
@@ -182,8 +167,8 @@ TEST_CASE("ring TLS: fused allreduce and barrier work under TLS", "[collectives]
       std::vector<float> a(300000, float(c.rank() + 1)), b(17, 2.0f);
       c.allreduce<float>("a", a);
       c.allreduce<float>("b", b, reduce_op::average);
-      RING_CHECK(a.front() == 6.0f && a.back() == 6.0f, a.front());
-      RING_CHECK(b.front() == 2.0f, b.front());
+      RANK_CHECK(a.front() == 6.0f && a.back() == 6.0f, a.front());
+      RANK_CHECK(b.front() == 2.0f, b.front());
       c.barrier();
     }
   }));
@@ -202,10 +187,10 @@ TEST_CASE("ring TLS: the bytes on the wire are not the plaintext (which a plain 
         std::vector<std::uint8_t> bytes(payload.size());
         if (c.rank() == 0) std::memcpy(bytes.data(), payload.data(), bytes.size());
         c.broadcast<std::uint8_t>("pattern", bytes, 0);  // rank 0 -> rank 1: through the relay
-        RING_CHECK(std::memcmp(bytes.data(), payload.data(), bytes.size()) == 0, "broadcast bytes differ");
+        RANK_CHECK(std::memcmp(bytes.data(), payload.data(), bytes.size()) == 0, "broadcast bytes differ");
         std::vector<float> v{float(c.rank())};
         c.allreduce<float>("x", v);
-        RING_CHECK(v[0] == 1.0f, v[0]);
+        RANK_CHECK(v[0] == 1.0f, v[0]);
       });
   require_all_succeeded(failures);
   proxy.join();  // both ranks have closed their connections
@@ -383,7 +368,7 @@ TEST_CASE("ring TLS: a silent socket and a fake TLS client on a rank's port do n
   require_all_succeeded(r.run(o, [](communicator& c) {
     std::vector<float> v{float(c.rank() + 1)};
     c.allreduce<float>("x", v);
-    RING_CHECK(v[0] == 6.0f, v[0]);
+    RANK_CHECK(v[0] == 6.0f, v[0]);
   }));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(6000));
 }
