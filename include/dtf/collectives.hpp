@@ -61,6 +61,7 @@
 #include <dtf/config.hpp>
 #include <dtf/detail/archive.hpp>
 #include <dtf/detail/ring_acceptor.hpp>
+#include <dtf/detail/ring_handshake.hpp>
 #include <dtf/detail/ring_engine.hpp>
 #include <dtf/detail/ring_schedule.hpp>
 #include <dtf/detail/ring_socket.hpp>

@@ -19,6 +19,7 @@
 // than running out of descriptors or memory.
 #pragma once
 
+#include <dtf/detail/ring_handshake.hpp>
 #include <dtf/detail/ring_socket.hpp>
 #include <dtf/detail/ring_tls.hpp>
 #include <dtf/transport/handshake.hpp>

@@ -7,7 +7,7 @@
 // poll(), full duplex; it needs steps that never block ("encrypt this much", "send what you
 // can", "decrypt what has arrived") and a way to know that nothing is buffered before it
 // sleeps in poll(). The blocking forms with deadlines (the set-up) are in
-// dtf/detail/ring_socket.hpp, built on these.
+// dtf/detail/ring_socket.hpp and dtf/detail/ring_handshake.hpp, built on these.
 //
 // Memory: ciphertext to send is what one encrypt() produced plus what the socket has not taken
 // yet (the engine encrypts ahead at most ring_tls_encrypt_chunk bytes); ciphertext received is

@@ -41,6 +41,7 @@
 #include <dtf/ps/done_tasks.hpp>
 #include <dtf/ps/position_table.hpp>
 #include <dtf/ps/push_pieces.hpp>
+#include <dtf/ps/shard_snapshot.hpp>
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sparse_service.hpp>
 #include <dtf/ps/sync_aggregator.hpp>
@@ -281,49 +282,25 @@ class parameter_server {
     status(reply, updates_.load(), 0, r->dropped, r->dropped_total, r->skipped);
   }
 
-  // Snapshot of every shard (each under its lock, so no locked update is half-applied in it),
-  // then the file is written outside the locks, into this ps's own checkpoint directory.
+  // Snapshot of every shard, then the file is written outside the locks, into this ps's own
+  // checkpoint directory (dtf/ps/shard_snapshot.hpp).
   void save(const detail::ps_save_msg& m, rpc_reply& reply) {
     if (options_.checkpoint_dir.empty())
       throw error(errc::invalid_config, options_.transport.identity + " has no checkpoint directory (ps_options::checkpoint_dir)");
-    std::vector<std::vector<float>> copies;
-    std::vector<detail::ckpt::shard_record> records;
     detail::ps_saved_msg out;
-    std::size_t num_slots = 0;
+    ps_detail::shard_snapshot snap;
     {
       std::shared_lock lock(shards_mu_);
       if (!sparse_.holds_tables()) require_initialized();  // a model of tables alone saves them
       out.global_step = global_step_.load();
       out.rule = store_.rule_name();
-      for (auto& [id, s] : store_.shards()) {
-        std::lock_guard g(s->mu);
-        num_slots = optim::detail::slot_count(s->opt->update_rule());
-        const auto it = ps_detail::shard_store::iterations(*s);
-        records.push_back({id, s->values.size(), it, {}});
-        const auto v = s->values.view();
-        copies.emplace_back(v.begin(), v.end());
-        for (std::size_t k = 0; k < num_slots; ++k) {
-          auto slot = s->opt->slot(k);
-          copies.emplace_back(slot.begin(), slot.end());
-        }
-        out.ids.push_back(id);
-        out.iterations.push_back(it);
-      }
+      snap = ps_detail::snapshot_shards(store_, out);
     }
-    std::size_t c = 0;
-    for (auto& r : records)
-      for (std::size_t k = 0; k <= num_slots; ++k) r.tensors.push_back(copies[c++].data());
-    const auto f = detail::ckpt::write_shard_file(options_.checkpoint_dir, m.name, std::size_t(m.ps_index),
-                                                  std::size_t(m.num_ps), out.global_step, num_slots, records,
-                                                  options_.save_fault);
-    out.file = f.name;
-    out.sha256 = f.sha256;
-    out.bytes = f.bytes;
-    out.num_slots = num_slots;
+    ps_detail::write_snapshot(snap, options_.checkpoint_dir, m, options_.save_fault, out);
     sparse_.save(options_.checkpoint_dir, m, options_.save_fault, out);
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
-                                             std::to_string(records.size()) + " shards to " + options_.checkpoint_dir +
-                                             "/" + f.name + " (" + std::to_string(f.bytes) + " bytes) at global step " +
+                                             std::to_string(snap.records.size()) + " shards to " + options_.checkpoint_dir +
+                                             "/" + out.file + " (" + std::to_string(out.bytes) + " bytes) at global step " +
                                              std::to_string(out.global_step));
     reply.meta = detail::encode_message(out);
   }

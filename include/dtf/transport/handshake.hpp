@@ -1,6 +1,6 @@
 // dtf/transport/handshake.hpp — the dtf connection handshake as one state machine, bytes in
 // and bytes out, used by both socket kinds (the Asio request/reply transport of
-// dtf/transport.hpp and the POSIX ring sockets of dtf/detail/ring_socket.hpp).
+// dtf/transport.hpp and the POSIX ring sockets of dtf/detail/ring_handshake.hpp).
 //
 //   client                                   server
 //   hello {protocol, cluster id, identity, nonce_c, authenticate}  ->

@@ -44,7 +44,7 @@
 //   connection a communicator opens between ranks (ring neighbours, hypercube partners, the MPI
 //   rendezvous) is TLS from its first byte with this key, these context settings and this
 //   machine (tls_channel), driven through non-blocking POSIX sockets by dtf/detail/ring_tls.hpp
-//   and dtf/detail/ring_socket.hpp; a TLS rank and a plain rank refuse each other the same way.
+//   and dtf/detail/ring_handshake.hpp; a TLS rank and a plain rank refuse each other the same way.
 //
 // Thread safety: the functions are reentrant; an SSL_CTX configured here may be shared by the
 // connections of several threads (OpenSSL's rule for SSL_CTX after set-up).
