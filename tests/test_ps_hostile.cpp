@@ -186,6 +186,47 @@ TEST_CASE("init refuses replicas_to_aggregate above the workers, and lock-free w
   CHECK(ps0.ps->initialized());
 }
 
+TEST_CASE("with ps_options::chief set, init, restore, save and shutdown are the chief's alone", "[ps][hostile]") {
+  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
+  const auto dir = std::filesystem::temp_directory_path() / ("dtf_ps_chief_only_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ps_options o{opts("ps.0")};
+  o.chief = "chief.0";
+  o.checkpoint_dir = dir.string();
+  auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
+  std::thread t([p = s.get()] { p->run(); });
+  const std::string address = "127.0.0.1:" + std::to_string(s->port());
+  raw_peer bad(address, "worker.1");
+  detail::ps_init_msg init;
+  init.ids = ids_of(layout, 0);
+  for (auto id : init.ids) init.sizes.push_back(layout.shards[id].size);
+  init.rule = detail::rule_msg::from(optim::sgd{});
+  const auto values = iota(40, 1.0f);
+  // Before the chief: a worker's init (payload refused unread) does not initialise the ps.
+  CHECK_THAT(bad.call(detail::message_kind::ps_init, init, values), Catch::Contains("only the chief (chief.0)"));
+  CHECK_FALSE(s->initialized());
+  ps_client chief({address}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(values, {optim::sgd{}});
+  detail::ps_restore_msg restore;
+  restore.init = init;
+  restore.iterations.assign(init.ids.size(), 0);
+  const auto other = iota(40, 100.0f);
+  CHECK_THAT(bad.call(detail::message_kind::ps_restore, restore, other), Catch::Contains("only the chief"));
+  CHECK_THAT(bad.call(detail::message_kind::ps_save, detail::ps_save_msg{"mine", 0, 1}), Catch::Contains("only the chief"));
+  CHECK(std::filesystem::is_empty(dir));
+  CHECK_THAT(bad.call(detail::message_kind::ps_shutdown, detail::empty_msg{}), Catch::Contains("only the chief"));
+  // The ps still serves, with the chief's values; the chief's own save and shutdown work.
+  std::vector<float> v(40);
+  CHECK(bad.call(detail::message_kind::ps_pull, detail::ps_pull_msg{init.ids}, {}, v).empty());
+  CHECK(v == values);
+  CHECK(save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40()).files.size() == 1);
+  chief.shutdown();
+  t.join();
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the done-task set holds only known workers, or a bounded number of names", "[ps][hostile]") {
   SECTION("known workers") {
     ps_options o{opts("ps.0")};
@@ -288,6 +329,53 @@ TEST_CASE("the ps writes checkpoints only into its own configured directory", "[
     raw_peer bad(address, "worker.1");
     CHECK_FALSE(bad.call(detail::message_kind::ps_save, detail::ps_save_msg{"../escape", 0, 1}).empty());
     CHECK_FALSE(std::filesystem::exists(dir.parent_path() / "escape.ps-0-of-1.shard"));
+    s->stop();
+    t.join();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a restore from the ps's files asks for no more elements than the checkpoint holds",
+          "[ps][hostile][checkpoint]") {
+  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
+  const auto dir = std::filesystem::temp_directory_path() / ("dtf_ps_restore_bound_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    ps_options o{opts("ps.0")};
+    o.checkpoint_dir = dir.string();
+    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
+    std::thread t([p = s.get()] { p->run(); });
+    const std::string address = "127.0.0.1:" + std::to_string(s->port());
+    ps_client chief({address}, layout, opts("chief.0"));
+    chief.connect();
+    chief.initialize(iota(40, 1.0f), {optim::sgd{}});
+    const auto m = save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40());
+    // Each range lies inside the 40 saved elements, but 1024 shards of all 40 (a message well
+    // inside the control-message bound) would make the ps allocate 1024 times the checkpoint:
+    // refused before anything is allocated.
+    detail::ps_restore_msg bomb;
+    bomb.init.rule = detail::rule_msg::from(optim::sgd{});
+    bomb.checkpoint = m.name;
+    bomb.from_files = true;
+    for (std::uint32_t i = 0; i < 1024; ++i) {
+      bomb.init.ids.push_back(i);
+      bomb.init.sizes.push_back(40);
+      bomb.iterations.push_back(0);
+      bomb.from.push_back(0);
+    }
+    raw_peer bad(address, "worker.1");
+    CHECK_THAT(bad.call(detail::message_kind::ps_restore, bomb), Catch::Contains("more elements than checkpoint"));
+    // Two shards of 20 inside the 40 saved: within the bound, and restored.
+    detail::ps_restore_msg two = bomb;
+    two.init.ids = {0, 1};
+    two.init.sizes = {20, 20};
+    two.iterations = {0, 0};
+    two.from = {20, 0};
+    CHECK(bad.call(detail::message_kind::ps_restore, two).empty());
+    std::vector<float> back(20);
+    CHECK(bad.call(detail::message_kind::ps_pull, detail::ps_pull_msg{{0}}, {}, back).empty());
+    CHECK(back == iota(20, 21.0f));
     s->stop();
     t.join();
   }

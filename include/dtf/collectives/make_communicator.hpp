@@ -4,7 +4,10 @@
 #pragma once
 
 #include <dtf/collectives.hpp>
+#include <dtf/detail/ring_acceptor.hpp>
+#include <dtf/detail/ring_handshake.hpp>
 
+#include <cerrno>
 #include <exception>
 #include <string>
 #include <vector>
@@ -63,34 +66,33 @@ inline communicator make_communicator(cluster& c, collective_options options) {
     if (rank == 0) {
       ring_listener listener(c.rendezvous);
       addresses[0] = c.rendezvous;
+      // Every other rank, by its identity, with the handshakes of all arriving connections run
+      // at once: a silent socket at the rendezvous holds only itself, for at most
+      // handshake_timeout_ms, and strangers are refused (dtf/detail/ring_acceptor.hpp).
+      const std::vector<std::string> expected(names.begin() + 1, names.end());
       std::vector<detail::ring_connection> peers;
-      std::size_t registered = 1;
-      std::string last;
-      while (registered < n) {
-        detail::unique_fd accepted = detail::accept_one(listener.native_handle(), deadline,
-                                                        std::to_string(n - registered) + " more ranks at the rendezvous " +
-                                                            c.rendezvous + (last.empty() ? "" : " (refused: " + last + ")"));
-        try {
-          const std::string who = "rendezvous peer";
-          detail::ring_connection fd = detail::accept_tls(std::move(accepted), tls_server.get(), deadline, who);
-          const std::string identity = detail::server_handshake(fd, me, deadline, who);
-          auto [h, meta] = detail::read_control(fd, deadline, identity);
-          if (h.kind != detail::message_kind::rendezvous_register)
-            throw error(errc::peer_failure, identity + ": expected a rendezvous registration");
-          const auto reg = detail::decode_message<detail::rendezvous_register_msg>(meta, "rendezvous registration");
-          if (reg.rank == 0 || reg.rank >= n || !addresses[reg.rank].empty() || identity != names[reg.rank])
-            throw error(errc::peer_failure, "'" + identity + "' registered as rank " + std::to_string(reg.rank));
-          sockaddr_storage s{};
-          socklen_t len = sizeof s;
-          ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&s), &len);
-          std::string host = detail::address_text(s);
-          host = host.substr(0, host.rfind(':'));
-          addresses[reg.rank] = host + ":" + std::to_string(reg.port);
-          peers.push_back(std::move(fd));
-          ++registered;
-        } catch (const error& e) {
-          last = e.message();
-        }
+      try {
+        peers = detail::accept_neighbours(listener.native_handle(), me, expected, deadline,
+                                          {options.handshake_timeout_ms, options.max_pending_connections}, nullptr,
+                                          tls_server.get());
+      } catch (const error& e) {
+        throw error(e.code(), "the rendezvous " + c.rendezvous + ": " + e.message());
+      }
+      for (std::size_t r = 1; r < n; ++r) {
+        auto& fd = peers[r - 1];  // authenticated as names[r]
+        auto [h, meta] = detail::read_control(fd, deadline, names[r] + " at the rendezvous");
+        if (h.kind != detail::message_kind::rendezvous_register)
+          throw error(errc::peer_failure, names[r] + ": expected a rendezvous registration");
+        const auto reg = detail::decode_message<detail::rendezvous_register_msg>(meta, "rendezvous registration");
+        if (reg.rank != r)
+          throw error(errc::peer_failure, "'" + names[r] + "' registered as rank " + std::to_string(reg.rank));
+        sockaddr_storage s{};
+        socklen_t len = sizeof s;
+        if (::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&s), &len) != 0)
+          throw error(errc::peer_failure, names[r] + ": getpeername: " + detail::errno_text(errno));
+        std::string host = detail::address_text(s);
+        host = host.substr(0, host.rfind(':'));
+        addresses[r] = host + ":" + std::to_string(reg.port);
       }
       const auto table = detail::encode_message(detail::rendezvous_table_msg{addresses});
       for (auto& p : peers)

@@ -53,6 +53,9 @@ struct ps_options {
   std::size_t apply_piece_bytes = std::size_t(256) << 10;
   /// The tasks allowed to report done; empty: any authenticated identity, at most max_done_tasks.
   std::vector<std::string> known_workers;
+  /// The one task allowed to initialise, restore, save and shut down this ps (its transport
+  /// identity, e.g. "chief.0"); empty: any authenticated peer. dtf::train sets the cluster's chief.
+  std::string chief;
   std::size_t max_done_tasks = 4096;
   /// Bytes this ps may hold for embedding tables (values and slots, a hashed table counted at its
   /// max_rows share): a table's creation carries no payload, so this bounds what it can ask for.

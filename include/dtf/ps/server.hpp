@@ -13,25 +13,26 @@
 //             A large push is applied a piece at a time as it arrives (dtf/ps/push_pieces.hpp)
 //   sync push a contribution to synchronous step t, with its embedding rows (sync_aggregator)
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
-//   step, shutdown, save, restore   see ps_client and dtf/ps/checkpointing.hpp; done, done tasks
-//   (dtf/ps/done_tasks.hpp); positions (dtf/ps/position_table.hpp)
+//   step, shutdown, save, restore, done, done tasks, positions   see ps_client, dtf/ps/checkpointing.hpp,
+//   dtf/ps/done_tasks.hpp and dtf/ps/position_table.hpp
 //
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
 //   make it allocate beyond the model: a request's announced payload is checked before the
 //   transport allocates for it (payload_limit: init and restore exactly what their meta names,
 //   a push at most this ps's shards, a sparse request at most the rows held of its table, a
-//   sync push both;
-//   larger is refused and its bytes dropped unread), pulls and pushes name distinct shards
-//   held here, pushes carry exactly their shards' bytes; bad_alloc in a handler is an error reply;
-//   apply NaN or infinity (ps_options::nonfinite, default reject, naming the worker); advance the
-//   global step with an empty push on a ps that holds shards; count in another worker's name in
-//   a synchronous step (contributions are the connection's); corrupt a step with a malformed
-//   contribution (validated before it is recorded); grow the done-task set beyond the known
-//   workers (ps_options::known_workers) or max_done_tasks; re-initialise a different model;
-//   choose where checkpoints are written or read (ps_options::checkpoint_dir; names are
-//   confined to it and the writer never follows a symlink).
+//   sync push both; larger is refused and its bytes dropped unread), pulls and pushes name
+//   distinct shards held here, pushes carry exactly their shards' bytes; bad_alloc in a handler
+//   is an error reply; apply NaN or infinity (ps_options::nonfinite, default reject, naming the
+//   worker); advance the global step with an empty push on a ps that holds shards; count in
+//   another worker's name in a synchronous step (contributions are the connection's); corrupt a
+//   step with a malformed contribution (validated before it is recorded); grow the done-task set
+//   beyond the known workers (ps_options::known_workers) or max_done_tasks; re-initialise a
+//   different model by a second init; init, restore, save or shut down the ps when
+//   ps_options::chief names another task; choose where checkpoints are written or read
+//   (ps_options::checkpoint_dir; names are confined to it, the writer never follows a symlink).
 // What a peer can do: everything an authenticated worker may — push finite garbage, push to
-// ps 0 without shards to advance the step when ps 0 holds none, shut the job down.
+// ps 0 without shards to advance the step when ps 0 holds none; without ps_options::chief,
+// replace the model by a restore and shut the job down.
 #pragma once
 
 #include <dtf/checkpoint.hpp>
@@ -101,8 +102,9 @@ class parameter_server {
 
   /// Transport callback, before a request's payload is allocated: the most bytes it may carry
   /// (see the file comment). A larger announcement is refused unread.
-  std::uint64_t payload_limit(const rpc_peer&, const detail::frame_header& h, std::span<const std::byte> meta) {
+  std::uint64_t payload_limit(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta) {
     using detail::message_kind;
+    require_chief(peer, h.kind);  // refused unread
     switch (h.kind) {
       case message_kind::ps_init: {
         const auto m = detail::decode_message<detail::ps_init_msg>(meta, "init");
@@ -167,6 +169,7 @@ class parameter_server {
   void dispatch(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta,
                 std::span<std::byte> payload, rpc_reply& reply) {
     using detail::message_kind;
+    require_chief(peer, h.kind);
     switch (h.kind) {
       case message_kind::ps_init: return init(peer, detail::decode_message<detail::ps_init_msg>(meta, "init"), payload, reply);
       case message_kind::ps_ready:
@@ -342,6 +345,15 @@ class parameter_server {
                                              (m.from_files ? ") read from its files, asked by " : ") sent by ") +
                                              peer.identity);
     status(reply);
+  }
+
+  void require_chief(const rpc_peer& peer, detail::message_kind k) const {
+    using enum detail::message_kind;
+    if (options_.chief.empty() || peer.identity == options_.chief) return;
+    if (const char* what = k == ps_init ? "init" : k == ps_restore ? "restore" : k == ps_save ? "save"
+                           : k == ps_shutdown ? "shutdown" : nullptr)
+      throw error(errc::invalid_argument, std::string(what) + " from " + peer.identity + " refused: only the chief (" +
+                                              options_.chief + ") may ask it");
   }
 
   void require_initialized() const {

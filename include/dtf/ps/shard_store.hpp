@@ -188,13 +188,23 @@ class shard_store {
       throw error(errc::invalid_config, "restore: checkpoint " + m.checkpoint + " holds " +
                                             std::to_string(ck.manifest().num_slots) + " slots, " +
                                             std::to_string(m.num_slots) + " wanted");
-    for (const auto& r : ranges)
+    // Bounded by the checkpoint: every range inside it and, since a ps's shards are distinct
+    // slices of the saved flat layout, no more elements in all than it holds (a request naming
+    // one range many times would otherwise make the ps allocate many times its size).
+    std::uint64_t total = 0;
+    for (const auto& r : ranges) {
       if (r.first > ck.num_parameters() || r.count > ck.num_parameters() - r.first)
         throw error(errc::out_of_range, "restore: elements [" + std::to_string(r.first) + ", +" +
                                             std::to_string(r.count) + ") outside checkpoint " + m.checkpoint);
+      total += r.count;
+      if (total > ck.num_parameters())
+        throw error(errc::out_of_range, "restore: the shards ask for more elements than checkpoint " + m.checkpoint +
+                                            " holds (" + std::to_string(ck.num_parameters()) + ")");
+    }
+    if (std::set<std::uint32_t>(init.ids.begin(), init.ids.end()).size() != init.ids.size())
+      throw error(errc::corrupt_data, "restore: a shard id appears twice");
     std::map<std::uint32_t, std::unique_ptr<shard>> fresh;
     for (std::size_t i = 0; i < init.ids.size(); ++i) {
-      if (fresh.count(init.ids[i])) throw error(errc::corrupt_data, "restore: a shard id appears twice");
       auto s = make(rule, init.sizes[i]);
       ck.read(0, m.from[i], s->values.unshared());
       for (std::size_t k = 0; k < m.num_slots; ++k) ck.read(k + 1, m.from[i], s->opt->slot(k));

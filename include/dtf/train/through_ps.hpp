@@ -49,6 +49,7 @@ inline train_result serve_ps(const cluster& c, const placement& layout, const tr
   po.checkpoint_dir = o.model_dir;
   for (const char* job : {"chief", "worker"})
     for (const auto& task : c.spec.tasks(job)) po.known_workers.push_back(task.str());
+  po.chief = c.chief().str();  // init, restore, save and shutdown are the chief's alone
   parameter_server ps(c.spec.address(c.self), std::move(po));
   std::printf("%s: serving %zu shards (%zu bytes) for %s\n", me.c_str(), layout.shards_on(c.self.index).size(),
               layout.bytes_on(c.self.index), o.name.c_str());
