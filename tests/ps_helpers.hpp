@@ -80,8 +80,9 @@ inline transport_options opts(std::string identity, std::string secret = "", log
 struct running_ps {
   std::unique_ptr<parameter_server> ps;
   std::thread thread;
-  explicit running_ps(transport_options o, int threads = 1) {
-    ps = std::make_unique<parameter_server>("127.0.0.1:0", ps_options{std::move(o), threads});
+  explicit running_ps(transport_options o, int threads = 1) : running_ps(ps_options{std::move(o), threads}) {}
+  explicit running_ps(ps_options o) {
+    ps = std::make_unique<parameter_server>("127.0.0.1:0", std::move(o));
     thread = std::thread([p = ps.get()] { p->run(); });
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(ps->port()); }

@@ -6,6 +6,7 @@
 #include <dtf/ps.hpp>
 
 #include "helpers.hpp"
+#include "checkpoint_helpers.hpp"
 #include "ps_helpers.hpp"
 #include "train_helpers.hpp"
 
@@ -17,6 +18,7 @@
 using namespace dtf;
 using dtf::test::opts;
 using dtf::test::running_ps;
+using dtf::test::ckpt::temp_dir;
 
 namespace {
 
@@ -59,6 +61,27 @@ std::vector<std::uint32_t> ids_of(const placement& layout, std::size_t ps) {
   const auto v = layout.shards_on(ps);
   return {v.begin(), v.end()};
 }
+
+ps_options in_dir(const temp_dir& dir) {
+  ps_options o{opts("ps.0")};
+  o.checkpoint_dir = dir.path.string();
+  return o;
+}
+
+// One ps writing into its own checkpoint directory, initialised by the chief with 1..40 (SGD,
+// a shard per variable) and saved once as checkpoint "ckpt-0".
+struct saved_ps {
+  temp_dir dir;
+  running_ps ps;
+  ps_client chief;
+  checkpoint_manifest saved;
+  explicit saved_ps(const std::string& name)
+      : dir(name), ps(in_dir(dir)), chief({ps.address()}, partitioners::fixed_size{1}.place(vars40(), 1), opts("chief.0")) {
+    chief.connect();
+    chief.initialize(iota(40, 1.0f), {optim::sgd{}});
+    saved = save_checkpoint(chief, {dir.path.string(), "ckpt", 2}, vars40());
+  }
+};
 
 }  // namespace
 
@@ -188,15 +211,11 @@ TEST_CASE("init refuses replicas_to_aggregate above the workers, and lock-free w
 
 TEST_CASE("with ps_options::chief set, init, restore, save and shutdown are the chief's alone", "[ps][hostile]") {
   const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
-  const auto dir = std::filesystem::temp_directory_path() / ("dtf_ps_chief_only_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  ps_options o{opts("ps.0")};
+  temp_dir dir("chief_only");
+  ps_options o = in_dir(dir);
   o.chief = "chief.0";
-  o.checkpoint_dir = dir.string();
-  auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
-  std::thread t([p = s.get()] { p->run(); });
-  const std::string address = "127.0.0.1:" + std::to_string(s->port());
+  running_ps s(o);
+  const std::string address = s.address();
   raw_peer bad(address, "worker.1");
   detail::ps_init_msg init;
   init.ids = ids_of(layout, 0);
@@ -205,7 +224,7 @@ TEST_CASE("with ps_options::chief set, init, restore, save and shutdown are the 
   const auto values = iota(40, 1.0f);
   // Before the chief: a worker's init (payload refused unread) does not initialise the ps.
   CHECK_THAT(bad.call(detail::message_kind::ps_init, init, values), Catch::Contains("only the chief (chief.0)"));
-  CHECK_FALSE(s->initialized());
+  CHECK_FALSE(s.ps->initialized());
   ps_client chief({address}, layout, opts("chief.0"));
   chief.connect();
   chief.initialize(values, {optim::sgd{}});
@@ -215,49 +234,43 @@ TEST_CASE("with ps_options::chief set, init, restore, save and shutdown are the 
   const auto other = iota(40, 100.0f);
   CHECK_THAT(bad.call(detail::message_kind::ps_restore, restore, other), Catch::Contains("only the chief"));
   CHECK_THAT(bad.call(detail::message_kind::ps_save, detail::ps_save_msg{"mine", 0, 1}), Catch::Contains("only the chief"));
-  CHECK(std::filesystem::is_empty(dir));
+  CHECK(std::filesystem::is_empty(dir.path));
   CHECK_THAT(bad.call(detail::message_kind::ps_shutdown, detail::empty_msg{}), Catch::Contains("only the chief"));
   // The ps still serves, with the chief's values; the chief's own save and shutdown work.
   std::vector<float> v(40);
   CHECK(bad.call(detail::message_kind::ps_pull, detail::ps_pull_msg{init.ids}, {}, v).empty());
   CHECK(v == values);
-  CHECK(save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40()).files.size() == 1);
+  CHECK(save_checkpoint(chief, {dir.path.string(), "ckpt", 2}, vars40()).files.size() == 1);
+  CHECK_FALSE(s.ps->shutdown_requested());  // none of the worker's requests counted
   chief.shutdown();
-  t.join();
-  std::filesystem::remove_all(dir);
+  CHECK(s.ps->shutdown_requested());
 }
 
 TEST_CASE("the done-task set holds only known workers, or a bounded number of names", "[ps][hostile]") {
   SECTION("known workers") {
     ps_options o{opts("ps.0")};
     o.known_workers = {"chief.0", "worker.1"};
-    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
-    std::thread t([p = s.get()] { p->run(); });
-    raw_peer bad("127.0.0.1:" + std::to_string(s->port()), "worker.1");
+    running_ps ps(o);
+    raw_peer bad(ps.address(), "worker.1");
     CHECK_THAT(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"worker.1", "intruder.7"}}),
                Catch::Contains("intruder.7") && Catch::Contains("not a worker"));
-    CHECK(s->done_tasks().empty());  // nothing of a rejected request was recorded
+    CHECK(ps.ps->done_tasks().empty());  // nothing of a rejected request was recorded
     CHECK(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"worker.1"}}) == "");
-    CHECK(s->done_tasks() == std::set<std::string>{"worker.1"});
-    raw_peer stranger("127.0.0.1:" + std::to_string(s->port()), "worker.9");
+    CHECK(ps.ps->done_tasks() == std::set<std::string>{"worker.1"});
+    raw_peer stranger(ps.address(), "worker.9");
     CHECK_THAT(stranger.call(detail::message_kind::ps_done, detail::empty_msg{}), Catch::Contains("worker.9"));
-    CHECK(s->done_tasks().size() == 1);
-    s->stop();
-    t.join();
+    CHECK(ps.ps->done_tasks().size() == 1);
   }
   SECTION("bounded") {
     ps_options o{opts("ps.0")};
     o.max_done_tasks = 3;
-    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
-    std::thread t([p = s.get()] { p->run(); });
-    raw_peer bad("127.0.0.1:" + std::to_string(s->port()), "worker.1");
+    running_ps ps(o);
+    raw_peer bad(ps.address(), "worker.1");
     CHECK_THAT(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"a", "b", "c", "d", "e"}}),
                Catch::Contains("full"));
-    CHECK(s->done_tasks().size() <= 3);
+    CHECK(ps.ps->done_tasks().size() <= 3);
     CHECK_THAT(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{std::string(300, 'x')}}),
                Catch::Contains("not a worker"));
-    s->stop();
-    t.join();
   }
 }
 
@@ -302,84 +315,51 @@ TEST_CASE("a malformed sync contribution is an error to its sender only and reco
 }
 
 TEST_CASE("the ps writes checkpoints only into its own configured directory", "[ps][hostile][checkpoint]") {
-  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
-  const auto dir = std::filesystem::temp_directory_path() / ("dtf_ps_hostile_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
   {
+    temp_dir dir("hostile_unconfigured");
     running_ps unconfigured(opts("ps.0"));
-    ps_client chief({unconfigured.address()}, layout, opts("chief.0"));
+    ps_client chief({unconfigured.address()}, partitioners::fixed_size{1}.place(vars40(), 1), opts("chief.0"));
     chief.connect();
     chief.initialize(iota(40, 1.0f), {optim::sgd{}});
-    CHECK_THROWS_WITH(save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40()),
+    CHECK_THROWS_WITH(save_checkpoint(chief, {dir.path.string(), "ckpt", 2}, vars40()),
                       Catch::Contains("no checkpoint directory"));
   }
-  {
-    ps_options o{opts("ps.0")};
-    o.checkpoint_dir = dir.string();
-    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
-    std::thread t([p = s.get()] { p->run(); });
-    const std::string address = "127.0.0.1:" + std::to_string(s->port());
-    ps_client chief({address}, layout, opts("chief.0"));
-    chief.connect();
-    chief.initialize(iota(40, 1.0f), {optim::sgd{}});
-    const auto m = save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40());
-    CHECK(std::filesystem::exists(dir / m.files.at(0).name));
-    // A name that leaves the directory is refused by the ps.
-    raw_peer bad(address, "worker.1");
-    CHECK_FALSE(bad.call(detail::message_kind::ps_save, detail::ps_save_msg{"../escape", 0, 1}).empty());
-    CHECK_FALSE(std::filesystem::exists(dir.parent_path() / "escape.ps-0-of-1.shard"));
-    s->stop();
-    t.join();
-  }
-  std::filesystem::remove_all(dir);
+  saved_ps p("hostile_configured");
+  CHECK(std::filesystem::exists(p.dir.path / p.saved.files.at(0).name));
+  // A name that leaves the directory is refused by the ps.
+  raw_peer bad(p.ps.address(), "worker.1");
+  CHECK_FALSE(bad.call(detail::message_kind::ps_save, detail::ps_save_msg{"../escape", 0, 1}).empty());
+  CHECK_FALSE(std::filesystem::exists(p.dir.path.parent_path() / "escape.ps-0-of-1.shard"));
 }
 
 TEST_CASE("a restore from the ps's files asks for no more elements than the checkpoint holds",
           "[ps][hostile][checkpoint]") {
-  const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
-  const auto dir = std::filesystem::temp_directory_path() / ("dtf_ps_restore_bound_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  {
-    ps_options o{opts("ps.0")};
-    o.checkpoint_dir = dir.string();
-    auto s = std::make_unique<parameter_server>("127.0.0.1:0", o);
-    std::thread t([p = s.get()] { p->run(); });
-    const std::string address = "127.0.0.1:" + std::to_string(s->port());
-    ps_client chief({address}, layout, opts("chief.0"));
-    chief.connect();
-    chief.initialize(iota(40, 1.0f), {optim::sgd{}});
-    const auto m = save_checkpoint(chief, {dir.string(), "ckpt", 2}, vars40());
-    // Each range lies inside the 40 saved elements, but 1024 shards of all 40 (a message well
-    // inside the control-message bound) would make the ps allocate 1024 times the checkpoint:
-    // refused before anything is allocated.
-    detail::ps_restore_msg bomb;
-    bomb.init.rule = detail::rule_msg::from(optim::sgd{});
-    bomb.checkpoint = m.name;
-    bomb.from_files = true;
-    for (std::uint32_t i = 0; i < 1024; ++i) {
-      bomb.init.ids.push_back(i);
-      bomb.init.sizes.push_back(40);
-      bomb.iterations.push_back(0);
-      bomb.from.push_back(0);
-    }
-    raw_peer bad(address, "worker.1");
-    CHECK_THAT(bad.call(detail::message_kind::ps_restore, bomb), Catch::Contains("more elements than checkpoint"));
-    // Two shards of 20 inside the 40 saved: within the bound, and restored.
-    detail::ps_restore_msg two = bomb;
-    two.init.ids = {0, 1};
-    two.init.sizes = {20, 20};
-    two.iterations = {0, 0};
-    two.from = {20, 0};
-    CHECK(bad.call(detail::message_kind::ps_restore, two).empty());
-    std::vector<float> back(20);
-    CHECK(bad.call(detail::message_kind::ps_pull, detail::ps_pull_msg{{0}}, {}, back).empty());
-    CHECK(back == iota(20, 21.0f));
-    s->stop();
-    t.join();
+  saved_ps p("restore_bound");
+  // Each range lies inside the 40 saved elements, but 1024 shards of all 40 (a message well
+  // inside the control-message bound) would make the ps allocate 1024 times the checkpoint:
+  // refused before anything is allocated.
+  detail::ps_restore_msg bomb;
+  bomb.init.rule = detail::rule_msg::from(optim::sgd{});
+  bomb.checkpoint = p.saved.name;
+  bomb.from_files = true;
+  for (std::uint32_t i = 0; i < 1024; ++i) {
+    bomb.init.ids.push_back(i);
+    bomb.init.sizes.push_back(40);
+    bomb.iterations.push_back(0);
+    bomb.from.push_back(0);
   }
-  std::filesystem::remove_all(dir);
+  raw_peer bad(p.ps.address(), "worker.1");
+  CHECK_THAT(bad.call(detail::message_kind::ps_restore, bomb), Catch::Contains("more elements than checkpoint"));
+  // Two shards of 20 inside the 40 saved: within the bound, and restored.
+  detail::ps_restore_msg two = bomb;
+  two.init.ids = {0, 1};
+  two.init.sizes = {20, 20};
+  two.iterations = {0, 0};
+  two.from = {20, 0};
+  CHECK(bad.call(detail::message_kind::ps_restore, two).empty());
+  std::vector<float> back(20);
+  CHECK(bad.call(detail::message_kind::ps_pull, detail::ps_pull_msg{{0}}, {}, back).empty());
+  CHECK(back == iota(20, 21.0f));
 }
 
 TEST_CASE("an evaluation read does not reset a worker's staleness (DynSGD's tau)", "[ps][dyn_sgd]") {
