@@ -14,9 +14,11 @@ log="$work/run.log"
 if unshare -n true 2>/dev/null; then netns=(unshare -n)
 elif unshare -rn true 2>/dev/null; then netns=(unshare -rn)
 else echo "SKIP: no private network namespace (a fixed rendezvous port could be taken)"; exit 77; fi
-# A stranger holds a silent connection to the rendezvous port for the whole run (it connects
-# as soon as rank 0 listens, retrying every 5 ms, and never sends a byte): rank 0 handshakes
-# every arriving connection at once, so the silent one must not stall the ranks' set-up.
+# A stranger holds a silent connection to the rendezvous port (it connects as soon as rank 0
+# listens and never sends a byte): rank 0 handshakes every arriving connection at once, so the
+# silent one must not stall the ranks' set-up. The connect is a wait on "rank 0 listens", bounded
+# at 100 s, retried every 5 ms (no event says a port started listening); after it, the holder
+# blocks until rank 0 drops the connection (its handshake timeout, or the end of set-up).
 holder='import socket, sys, time
 end = time.time() + 100
 while True:
@@ -26,7 +28,11 @@ while True:
         if time.time() > end: sys.exit(1)
         time.sleep(0.005)
 open(sys.argv[1], "w").write("connected\n")
-time.sleep(150)'
+s.settimeout(150)
+try:
+    s.recv(1)
+except OSError:
+    pass'
 ok=0
 timeout 200 "${netns[@]}" bash -c 'ip link set lo up || exit 1
   python3 -c "$1" "$2" & holder=$!

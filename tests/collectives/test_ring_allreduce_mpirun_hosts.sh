@@ -14,20 +14,13 @@
 # namespaces it made.
 source "$(dirname "$0")/../multiprocess/lib.sh"
 dir=$example
-id="dtf$$"
-sw="${id}sw"
-hosts=("${id}h1" "${id}h2" "${id}h3")
+source "$(dirname "$0")/../netns/hosts_lib.sh"
 
 # Replaces lib.sh's cleanup (the EXIT trap calls it by name): also every process in the
 # namespaces, and the namespaces.
 cleanup() {
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  for ns in "${hosts[@]}" "$sw"; do
-    if ip netns list 2>/dev/null | grep -qw "$ns"; then
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-      ip netns del "$ns" 2>/dev/null
-    fi
-  done
+  remove_netns_hosts
   rm -rf "$work"
 }
 
@@ -37,34 +30,10 @@ skip() {
 }
 
 command -v mpirun >/dev/null || skip "no mpirun"
-command -v ip >/dev/null || skip "no 'ip' command (iproute2) to build network namespaces"
 command -v ss >/dev/null || fail "no 'ss' command (iproute2) to see the ranks' connections"
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
-# What the machine may refuse: a namespace, running a program in it, a bridge, a veth pair.
-if ! ip netns add "$sw" 2>"$work/netns.err"; then
-  skip "this machine refuses network namespaces: ip netns add: $(head -n1 "$work/netns.err")"
-fi
-ip netns exec "$sw" true 2>"$work/netns.err" ||
-  skip "this machine refuses to run programs in a network namespace: ip netns exec: $(head -n1 "$work/netns.err")"
-ip -n "$sw" link add br0 type bridge 2>"$work/netns.err" ||
-  skip "this machine refuses a bridge in a network namespace: $(head -n1 "$work/netns.err")"
-ip -n "$sw" link add "${id}p" type veth peer name "${id}q" 2>"$work/netns.err" ||
-  skip "this machine refuses veth pairs: $(head -n1 "$work/netns.err")"
-ip -n "$sw" link del "${id}p"
-ip -n "$sw" link set br0 up || fail "cannot bring the bridge up"
-for i in 1 2 3; do
-  ns=${hosts[$((i - 1))]}
-  ip netns add "$ns" || fail "cannot create namespace $ns"
-  ip link add "${id}a$i" netns "$ns" type veth peer name "${id}b$i" netns "$sw" ||
-    fail "cannot create the veth pair of $ns"
-  ip -n "$ns" link set "${id}a$i" name eth0 || fail "cannot rename the veth in $ns"
-  ip -n "$ns" addr add "10.0.0.$i/24" dev eth0 || fail "cannot address $ns"
-  ip -n "$ns" link set lo up && ip -n "$ns" link set eth0 up || fail "cannot bring $ns up"
-  ip -n "$sw" link set "${id}b$i" master br0 && ip -n "$sw" link set "${id}b$i" up ||
-    fail "cannot attach $ns to the bridge"
-done
-ip -n "${hosts[0]}" -4 addr show | grep -q "inet 10.0.0.1/24" || fail "host 1 lacks its address"
+make_netns_hosts
 
 # The "ssh" of these hosts: mpirun calls it as `agent <host> <command...>` (options before the
 # host are skipped) and it runs the command in that host's namespace, as ssh would run it on

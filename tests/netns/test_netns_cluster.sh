@@ -9,20 +9,13 @@
 set -u
 dtfrun=${1:?usage: $0 <dtfrun> <downpour>}
 program=${2:?usage: $0 <dtfrun> <downpour>}
-id="dtf$$"
-sw="${id}sw"
-hosts=("${id}h1" "${id}h2" "${id}h3")
+source "$(dirname "$0")/hosts_lib.sh"
 work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_netns.XXXXXX")
 pids=()
 
 cleanup() {
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
-  for ns in "${hosts[@]}" "$sw"; do
-    if ip netns list 2>/dev/null | grep -qw "$ns"; then
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-      ip netns del "$ns" 2>/dev/null
-    fi
-  done
+  remove_netns_hosts
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -34,35 +27,8 @@ skip() {
   exit 77
 }
 
-command -v ip >/dev/null || skip "no 'ip' command (iproute2) to build network namespaces"
-# What the machine may refuse: a namespace, running a program in it, a bridge, a veth pair.
-if ! ip netns add "$sw" 2>"$work/netns.err"; then
-  skip "this machine refuses network namespaces: ip netns add: $(head -n1 "$work/netns.err")"
-fi
-ip netns exec "$sw" true 2>"$work/netns.err" ||
-  skip "this machine refuses to run programs in a network namespace: ip netns exec: $(head -n1 "$work/netns.err")"
-# The switch: a bridge in its own namespace; each host gets a veth pair into it.
-ip -n "$sw" link add br0 type bridge 2>"$work/netns.err" ||
-  skip "this machine refuses a bridge in a network namespace: $(head -n1 "$work/netns.err")"
-ip -n "$sw" link add "${id}p" type veth peer name "${id}q" 2>"$work/netns.err" ||
-  skip "this machine refuses veth pairs: $(head -n1 "$work/netns.err")"
-ip -n "$sw" link del "${id}p"
-ip -n "$sw" link set br0 up || fail "cannot bring the bridge up"
-addresses=()
-for i in 1 2 3; do
-  ns=${hosts[$((i - 1))]}
-  ip netns add "$ns" || fail "cannot create namespace $ns"
-  ip link add "${id}a$i" netns "$ns" type veth peer name "${id}b$i" netns "$sw" ||
-    fail "cannot create the veth pair of $ns"
-  ip -n "$ns" link set "${id}a$i" name eth0 || fail "cannot rename the veth in $ns"
-  ip -n "$ns" addr add "10.0.0.$i/24" dev eth0 || fail "cannot address $ns"
-  ip -n "$ns" link set lo up && ip -n "$ns" link set eth0 up || fail "cannot bring $ns up"
-  ip -n "$sw" link set "${id}b$i" master br0 && ip -n "$sw" link set "${id}b$i" up ||
-    fail "cannot attach $ns to the bridge"
-  addresses+=("10.0.0.$i")
-done
-
-ip -n "${hosts[0]}" -4 addr show | grep -q "inet 10.0.0.1/24" || fail "host 1 lacks its address"
+make_netns_hosts
+addresses=(10.0.0.1 10.0.0.2 10.0.0.3)
 
 list=$(IFS=,; echo "${addresses[*]}")
 "$dtfrun" --print-tf-config --ps 1 --workers 2 --hosts "$list" --port-base 2222 >"$work/tf_config.txt" ||
