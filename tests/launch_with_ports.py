@@ -4,8 +4,8 @@
 Binds and listens on N free loopback ports at once and starts N copies of CMD, copy i with
 listening socket i handed down (DTF_LISTEN_FD, as dtfrun does): a dtf server listening on that
 address takes the socket, so no port is free between its choice and its use. --names K also
-picks K more distinct ports, held while all are chosen and then released, for addresses nobody
-listens on (a ps strategy's workers). In ARGS "{i}" becomes i, "{port}" copy i's port, "{hosts}"
+picks K more distinct ports, bound (not listening) until every copy has ended, for addresses
+nobody listens on (a ps strategy's workers): no port is released while the job runs. In ARGS "{i}" becomes i, "{port}" copy i's port, "{hosts}"
 the comma-separated 127.0.0.1:PORT list of the N, "{names}" that of the K.
 
 Writes DIR/ports (the N ports, then the K), then per copy DIR/pid.i once it runs, DIR/started
@@ -43,11 +43,9 @@ def write(name, text):
 
 
 socks = [bound(True) for _ in range(n)]
-held = [bound(False) for _ in range(names)]  # held together with socks while chosen: all distinct
+held = [bound(False) for _ in range(names)]  # held with socks for the whole job: all distinct
 ports = [s.getsockname()[1] for s in socks]
 name_ports = [s.getsockname()[1] for s in held]
-for s in held:
-    s.close()
 write("ports", " ".join(map(str, ports + name_ports)))
 hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
 name_list = ",".join(f"127.0.0.1:{p}" for p in name_ports)
@@ -69,3 +67,5 @@ for s in socks:
 write("started", hosts)
 for i, c in enumerate(children):
     write(f"status.{i}", str(c.wait()))
+for s in held:
+    s.close()
