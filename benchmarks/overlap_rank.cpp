@@ -17,22 +17,16 @@
 // (dtf::train prints its own "RESULT scheme=..." line too, over every step).
 #include <dtf/dtf.hpp>
 
+#include "mlp_widths.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 namespace {
 using clock_type = std::chrono::steady_clock;
-
-std::vector<std::size_t> parse_widths(const std::string& s) {
-  std::vector<std::size_t> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, ',');) out.push_back(std::stoul(part));
-  return out;
-}
 
 /// When the timed steps start and end, as a session hook sees them on this rank.
 struct step_times {
@@ -98,15 +92,7 @@ int main(int argc, char** argv) try {
   set_cpu_threads({.device = 1, .blas = threads});
   batch = int(tf.train.batch);
 
-  std::vector<std::size_t> widths{std::size_t(inputs)};
-  for (auto w : parse_widths(hidden)) widths.push_back(w);
-  widths.push_back(std::size_t(classes));
-  std::vector<nn::layer> layers;
-  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-    layers.push_back(nn::dense(widths[i], widths[i + 1]));
-    if (i + 2 < widths.size()) layers.push_back(nn::relu());
-  }
-  nn::sequential net(std::move(layers));
+  auto net = bench::mlp(bench::layer_widths(std::size_t(inputs), hidden, std::size_t(classes)));
 
   const std::size_t workers = std::max<std::size_t>(1, num_trainers(c));
   const auto data = synthetic(workers * std::size_t(batch) * 16, std::size_t(inputs), std::size_t(classes), 7);

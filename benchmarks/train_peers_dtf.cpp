@@ -7,20 +7,14 @@
 //   bench_train_peers_dtf --gemm_peak 2048 --threads 1
 #include <dtf/dtf.hpp>
 
+#include "mlp_widths.hpp"
+
 #include <chrono>
 #include <cstdio>
-#include <sstream>
 #include <vector>
 
 namespace {
 using clock_type = std::chrono::steady_clock;
-
-std::vector<std::size_t> parse_widths(const std::string& s) {
-  std::vector<std::size_t> out;
-  std::stringstream in(s);
-  for (std::string part; std::getline(in, part, ',');) out.push_back(std::stoul(part));
-  return out;
-}
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -61,16 +55,9 @@ int main(int argc, char** argv) try {
     return 0;
   }
 
-  std::vector<std::size_t> widths{std::size_t(inputs)};
-  for (auto w : parse_widths(hidden)) widths.push_back(w);
-  widths.push_back(std::size_t(classes));
   // The same MLP as train_peers.py: Dense+ReLU per hidden layer, Dense logits.
-  std::vector<nn::layer> layers;
-  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-    layers.push_back(nn::dense(widths[i], widths[i + 1]));
-    if (i + 2 < widths.size()) layers.push_back(nn::relu());
-  }
-  nn::sequential net(std::move(layers));
+  const auto widths = bench::layer_widths(std::size_t(inputs), hidden, std::size_t(classes));
+  auto net = bench::mlp(widths);
   tensor p({net.num_parameters()}), g({net.num_parameters()});
   net.initialize(p.span<float>(), 1);
   optim::optimizer<> opt(optim::adam{}, net.num_parameters());
