@@ -12,6 +12,7 @@ pkgs=(
   libopenblas-dev                               # GEMM on CPU builds
   nlohmann-json3-dev                            # TF_CONFIG and other JSON
   libssl-dev                                    # HMAC in the cluster handshake; TLS 1.3 (--tls)
+  libtorch-dev                                  # the optional LibTorch adapter (dtf::torch), its tests and torch_cnn
   zlib1g-dev                                    # gzip-compressed IDX files
   dataset-fashion-mnist                         # the real learning problem
   bible-kjv bible-kjv-text                      # the text of the next_word example (an embedding table on the ps)
