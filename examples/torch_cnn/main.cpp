@@ -1,0 +1,69 @@
+// torch_cnn — a convolutional network written with LibTorch's modules (convolution, BatchNorm,
+// ReLU, pooling, dropout, linear), trained on Fashion-MNIST by a dtf strategy:
+//   dtfrun --ps 1 --workers 2 -- build/examples/torch_cnn --strategy downpour   (or sync_sgd)
+//   dtfrun --workers 2 -- build/examples/torch_cnn --strategy ring_allreduce
+// dtf::torch::module_model makes the module a dtf model (dtf/torch/module_model.hpp).
+#include <dtf/dtf.hpp>
+#include <dtf/torch/module_model.hpp>
+
+#include "../common/fashion_mnist.hpp"
+
+#include <cstdio>
+#include <string>
+
+namespace tnn = torch::nn;
+
+struct CnnImpl : tnn::Cloneable<CnnImpl> {  // Cloneable: mirrored copies it per replica
+  CnnImpl() { reset(); }
+  void reset() override {
+    features = register_module("features",
+        tnn::Sequential(tnn::Conv2d(tnn::Conv2dOptions(1, 16, 3).padding(1)), tnn::BatchNorm2d(16), tnn::ReLU(),
+                        tnn::MaxPool2d(2), tnn::Conv2d(tnn::Conv2dOptions(16, 32, 3).padding(1)),
+                        tnn::BatchNorm2d(32), tnn::ReLU(), tnn::MaxPool2d(2)));
+    head = register_module("head", tnn::Sequential(tnn::Flatten(), tnn::Dropout(0.25), tnn::Linear(32 * 7 * 7, 128),
+                                                   tnn::ReLU(), tnn::Linear(128, 10)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return head->forward(features->forward(x)); }
+  tnn::Sequential features{nullptr}, head{nullptr};
+};
+TORCH_MODULE(Cnn);
+
+template <class MakeStrategy>  // strategy = make(cluster)
+int run(dtf::train_flags& tf, const examples::fashion_mnist& data, MakeStrategy make, const std::string& name) {
+  const dtf::cluster cluster = tf.resolve_cluster();
+  dtf::torch::module_model<Cnn> net(Cnn(), {.input_shape = {1, 28, 28}, .threads = tf.blas_threads,
+                                            .seed = tf.train.seed, .task = dtf::trainer_index(cluster)});
+  auto options = tf.options(cluster, name);
+  options.evaluate = dtf::evaluate_on(net, data.test());
+  return dtf::train(cluster, net, data.train(), make(cluster), options, tf.partitioner()).exit_code;
+}
+
+int main(int argc, char** argv) try {
+  std::string strategy = "downpour";  // the --strategy flag's value decides the flag set, so look first
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--strategy") strategy = argv[i + 1];
+  const bool collective = strategy == "ring_allreduce";
+  dtf::train_flags tf;
+  tf.train.epochs = 3;
+  examples::fashion_mnist data;
+  float lr = 1e-3f;
+  dtf::flag_parser flags("Trains a LibTorch CNN on Fashion-MNIST with a dtf strategy (one process per task).");
+  tf.add_to(flags, collective ? dtf::train_flag_set::collective : dtf::train_flag_set::ps);
+  data.add_to(flags);
+  flags.add("strategy", strategy, "downpour, sync_sgd or ring_allreduce").add("lr", lr, "rate of the Adam update");
+  if (!flags.parse(argc, argv)) return 0;
+
+  namespace s = dtf::strategies;
+  if (strategy == "downpour")
+    return run(tf, data, [&](auto&) { return s::downpour({.local_rule = dtf::optim::sgd{10 * lr}, .ps_rule = dtf::optim::adam{lr}}); },
+               strategy);
+  if (strategy == "sync_sgd")
+    return run(tf, data, [&](auto& c) { return s::sync_sgd({.replicas_to_aggregate = dtf::num_trainers(c), .rule = dtf::optim::adam{lr}}); },
+               strategy);
+  if (collective) return run(tf, data, [&](auto&) { return s::ring_allreduce<>({.rule = dtf::optim::adam{lr}}); }, strategy);
+  std::fprintf(stderr, "torch_cnn: --strategy: unknown '%s' (downpour, sync_sgd or ring_allreduce)\n", strategy.c_str());
+  return 2;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "torch_cnn: %s\n", e.what());
+  return 2;
+}
