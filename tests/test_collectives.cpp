@@ -34,6 +34,8 @@ using dtf::collective_options;
 using dtf::communicator;
 using dtf::reduce_op;
 using dtf::ring_listener;
+using dtf::test::ring_setup;
+using dtf::test::run_ranks_collect;
 
 // DTF_TEST_RING_TLS=1 (ctest's collectives_tests_under_tls) runs every test here with each ring
 // inside TLS (collective_options::tls, with a secret): TLS must change no result, no error and
@@ -48,38 +50,6 @@ collective_options test_options() {
   }
   return o;
 }
-
-/// Listeners on free loopback ports and their addresses.
-struct ring_setup {
-  explicit ring_setup(std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      listeners.emplace_back("127.0.0.1:0");
-      addresses.push_back("127.0.0.1:" + std::to_string(listeners.back().port()));
-    }
-  }
-  std::vector<ring_listener> listeners;
-  std::vector<std::string> addresses;
-};
-
-/// Runs body(comm) on n ranks (threads); returns each rank's exception (null when it succeeded).
-std::vector<std::exception_ptr> run_ranks_collect(std::size_t n, const collective_options& o,
-                                                  const std::function<void(communicator&)>& body) {
-  ring_setup setup(n);
-  std::vector<std::exception_ptr> failures(n);
-  std::vector<std::thread> threads;
-  for (std::size_t r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        communicator c(std::move(setup.listeners[r]), r, setup.addresses, {}, o);
-        body(c);
-      } catch (...) {
-        failures[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return failures;
-}
-
 
 /// Runs body on n ranks and asserts, on this thread, that every rank succeeded (naming the
 /// rank and its error otherwise). Catch2's assertion macros are not thread-safe, so rank

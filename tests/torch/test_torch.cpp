@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "../train_helpers.hpp"
+#include "twin.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -17,28 +18,10 @@ namespace {
 
 using dtf::tensor;
 using dtf::torch::module_model;
+using dtf::test::relayout;
+using dtf::test::small_net_init;
+using dtf::test::torch_small_net;
 namespace tnn = torch::nn;
-
-/// The torch twin of dtf::test::small_net(): Linear(8, 16), ReLU, Linear(16, 3).
-tnn::Sequential torch_small_net() { return tnn::Sequential(tnn::Linear(8, 16), tnn::ReLU(), tnn::Linear(16, 3)); }
-
-/// small_net's layout [k0 (8x16), b0, k1 (16x3), b1] -> the torch twin's [w0 (16x8), b0, w1 (3x16), b1]
-/// (to_torch) or back; Dense keeps [in, out] kernels, Linear [out, in] weights.
-std::vector<float> relayout(const std::vector<float>& p, bool to_torch) {
-  std::vector<float> out(p.size());
-  std::size_t at = 0;
-  for (auto [in, outs] : {std::pair<std::size_t, std::size_t>{8, 16}, {16, 3}}) {
-    for (std::size_t i = 0; i < in; ++i)
-      for (std::size_t o = 0; o < outs; ++o) {
-        const std::size_t dense = at + i * outs + o, linear = at + o * in + i;
-        out[to_torch ? linear : dense] = p[to_torch ? dense : linear];
-      }
-    at += in * outs;
-    std::copy_n(p.begin() + std::ptrdiff_t(at), outs, out.begin() + std::ptrdiff_t(at));
-    at += outs;
-  }
-  return out;
-}
 
 struct batch_tensors {
   tensor x, y;
@@ -50,13 +33,6 @@ batch_tensors first_batch(std::size_t n, std::uint64_t seed) {
   dtf::assign_from_host(t.x, b.features);
   dtf::assign_from_host(t.y, b.labels);
   return t;
-}
-
-std::vector<float> small_net_init(std::uint64_t seed) {
-  auto net = dtf::test::small_net();
-  std::vector<float> p(net.num_parameters());
-  net.initialize(p, seed);
-  return p;
 }
 
 /// A module with a branch the forward never takes.
