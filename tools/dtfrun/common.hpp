@@ -1,5 +1,5 @@
-// Shared by dtfrun's parts: output that cannot be lost or interleaved badly, messages, how a
-// process ended, JSON strings, command-line errors, finding the program to run.
+// Shared by dtfrun's parts: output that cannot be lost or interleaved badly, messages,
+// command-line errors, finding the program to run, reading a whole file.
 #pragma once
 
 #include <fcntl.h>
@@ -12,11 +12,12 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -127,41 +128,6 @@ inline std::string signal_name(int sig) {
   }
 }
 
-// How a task ended, from waitid(): an exit code or the signal that killed it.
-struct task_end {
-  bool killed = false;
-  int value = 0;  // exit code, or signal number when killed
-
-  bool failed() const { return killed || value != 0; }
-  int shell_status() const { return killed ? 128 + value : value; }
-  std::string describe() const {
-    return killed ? "killed by signal " + signal_name(value)
-                  : "exit status " + std::to_string(value);
-  }
-};
-
-inline std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
-
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -234,6 +200,15 @@ inline std::string resolve_command(const std::string& name) {
     path.remove_prefix(colon + 1);
   }
   throw usage_error("cannot execute '" + name + "': not found on PATH");
+}
+
+// The whole of the file at `path`; nothing when it cannot be opened.
+inline std::optional<std::string> read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace dtfrun
