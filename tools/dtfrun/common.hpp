@@ -161,6 +161,42 @@ inline flag_arg split_flag(std::string_view arg, std::span<char* const> rest, st
   return f;
 }
 
+// Where the flags of a command line ended: at -h/--help, or at '--', or at the end.
+struct flags_end {
+  bool help = false;
+  bool saw_separator = false;
+  int command_at = 0;  // the first argument after '--'; argc when there is none
+};
+
+// Reads the flags argv[first], argv[first + 1], ... up to '--' or -h/--help, and calls
+// on_flag(f, value) for each: f as split_flag splits it, value() its value (after '=', else the
+// next argument; usage_error "--NAME needs a value" when there is none).
+template <class OnFlag>
+flags_end scan_flags(int argc, char** argv, int first, std::string_view help, OnFlag&& on_flag) {
+  flags_end end;
+  int i = first;
+  for (; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {
+      end.saw_separator = true;
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      end.help = true;
+      break;
+    }
+    const flag_arg f = split_flag(arg, std::span<char* const>(argv + i, argv + argc), help);
+    on_flag(f, [&]() -> std::string_view {
+      if (f.inline_value) return *f.inline_value;
+      if (i + 1 < argc) return argv[++i];
+      throw usage_error("--" + std::string(f.written) + " needs a value");
+    });
+  }
+  end.command_at = i;
+  return end;
+}
+
 inline long long parse_count(std::string_view flag, std::string_view text, long long max) {
   long long value = 0;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);

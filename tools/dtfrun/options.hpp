@@ -179,22 +179,9 @@ inline restart_limits parse_restarts(std::string_view text) {
 
 inline options parse_options(int argc, char** argv) {
   options opts;
-  bool saw_separator = false;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--") {
-      saw_separator = true;
-      ++i;
-      break;
-    }
-    if (arg == "-h" || arg == "--help") {
-      opts.help = true;
-      return opts;
-    }
-    // '-' and '_' are the same in a flag's name; messages show the name as written.
-    const auto [written, name, inline_value] =
-        split_flag(arg, std::span<char* const>(argv + i, argv + argc), "dtfrun --help");
+  // '-' and '_' are the same in a flag's name; messages show the name as written.
+  const flags_end end = scan_flags(argc, argv, 1, "dtfrun --help", [&](const flag_arg& f, auto next_value) {
+    const auto& [written, name, inline_value] = f;
     if (name == "chief" || name == "evaluator" || name == "live" || name == "no_live" ||
         name == "print_tf_config" || name == "release_ports") {
       if (inline_value) throw usage_error("--" + std::string(written) + " takes no value");
@@ -204,7 +191,7 @@ inline options parse_options(int argc, char** argv) {
       if (name == "no_live") opts.live = false;
       if (name == "print_tf_config") opts.print_tf_config = true;
       if (name == "release_ports") opts.release_ports = true;
-      continue;
+      return;
     }
     const bool takes_value = name == "ps" || name == "workers" || name == "host" ||
                              name == "grace_ms" || name == "timeout_s" ||
@@ -213,14 +200,7 @@ inline options parse_options(int argc, char** argv) {
     if (!takes_value) {
       throw usage_error("unknown flag '--" + std::string(written) + "' (see dtfrun --help)");
     }
-    std::string_view value;
-    if (inline_value) {
-      value = *inline_value;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      throw usage_error("--" + std::string(written) + " needs a value");
-    }
+    const std::string_view value = next_value();
     if (name == "ps") {
       opts.ps_count = parse_count(written, value, max_tasks_per_job);
     } else if (name == "workers") {
@@ -254,7 +234,13 @@ inline options parse_options(int argc, char** argv) {
     } else {
       opts.timeout_s = parse_count(written, value, 1'000'000'000LL);
     }
+  });
+  if (end.help) {
+    opts.help = true;
+    return opts;
   }
+  const bool saw_separator = end.saw_separator;
+  int i = end.command_at;
   if (opts.print_tf_config) {
     if (saw_separator) throw usage_error("--print-tf-config starts nothing: drop the command after '--'");
     if (opts.hosts.empty()) throw usage_error("--print-tf-config needs --hosts H1,H2,...");

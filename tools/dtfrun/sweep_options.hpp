@@ -99,32 +99,12 @@ inline grid_entry parse_grid(std::string_view text) {
 
 inline sweep_options parse_sweep_options(int argc, char** argv) {
   sweep_options opts;
-  bool saw_separator = false;
-  int i = 2;
-  for (; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg == "--") {
-      saw_separator = true;
-      ++i;
-      break;
-    }
-    if (arg == "-h" || arg == "--help") {
-      opts.help = true;
-      return opts;
-    }
-    const auto [written, name, inline_value] =
-        split_flag(arg, std::span<char* const>(argv + i, argv + argc), "dtfrun sweep --help");
+  const flags_end end = scan_flags(argc, argv, 2, "dtfrun sweep --help", [&](const flag_arg& f, auto next_value) {
+    const auto& [written, name, inline_value] = f;
     if (name != "grid" && name != "parallel" && name != "out" && name != "sort" && name != "timeout_s") {
       throw usage_error("unknown sweep flag '--" + std::string(written) + "' (see dtfrun sweep --help)");
     }
-    std::string_view value;
-    if (inline_value) {
-      value = *inline_value;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      throw usage_error("--" + std::string(written) + " needs a value");
-    }
+    const std::string_view value = next_value();
     if (name == "grid") {
       grid_entry g = parse_grid(value);
       for (const grid_entry& other : opts.grid) {
@@ -148,7 +128,13 @@ inline sweep_options parse_sweep_options(int argc, char** argv) {
       }
       opts.descending = order == "desc";
     }
+  });
+  if (end.help) {
+    opts.help = true;
+    return opts;
   }
+  const bool saw_separator = end.saw_separator;
+  int i = end.command_at;
   if (opts.grid.empty()) throw usage_error("sweep needs at least one --grid KEY=V1,V2,...");
   if (!saw_separator) throw usage_error("missing '--' before the command (see dtfrun sweep --help)");
   if (i >= argc) throw usage_error("missing the command after '--' (see dtfrun sweep --help)");
