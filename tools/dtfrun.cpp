@@ -12,8 +12,8 @@
 // in tools/dtfrun/, each using only those listed before it:
 //   common.hpp    output, messages, command-line errors, finding the program
 //   process.hpp   starting a child in its own process group, signals, how a child ended
-//   json.hpp      JSON strings and documents (nlohmann/json)
-//   view.*        the task table, the state file, `dtfrun status`
+//   json.hpp      reading JSON documents (nlohmann/json)
+//   view.*        the task table, the state file, `dtfrun status`, JSON strings
 //   options.hpp   the command line and --help
 //   ports.hpp     picking and holding the tasks' ports
 //   cluster.hpp   the tasks, their TF_CONFIG, --print-tf-config

@@ -16,7 +16,6 @@
 #include <dtf/transport/address.hpp>
 
 #include "common.hpp"
-#include "json.hpp"
 #include "options.hpp"
 #include "ports.hpp"
 #include "process.hpp"

@@ -1,5 +1,5 @@
-// JSON in dtfrun, through nlohmann/json: strings written into TF_CONFIG and the state file,
-// and the documents read back (a job's state file for `dtfrun status`, a sweep run's metrics).
+// Reading JSON in dtfrun, through nlohmann/json: a job's state file (`dtfrun status`) and a
+// sweep run's metrics. Writing a JSON string is view.hpp's json_string.
 #pragma once
 
 #include <stdexcept>
@@ -9,12 +9,6 @@
 #include <nlohmann/json.hpp>
 
 namespace dtfrun {
-
-// `text` as a JSON string literal, quotes included. Bytes that are not UTF-8 become U+FFFD:
-// a reader (dtfrun status, a task's TF_CONFIG parser) would refuse the whole document.
-inline std::string json_string(std::string_view text) {
-  return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
 
 // One whole JSON document (RFC 8259: no '+1', '01' or '.5'), its objects' members in document
 // order. Throws std::runtime_error saying where and what is wrong: "invalid JSON at offset 18

@@ -186,6 +186,10 @@ std::vector<std::string> render_table(const job_view& job, std::size_t width) {
   return lines;
 }
 
+std::string json_string(std::string_view text) {
+  return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string to_json(const job_view& job) {
   std::string out = "{\"pid\": " + std::to_string(job.dtfrun_pid) + ", \"command\": " + json_string(job.command) +
                     ", \"phase\": " + json_string(job.phase) + ", \"elapsed_s\": " + fixed(job.elapsed_s, 3) +
