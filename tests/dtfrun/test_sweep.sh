@@ -128,6 +128,25 @@ grep -q "sweep: \[1/2\] case=bad: $out/001_case=bad/metrics.json: invalid JSON a
 expect_line "$work/sweep5.err" "dtfrun: sweep: [2/2] case=slow: time limit of 1 s reached; sending SIGTERM"
 expect_no_tasks_left
 
+# Numbers JSON does not allow ('+1', '01', '.5') make a metrics file malformed as well: a "bad
+# metrics file" row, and a message naming the file and where it goes wrong; 0.5 is read.
+cat >"$work/lax.sh" <<'PROG'
+#!/bin/bash
+printf '{"accuracy": %s}\n' "$2" >"$4"
+PROG
+chmod +x "$work/lax.sh"
+out="$work/sweep6"
+"$dtfrun" sweep --grid accuracy=+1,01,.5,0.5 --out "$out" -- "$work/lax.sh" >"$work/sweep6.out" 2>"$work/sweep6.err"
+expect_rc 1 $? "a sweep with metrics that are not JSON numbers"
+grep -q '^4,0.5,ok,[0-9.]*,0.5,' "$out/results.csv" || fail "the well-formed metrics file is not read: $(cat "$out/results.csv")"
+k=0
+for value in +1 01 .5; do
+  k=$((k + 1))
+  grep -qF "$k,$value,bad metrics file," "$out/results.csv" || fail "'accuracy: $value' is not a bad metrics file"
+  grep -qE "^dtfrun: sweep: \[$k/4\] accuracy=[^ ]*: $out/00${k}_[^ ]*/metrics.json: invalid JSON at offset [0-9]+ \(line 1, column [0-9]+\): syntax error" \
+    "$work/sweep6.err" || fail "no message naming the metrics file and the error for 'accuracy: $value'"
+done
+
 # SIGINT: passed on to the running runs, no new run starts, the table lists what happened,
 # exit 130, nothing left running.
 set -m

@@ -1,5 +1,5 @@
-// Shared by dtfrun's parts: output that cannot be lost or interleaved badly, messages, how a
-// process ended, JSON strings, command-line errors, finding the program to run.
+// Shared by dtfrun's parts: output that cannot be lost or interleaved badly, messages,
+// command-line errors, finding the program to run, reading a whole file.
 #pragma once
 
 #include <fcntl.h>
@@ -12,11 +12,12 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -127,41 +128,6 @@ inline std::string signal_name(int sig) {
   }
 }
 
-// How a task ended, from waitid(): an exit code or the signal that killed it.
-struct task_end {
-  bool killed = false;
-  int value = 0;  // exit code, or signal number when killed
-
-  bool failed() const { return killed || value != 0; }
-  int shell_status() const { return killed ? 128 + value : value; }
-  std::string describe() const {
-    return killed ? "killed by signal " + signal_name(value)
-                  : "exit status " + std::to_string(value);
-  }
-};
-
-inline std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
-
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -193,6 +159,42 @@ inline flag_arg split_flag(std::string_view arg, std::span<char* const> rest, st
   f.name = std::string(f.written);
   std::replace(f.name.begin(), f.name.end(), '-', '_');
   return f;
+}
+
+// Where the flags of a command line ended: at -h/--help, or at '--', or at the end.
+struct flags_end {
+  bool help = false;
+  bool saw_separator = false;
+  int command_at = 0;  // the first argument after '--'; argc when there is none
+};
+
+// Reads the flags argv[first], argv[first + 1], ... up to '--' or -h/--help, and calls
+// on_flag(f, value) for each: f as split_flag splits it, value() its value (after '=', else the
+// next argument; usage_error "--NAME needs a value" when there is none).
+template <class OnFlag>
+flags_end scan_flags(int argc, char** argv, int first, std::string_view help, OnFlag&& on_flag) {
+  flags_end end;
+  int i = first;
+  for (; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") {
+      end.saw_separator = true;
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      end.help = true;
+      break;
+    }
+    const flag_arg f = split_flag(arg, std::span<char* const>(argv + i, argv + argc), help);
+    on_flag(f, [&]() -> std::string_view {
+      if (f.inline_value) return *f.inline_value;
+      if (i + 1 < argc) return argv[++i];
+      throw usage_error("--" + std::string(f.written) + " needs a value");
+    });
+  }
+  end.command_at = i;
+  return end;
 }
 
 inline long long parse_count(std::string_view flag, std::string_view text, long long max) {
@@ -234,6 +236,15 @@ inline std::string resolve_command(const std::string& name) {
     path.remove_prefix(colon + 1);
   }
   throw usage_error("cannot execute '" + name + "': not found on PATH");
+}
+
+// The whole of the file at `path`; nothing when it cannot be opened.
+inline std::optional<std::string> read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace dtfrun

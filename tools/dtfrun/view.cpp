@@ -2,14 +2,17 @@
 #include "view.hpp"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "common.hpp"
@@ -85,6 +88,17 @@ std::string optional_json(const std::optional<double>& v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", *v);
   return buf;
+}
+
+// A member of a state file's object: a number, or a string, when it is one (else none, "").
+std::optional<double> number_at(const nlohmann::ordered_json& object, const char* key) {
+  const auto it = object.find(key);  // end() unless an object with that member
+  if (it == object.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+std::string string_at(const nlohmann::ordered_json& object, const char* key) {
+  const auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
 }  // namespace
@@ -172,6 +186,10 @@ std::vector<std::string> render_table(const job_view& job, std::size_t width) {
   return lines;
 }
 
+std::string json_string(std::string_view text) {
+  return nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string to_json(const job_view& job) {
   std::string out = "{\"pid\": " + std::to_string(job.dtfrun_pid) + ", \"command\": " + json_string(job.command) +
                     ", \"phase\": " + json_string(job.phase) + ", \"elapsed_s\": " + fixed(job.elapsed_s, 3) +
@@ -191,28 +209,28 @@ std::string to_json(const job_view& job) {
 }
 
 job_view job_view_from_json(std::string_view text) {
-  const json_value doc = json_reader::parse(text);
-  if (doc.type != json_value::kind::object) throw std::runtime_error("a state file holds a JSON object");
+  const nlohmann::ordered_json doc = parse_json(text);
+  if (!doc.is_object()) throw std::runtime_error("a state file holds a JSON object");
   job_view job;
-  job.dtfrun_pid = static_cast<pid_t>(doc.number_at("pid").value_or(-1));
-  job.command = doc.string_at("command");
-  job.phase = doc.string_at("phase");
-  job.elapsed_s = doc.number_at("elapsed_s").value_or(0.0);
-  job.chief = doc.string_at("chief");
-  const json_value* tasks = doc.find("tasks");
-  if (tasks == nullptr || tasks->type != json_value::kind::array) throw std::runtime_error("no task list");
-  for (const json_value& item : tasks->items) {
+  job.dtfrun_pid = static_cast<pid_t>(number_at(doc, "pid").value_or(-1));
+  job.command = string_at(doc, "command");
+  job.phase = string_at(doc, "phase");
+  job.elapsed_s = number_at(doc, "elapsed_s").value_or(0.0);
+  job.chief = string_at(doc, "chief");
+  const auto tasks = doc.find("tasks");
+  if (tasks == doc.end() || !tasks->is_array()) throw std::runtime_error("no task list");
+  for (const nlohmann::ordered_json& item : *tasks) {
     task_view t;
-    t.name = item.string_at("name");
-    t.state = item.string_at("state");
-    t.restarts = static_cast<long long>(item.number_at("restarts").value_or(0));
-    t.pid = static_cast<pid_t>(item.number_at("pid").value_or(-1));
-    if (auto v = item.number_at("step")) t.step = static_cast<long long>(*v);
-    if (auto v = item.number_at("last_step")) t.last_step = static_cast<long long>(*v);
-    t.loss = item.number_at("loss");
-    t.steps_per_sec = item.number_at("steps_per_sec");
-    t.cpu_percent = item.number_at("cpu_percent");
-    if (auto v = item.number_at("rss_bytes")) t.rss_bytes = static_cast<long long>(*v);
+    t.name = string_at(item, "name");
+    t.state = string_at(item, "state");
+    t.restarts = static_cast<long long>(number_at(item, "restarts").value_or(0));
+    t.pid = static_cast<pid_t>(number_at(item, "pid").value_or(-1));
+    if (auto v = number_at(item, "step")) t.step = static_cast<long long>(*v);
+    if (auto v = number_at(item, "last_step")) t.last_step = static_cast<long long>(*v);
+    t.loss = number_at(item, "loss");
+    t.steps_per_sec = number_at(item, "steps_per_sec");
+    t.cpu_percent = number_at(item, "cpu_percent");
+    if (auto v = number_at(item, "rss_bytes")) t.rss_bytes = static_cast<long long>(*v);
     job.tasks.push_back(std::move(t));
   }
   return job;
@@ -286,14 +304,6 @@ std::vector<group_usage> sample_groups(const std::vector<pid_t>& groups) {
 }
 
 namespace {
-
-std::optional<std::string> read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 bool process_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 

@@ -47,6 +47,10 @@ bool parse_progress_tokens(std::string_view line, task_view& t);
 // The table, one string per line without newlines, each cut to `width` columns (0: no limit).
 std::vector<std::string> render_table(const job_view& job, std::size_t width);
 
+// `text` as a JSON string literal, quotes included (in the state file, and in TF_CONFIG).
+// Bytes that are not UTF-8 become U+FFFD: a reader would refuse the whole document.
+std::string json_string(std::string_view text);
+
 // The state file's JSON and back (throws std::runtime_error on malformed text).
 std::string to_json(const job_view& job);
 job_view job_view_from_json(std::string_view text);
