@@ -15,6 +15,10 @@
 
 namespace dtf {
 
+/// A span whose elements are in device memory (e.g. a tensor's, tensor::span<T>()). Functions that
+/// move a buffer over the network take one; on CPU builds it is read and written in place, on CUDA
+/// builds staged through pinned host memory. A distinct type so that a host buffer is never taken
+/// for a device one or the other way round.
 template <class T>
 class device_span {
  public:

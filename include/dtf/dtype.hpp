@@ -43,6 +43,11 @@ constexpr std::string_view name_of(dtype t) noexcept {
 
 template <class T>
 struct dtype_of;  // no definition: only the types below are tensor elements
+/// float is dtype::float32.
+/// double is dtype::float64.
+/// std::int32_t is dtype::int32.
+/// std::int64_t is dtype::int64.
+/// std::uint8_t is dtype::uint8.
 template <> struct dtype_of<float> { static constexpr dtype value = dtype::float32; };
 template <> struct dtype_of<double> { static constexpr dtype value = dtype::float64; };
 template <> struct dtype_of<std::int32_t> { static constexpr dtype value = dtype::int32; };

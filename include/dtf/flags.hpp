@@ -23,6 +23,9 @@
 
 namespace dtf {
 
+/// Command-line flags for dtf programs (`--name value` or `--name=value`), each bound to a
+/// variable that holds its default. Errors: dtf::error(errc::invalid_config) naming the flag for
+/// an unknown flag, a missing value, or a value that does not parse completely as the flag's type.
 class flag_parser {
  public:
   explicit flag_parser(std::string description) : description_(std::move(description)) {}

@@ -176,6 +176,7 @@ struct session_scaffold {
   std::function<std::int64_t()> global_step;
 };
 
+/// How a monitored_training_session starts: as the chief or not, and its scaffold.
 struct session_options {
   bool is_chief = true;
   session_scaffold scaffold;

@@ -46,6 +46,7 @@
 
 namespace dtf {
 
+/// How a summary_writer buckets histograms and flushes.
 struct summary_writer_options {
   std::size_t histogram_buckets = 30;  ///< equal-width buckets per histogram
   std::size_t flush_every_events = 0;  ///< flush after this many events (0: only on flush())

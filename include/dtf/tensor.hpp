@@ -30,6 +30,10 @@
 
 namespace dtf {
 
+/// A typed, shaped buffer in device memory (host memory managed by Thrust on CPU builds, GPU
+/// memory on CUDA builds). bytes() is a contiguous view of the whole buffer, which the transport
+/// sends and receives in place. Distinct tensors may be used from different threads; one tensor
+/// must not be modified concurrently with any other use.
 class tensor {
  public:
   /// An empty float32 tensor of shape [0].

@@ -55,6 +55,9 @@ enum class train_flag_set {
   collective,  ///< collective strategies (no ps; runs alone without a cluster)
 };
 
+/// The standard command-line flags of a training program (cluster, checkpoints, summaries,
+/// strategy knobs, ...): add_to() registers them on a flag_parser, options() turns them into
+/// train_options.
 struct train_flags {
   cluster_flags cluster;
   train_options train;  ///< the defaults the flags show; options() fills the rest

@@ -52,6 +52,10 @@ struct host_batch {
 
 class batch_stream;
 
+/// An in-memory dataset of (features, label) examples and the input pipeline around it: shard,
+/// take, shuffle, normalize, batch, repeat, prefetch. A value: each call returns a new dataset
+/// sharing the examples (shard() keeps a compact copy of its own). Immutable, so it may be shared
+/// between threads; a batch_stream serves one thread.
 class dataset {
  public:
   /// Examples as rows of `features` with one label each. value_min/value_max give the range

@@ -16,6 +16,10 @@
 
 namespace dtf::hooks {
 
+/// Hook: every rank of a collective job stops after the same step. After each step the ranks
+/// allreduce (max) "a stop was requested here", and every rank requests the stop when any did
+/// (add it last, so that it sees the other hooks' requests). With one rank no message is sent.
+/// Errors: those of the communicator.
 struct agreed_stop {
   communicator* comm;
   void after_run(run_context& ctx, const run_values&) {

@@ -45,6 +45,7 @@ struct checkpoint_listener {
   std::function<void(std::int64_t step)> end;
 };
 
+/// When a checkpoint_saver saves.
 struct checkpoint_saver_options {
   std::int64_t every_n_steps = 0;  ///< 0: not by steps
   double every_secs = 600;         ///< 0: not by time (TensorFlow's default is 600 s)
@@ -53,6 +54,8 @@ struct checkpoint_saver_options {
   std::vector<checkpoint_listener> listeners;
 };
 
+/// Hook: saves checkpoints every N global steps or S seconds, at the session's start and at its
+/// end after no error (TensorFlow's CheckpointSaverHook), and tells its listeners.
 class checkpoint_saver {
  public:
   /// Saves the checkpoint for a global step; returns its manifest.

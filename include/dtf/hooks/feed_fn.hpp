@@ -12,6 +12,9 @@
 
 namespace dtf::hooks {
 
+/// Hook: before every run calls f(ctx), which stages the step's input. When f returns false the
+/// input is exhausted: the run is skipped and the session stops. A callable returning void always
+/// feeds.
 template <class F>
   requires std::is_invocable_v<F&, run_context&>
 class feed_fn {

@@ -22,6 +22,9 @@ auto call_final(F& f, run_context& ctx) {
 }
 }  // namespace detail
 
+/// Hook: when the session ends without error, calls f(ctx) (or f()) once and keeps its result
+/// (e.g. a final evaluation). On an error end it does nothing. Whatever f throws propagates out
+/// of close().
 template <class F>
   requires std::is_invocable_v<F&, run_context&> || std::is_invocable_v<F&>
 class final_ops {

@@ -17,12 +17,16 @@
 
 namespace dtf::hooks {
 
+/// What a global_step_waiter waits for.
 struct global_step_waiter_options {
   std::int64_t wait_until_step = 0;
   int poll_ms = 100;        ///< polling interval
   int timeout_ms = 600000;  ///< give up after this long
 };
 
+/// Hook: holds a task back, before each run, until the global step (read afresh) reaches
+/// wait_until_step (TensorFlow's gradual warm-up of workers). A stop request ends the wait.
+/// Errors: dtf::error(errc::timeout) when the step is not reached within timeout_ms.
 class global_step_waiter {
  public:
   explicit global_step_waiter(global_step_waiter_options o) : options_(o) {

@@ -25,6 +25,7 @@
 
 namespace dtf::hooks {
 
+/// When and where a logging hook writes.
 struct logging_options {
   std::int64_t every_n_iter = 100;  ///< iterations (this task's runs) between lines; 0: not by count
   double every_secs = 0;            ///< 0: not by time
@@ -37,6 +38,11 @@ struct logging_options {
   std::function<void(const std::string&)> sink;  ///< default: stdout
 };
 
+/// Hook: a progress line every N iterations (this task's runs) or every S seconds, made of
+/// key=value tokens (the contract dtfrun's live view parses):
+/// `<prefix>: step=1200 last_step=5000 loss=0.4123 steps_per_sec=85.3 lr=0.1 ...`
+/// (the global step, the last step when known, the mean loss since the previous line, global
+/// steps per second, then every named scalar of the latest run_values).
 class logging {
  public:
   explicit logging(logging_options o = {}) : options_(std::move(o)), timer_(options_.every_n_iter, options_.every_secs) {}

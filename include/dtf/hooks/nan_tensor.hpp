@@ -35,12 +35,16 @@ enum class nan_policy {
   stop,  ///< print a warning and request a stop
 };
 
+/// What a nan_tensor hook does on a non-finite loss.
 struct nan_tensor_options {
   nan_policy policy = nan_policy::fail;
   /// Where the stop policy's warning goes (default: stderr).
   std::function<void(const std::string&)> warn;
 };
 
+/// Hook: after every step whose run_values carry a loss, checks that it is finite; when not,
+/// either throws nan_loss_error (the session ends with it) or warns and stops the session cleanly
+/// (nan_policy).
 class nan_tensor {
  public:
   explicit nan_tensor(nan_tensor_options o = {}) : options_(std::move(o)) {}

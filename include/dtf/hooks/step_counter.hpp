@@ -16,12 +16,16 @@
 
 namespace dtf::hooks {
 
+/// When a step_counter measures, and where it writes.
 struct step_counter_options {
   std::int64_t every_n_steps = 100;  ///< 0: not by steps
   double every_secs = 0;             ///< 0: not by time
   std::shared_ptr<summary_writer> writer;  ///< optional
 };
 
+/// Hook: every N global steps or S seconds, measures global steps per second and this task's
+/// examples per second and, when given a summary_writer, writes them as the scalars
+/// "global_step/sec" and "examples/sec". Usually a chief-only hook.
 class step_counter {
  public:
   explicit step_counter(step_counter_options o = {})

@@ -15,11 +15,15 @@
 
 namespace dtf::hooks {
 
+/// The step a stop_at_step hook stops at: exactly one of num_steps and last_step.
 struct stop_at_step_options {
   std::optional<std::int64_t> num_steps;  ///< steps to run from the start step
   std::optional<std::int64_t> last_step;  ///< global step to stop at
 };
 
+/// Hook: stops the session once the global step reaches the last step (num_steps after the start
+/// step, or last_step). Errors: dtf::error(errc::invalid_argument) when neither or both are set,
+/// or a value is negative.
 class stop_at_step {
  public:
   explicit stop_at_step(stop_at_step_options o) : options_(o) {

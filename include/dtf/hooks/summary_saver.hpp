@@ -16,12 +16,16 @@
 
 namespace dtf::hooks {
 
+/// When a summary_saver writes, and where.
 struct summary_saver_options {
   std::int64_t every_n_steps = 100;  ///< 0: not by steps
   double every_secs = 0;             ///< 0: not by time
   std::shared_ptr<summary_writer> writer;  ///< required
 };
 
+/// Hook: every N global steps or S seconds writes the step's loss, named scalars and histograms to
+/// a TensorBoard event file (asking the step for summaries in before_run). Usually a chief-only
+/// hook.
 class summary_saver {
  public:
   /// Errors: dtf::error(invalid_argument) without a writer.

@@ -14,6 +14,10 @@
 
 namespace dtf::hooks {
 
+/// "Every N steps or every S seconds", the trigger most hooks share (TensorFlow's
+/// SecondOrStepTimer): it triggers for a step when it never triggered, or when at least
+/// every_steps global steps or every_secs seconds passed since it last did; both zero: never.
+/// Not thread-safe.
 class step_timer {
  public:
   using clock = std::chrono::steady_clock;

@@ -23,8 +23,13 @@
 
 namespace dtf::nn {
 
+/// How an embedding_bag combines the rows of a bag: their sum, or their mean (an empty bag gives
+/// zeros).
 enum class combiner { sum, mean };
 
+/// Embedding lookups over the rows a batch gathered (host memory): each bag, a run of ids, is
+/// combined into one vector; backward() gives the rows' gradients, deduplicated (summed over a
+/// row's uses), in lookup::unique's order.
 class embedding_bag {
  public:
   explicit embedding_bag(std::uint32_t dim, combiner c = combiner::mean) : dim_(dim), combiner_(c) {

@@ -27,14 +27,20 @@
 
 namespace dtf::nn {
 
+/// How embedding_sequential combines an example's looked-up rows: `concat` (in column order,
+/// [batch, ids_per_example * dim]), `sum` or `mean` (one bag per example, [batch, dim]).
 enum class embedding_combine { concat, sum, mean };
 
+/// The embedding lookup at the bottom of an embedding_sequential.
 struct embedding_input {
   embedding_spec table;             ///< the table ids are looked up in (fixed or hashed)
   std::size_t ids_per_example = 1;  ///< feature columns, each an id
   embedding_combine combine = embedding_combine::concat;
 };
 
+/// An embedding lookup under a stack of dense layers: ids in, classes out; models
+/// dtf::embedding_classifier. A batch's features are ids_per_example columns of ids stored as
+/// floats. One instance per thread.
 class embedding_sequential {
  public:
   /// Errors: errc::shape_mismatch when the dense stack's input width is not what the lookup

@@ -35,6 +35,7 @@ namespace dtf::nn {
 /// A layer of a sequential model.
 using layer = std::variant<dense, relu>;
 
+/// A stack of layers ending in softmax cross-entropy; models dtf::model and dtf::classifier.
 class sequential {
  public:
   /// Errors: errc::shape_mismatch when a Dense layer's inputs do not match the features the

@@ -92,6 +92,9 @@ void host_apply(Kernel k, float* __restrict p, const float* __restrict g, float*
 }
 }  // namespace detail
 
+/// Applies an update rule to a flat parameter buffer, keeping the rule's slots (momentum,
+/// accumulators, Adam moments) beside it, in the memory space `Space` (device_space or
+/// host_space).
 template <class Space = device_space>
 class optimizer {
  public:

@@ -38,6 +38,8 @@ enum class nonfinite_policy {
   apply,   ///< applied as sent (the parameters may become non-finite)
 };
 
+/// A parameter server task's own settings: transport, I/O threads, its checkpoint directory, the
+/// non-finite-gradient policy and the bounds on what a peer may make it hold.
 struct ps_options {
   transport_options transport{};
   int threads = 1;  ///< I/O threads; with lock_free shards, updates from several run concurrently

@@ -40,6 +40,9 @@ struct lookup {
   std::size_t rows() const noexcept { return unique.size(); }
 };
 
+/// A worker's view of the embedding tables on the parameter servers: registers and creates
+/// tables, plans a batch's lookups (distinct ids grouped by ps), gathers their rows and pushes
+/// their gradients.
 class embedding_tables {
  public:
   explicit embedding_tables(ps_client& ps) : ps_(ps) {}

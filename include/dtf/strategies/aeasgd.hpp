@@ -11,6 +11,7 @@
 
 namespace dtf::strategies {
 
+/// aeasgd's knobs.
 struct aeasgd_config {
   std::size_t window = 32;      ///< τ: local steps between elastic updates (dist-keras: 32)
   float learning_rate = 0.1f;   ///< η of the local SGD steps (dist-keras: 0.1, so α = 0.5)
@@ -48,6 +49,9 @@ inline void check_alpha(float eta, float rho, const char* who) {
 }
 }  // namespace detail
 
+/// Asynchronous Elastic Averaging SGD (Zhang, Choromanska, LeCun 2015): local SGD steps; every τ
+/// steps the worker pulls the centre θ̃, moves itself by −E and pushes E = α (θₖ − θ̃),
+/// α = η ρ, which the ps adds. A dtf::strategy of kind asynchronous.
 class aeasgd {
  public:
   using config_type = aeasgd_config;

@@ -11,11 +11,15 @@
 
 namespace dtf::strategies {
 
+/// agn's knobs.
 struct agn_config {
   std::size_t window = 10;                      ///< λ: local steps per commit (dist-keras 5–12)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser (Hermans used Adam)
 };
 
+/// Accumulated Gradient Normalization (Hermans et al. 2017, dist-keras's ADAG): λ local steps,
+/// then the worker commits the mean of its window's updates, which the ps adds, and pulls again.
+/// A dtf::strategy of kind asynchronous.
 class agn {
  public:
   using config_type = agn_config;

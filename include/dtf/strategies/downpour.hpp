@@ -13,6 +13,7 @@
 
 namespace dtf::strategies {
 
+/// downpour's knobs.
 struct downpour_config {
   std::size_t fetch_every = 5;                     ///< steps between pulls (dist-keras: 5)
   std::size_t push_every = 5;                      ///< steps between pushes (dist-keras: 5)
@@ -31,6 +32,9 @@ inline downpour_config downpour_easy_config(std::vector<float> local_rates, floa
   return c;
 }
 
+/// DOWNPOUR SGD (Dean et al. 2012) and DOWNPOUR-Easy: pulls every fetch_every steps, local steps
+/// with its own optimiser, pushes the accumulated gradient every push_every steps (the ps applies
+/// it with ps_rule). A dtf::strategy of kind asynchronous.
 class downpour {
  public:
   using config_type = downpour_config;

@@ -11,11 +11,15 @@
 
 namespace dtf::strategies {
 
+/// dyn_sgd's knobs.
 struct dyn_sgd_config {
   std::size_t window = 5;                       ///< local steps per commit (dist-keras: 5)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser
 };
 
+/// DynSGD (Jiang et al. 2017): as agn's window, but the worker commits the residual θₖ − θ_pulled
+/// and the ps scales it by 1 / (τ + 1), τ being the updates it applied since this worker's pull.
+/// A dtf::strategy of kind asynchronous.
 class dyn_sgd {
  public:
   using config_type = dyn_sgd_config;

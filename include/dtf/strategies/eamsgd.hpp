@@ -10,6 +10,7 @@
 
 namespace dtf::strategies {
 
+/// eamsgd's knobs.
 struct eamsgd_config {
   std::size_t window = 32;      ///< τ
   float learning_rate = 0.01f;  ///< η
@@ -17,6 +18,8 @@ struct eamsgd_config {
   float rho = 5.0f;             ///< ρ; α = η ρ
 };
 
+/// Elastic Averaging Momentum SGD (Zhang et al. 2015): aeasgd's elastic step with Nesterov
+/// momentum on the worker. A dtf::strategy of kind asynchronous.
 class eamsgd {
  public:
   using config_type = eamsgd_config;

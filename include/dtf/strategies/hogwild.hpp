@@ -16,11 +16,15 @@
 
 namespace dtf::strategies {
 
+/// hogwild's knobs.
 struct hogwild_config {
   float learning_rate = 0.05f;  ///< η of the plain SGD the ps applies
   float epoch_decay = 0.9f;     ///< η is multiplied by this once per epoch (1: constant)
 };
 
+/// Hogwild (Niu et al. 2011) through parameter servers: every step the worker pulls θ̃ and pushes
+/// a minibatch gradient, which the ps applies without locks; the rate shrinks by epoch_decay each
+/// epoch. A dtf::strategy of kind asynchronous.
 class hogwild {
  public:
   using config_type = hogwild_config;

@@ -75,6 +75,7 @@
 
 namespace dtf::strategies {
 
+/// mirrored's knobs.
 struct mirrored_config {
   optim::rule rule = optim::adam{.learning_rate = 1e-3f};  ///< applied by every replica to the mean
   /// Multiply the rule's rate by the number of replicas in all (replicas × processes),

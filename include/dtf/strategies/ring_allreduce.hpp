@@ -55,6 +55,7 @@
 
 namespace dtf::strategies {
 
+/// ring_allreduce's knobs.
 struct ring_allreduce_config {
   optim::rule rule = optim::adam{.learning_rate = 1e-3f};  ///< applied by every rank to the average
   /// Multiply the rule's rate by the number of ranks (Goyal et al. 2017), reached linearly

@@ -68,6 +68,7 @@ struct sync_state {
   }
 };
 
+/// sync_sgd's knobs.
 struct sync_sgd_config {
   std::size_t replicas_to_aggregate = 1;            ///< N: contributions averaged per step
   optim::rule rule = optim::momentum{0.05f, 0.9f};  ///< applied by the ps to the average
@@ -126,6 +127,7 @@ class sync_sgd {
   config_type c_;
 };
 
+/// sagn's knobs.
 struct sagn_config {
   std::size_t replicas_to_aggregate = 1;        ///< N
   std::size_t window = 5;                       ///< λ local steps per contribution (TF guide: 5)
