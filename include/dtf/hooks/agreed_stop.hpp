@@ -22,6 +22,7 @@ namespace dtf::hooks {
 /// Errors: those of the communicator.
 struct agreed_stop {
   communicator* comm;
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values&) {
     const bool here = ctx.stop_requested() || stop_on_signal::stopped_by_signal();
     if (comm->size() <= 1) {

@@ -77,20 +77,24 @@ class checkpoint_saver {
         std::move(o));
   }
 
+  /// dtf::session_hook: before the session is created.
   void begin() {
     for (auto& l : options_.listeners)
       if (l.begin) l.begin();
   }
 
+  /// dtf::session_hook: after restore or initialisation, at the start step.
   void after_create_session(run_context& ctx) {
     if (options_.save_at_start) save(ctx, ctx.global_step());
     else timer_.update(ctx.global_step());
   }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values&) {
     if (timer_.should_trigger(ctx.global_step())) save(ctx, ctx.global_step());
   }
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context& ctx, const run_status& status) {
     if (status.ok() && options_.save_at_end && last_saved_ != ctx.global_step()) save(ctx, ctx.global_step());
     for (auto& l : options_.listeners)

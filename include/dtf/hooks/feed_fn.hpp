@@ -21,6 +21,7 @@ class feed_fn {
  public:
   explicit feed_fn(F f) : f_(std::move(f)) {}
 
+  /// dtf::session_hook: before each step.
   void before_run(run_context& ctx) {
     if constexpr (std::is_void_v<std::invoke_result_t<F&, run_context&>>) {
       f_(ctx);

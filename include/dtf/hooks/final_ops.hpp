@@ -33,6 +33,7 @@ class final_ops {
 
   explicit final_ops(F f) : f_(std::move(f)) {}
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context& ctx, const run_status& status) {
     if (!status.ok()) return;
     if constexpr (std::is_void_v<result_type>) {

@@ -34,6 +34,7 @@ class global_step_waiter {
       throw error(errc::invalid_argument, "global_step_waiter: poll_ms and timeout_ms must be positive");
   }
 
+  /// dtf::session_hook: before each step.
   void before_run(run_context& ctx) {
     if (reached_) return;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);

@@ -47,12 +47,14 @@ class logging {
  public:
   explicit logging(logging_options o = {}) : options_(std::move(o)), timer_(options_.every_n_iter, options_.every_secs) {}
 
+  /// dtf::session_hook: after restore or initialisation, at the start step.
   void after_create_session(run_context& ctx) {
     timer_.update(0);
     last_global_step_ = ctx.global_step();
     last_time_ = step_timer::clock::now();
   }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     if (v.loss) {
       loss_sum_ += *v.loss;
@@ -64,6 +66,7 @@ class logging {
     if (now) emit(iteration, ctx.global_step());
   }
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context& ctx, const run_status& status) {
     if (options_.at_end && status.ok() && loss_count_ > 0) emit(ctx.local_step(), ctx.global_step());
   }

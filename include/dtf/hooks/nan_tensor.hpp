@@ -49,6 +49,7 @@ class nan_tensor {
  public:
   explicit nan_tensor(nan_tensor_options o = {}) : options_(std::move(o)) {}
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     if (!v.loss || std::isfinite(*v.loss)) return;
     nan_loss_error e(ctx.global_step(), *v.loss);

@@ -31,8 +31,10 @@ class step_counter {
   explicit step_counter(step_counter_options o = {})
       : options_(std::move(o)), timer_(options_.every_n_steps, options_.every_secs) {}
 
+  /// dtf::session_hook: after restore or initialisation, at the start step.
   void after_create_session(run_context& ctx) { timer_.update(ctx.global_step()); }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     examples_ += v.examples;
     if (!timer_.should_trigger(ctx.global_step())) return;

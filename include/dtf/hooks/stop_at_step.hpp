@@ -33,10 +33,12 @@ class stop_at_step {
       throw error(errc::invalid_argument, "stop_at_step: num_steps and last_step must not be negative");
   }
 
+  /// dtf::session_hook: after restore or initialisation, at the start step.
   void after_create_session(run_context& ctx) {
     last_step_ = options_.last_step ? *options_.last_step : ctx.global_step() + *options_.num_steps;
     if (ctx.global_step() >= last_step_) ctx.request_stop();
   }
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values&) {
     if (ctx.global_step() >= last_step_) ctx.request_stop();
   }

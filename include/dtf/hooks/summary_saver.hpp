@@ -34,11 +34,13 @@ class summary_saver {
     if (!options_.writer) throw error(errc::invalid_argument, "summary_saver: no summary_writer given");
   }
 
+  /// dtf::session_hook: before each step.
   void before_run(run_context& ctx) {
     requested_ = timer_.should_trigger(ctx.global_step() + 1);
     if (requested_) ctx.request_summaries();
   }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     if (!requested_) return;
     requested_ = false;
@@ -52,6 +54,7 @@ class summary_saver {
     ++writes_;
   }
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context&, const run_status&) { options_.writer->flush(); }
 
   /// Summaries written so far.

@@ -27,14 +27,20 @@ struct hogwild_config {
 /// epoch. A dtf::strategy of kind asynchronous.
 class hogwild {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = hogwild_config;
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
   explicit hogwild(config_type c = {}) : c_(c) {}
 
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{c_.learning_rate}; }
+  /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return true; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state&) {}
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     w.ps.pull(w.params);
     const float loss = grad(w.params, w.grads);
@@ -42,6 +48,7 @@ class hogwild {
     w.pushed(w.ps.push_gradients(w.grads, lr));
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state&) {}
 
  private:

@@ -103,13 +103,18 @@ class mirrored;
 template <bool Nccl>
 class mirrored<void, Nccl> {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = mirrored_config;
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::collective;
+  /// dtf::strategy (collective): the per-task engine for a model M.
   template <model M>
   using engine = mirrored<M, Nccl>;
 
   explicit mirrored(config_type c = {}, std::size_t replicas = 2) : config(c), replicas(replicas) {}
+  /// dtf::strategy (collective): the batches each process trains per step.
   std::size_t replicas_per_process() const noexcept { return replicas; }
+  /// dtf::strategy (collective): builds this task's engine over `comm` for the model.
   template <model M>
   engine<M> make(communicator& comm, const M& prototype) const {
     return engine<M>(comm, prototype, replicas, config);

@@ -80,8 +80,11 @@ class ring_allreduce;
 template <>
 class ring_allreduce<void> {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = ring_allreduce_config;
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::collective;
+  /// dtf::strategy (collective): the per-task engine for a model M.
   template <model M>
   using engine = ring_allreduce<M>;
 
@@ -89,6 +92,7 @@ class ring_allreduce<void> {
   explicit ring_allreduce(config_type c) : config(c) {}
   /// One batch per process and step.
   std::size_t replicas_per_process() const noexcept { return 1; }
+  /// dtf::strategy (collective): builds this task's engine over `comm` for the model.
   template <model M>
   engine<M> make(communicator& comm, M& net) const {
     return engine<M>(comm, net, config);

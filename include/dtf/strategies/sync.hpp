@@ -93,18 +93,24 @@ inline std::optional<float> sync_rate(const sync_sgd_config& c, std::int64_t ste
 /// for step t, wait for the step to complete.
 class sync_sgd {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = sync_sgd_config;
   using state_type = sync_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::synchronous;
   static constexpr bool contributes_rows = true;  ///< trains embedding models (w.sparse)
   explicit sync_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.replicas_to_aggregate == 0) throw error(errc::invalid_config, "sync_sgd: replicas_to_aggregate must be positive");
   }
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return c_.rule; }
+  /// dtf::strategy (synchronous): the contributions each global step aggregates.
   std::size_t replicas_to_aggregate() const { return c_.replicas_to_aggregate; }
   /// Local steps per contribution (the examples count global steps with it).
   std::size_t steps_per_contribution() const { return 1; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(sync_state&) {}
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
   float step(sync_state& w, const gradient_fn& grad) {
     const std::int64_t t = w.ps.pull(w.params);
     if (t >= w.last_step) {
@@ -121,6 +127,7 @@ class sync_sgd {
     w.contributed(w.contribute(w.grads, t, sync_rate(c_, t), false));
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(sync_state&) {}
 
  private:
@@ -138,21 +145,28 @@ struct sagn_config {
 /// the window's mean update (θₖ − θ_pulled)/λ; the ps adds the average of N contributions.
 class sagn {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = sagn_config;
   using state_type = sync_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::synchronous;
   explicit sagn(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0 || c_.replicas_to_aggregate == 0)
       throw error(errc::invalid_config, "sagn: window and replicas_to_aggregate must be positive");
   }
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{}; }  // contributions are deltas
+  /// dtf::strategy (synchronous): the contributions each global step aggregates.
   std::size_t replicas_to_aggregate() const { return c_.replicas_to_aggregate; }
+  /// dtf::strategy (synchronous): local steps per contribution.
   std::size_t steps_per_contribution() const { return c_.window; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(sync_state& w) {
     local_ = std::make_unique<detail::host_optimizer>(c_.local_rule, w.params.size());
     pulled_.assign(w.params.size(), 0.0f);
     delta_.assign(w.params.size(), 0.0f);
   }
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
   float step(sync_state& w, const gradient_fn& grad) {
     if (count_ == 0) {
       t_ = w.ps.pull(w.params);
@@ -172,6 +186,7 @@ class sagn {
     }
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(sync_state&) {}
 
  private:
