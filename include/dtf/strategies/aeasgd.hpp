@@ -59,6 +59,7 @@ class aeasgd {
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs.
   explicit aeasgd(config_type c = {}) : c_(c) {
     if (c_.window == 0) throw error(errc::invalid_config, "aeasgd: window must be positive");
     detail::check_alpha(c_.learning_rate, c_.rho, "aeasgd");
@@ -68,6 +69,7 @@ class aeasgd {
   optim::rule ps_rule() const { return optim::sgd{}; }  // elastic differences are deltas
   /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return false; }
+  /// The elastic step's α = η ρ.
   float alpha() const noexcept { return c_.learning_rate * c_.rho; }
   /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) { elastic_.begin(w); }
@@ -80,6 +82,7 @@ class aeasgd {
   }
   /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state&) {}
+  /// The elastic exchange's state (for tests).
   const detail::elastic& elastic_state() const noexcept { return elastic_; }
 
  private:

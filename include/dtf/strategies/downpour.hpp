@@ -42,6 +42,7 @@ class downpour {
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs. Errors: errc::invalid_config when fetch_every or push_every is 0.
   explicit downpour(config_type c = {}) : c_(std::move(c)) {
     if (c_.fetch_every == 0 || c_.push_every == 0)
       throw error(errc::invalid_config, "downpour: fetch_every and push_every must be positive");

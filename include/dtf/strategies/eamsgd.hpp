@@ -27,6 +27,7 @@ class eamsgd {
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs.
   explicit eamsgd(config_type c = {}) : c_(c) {
     if (c_.window == 0) throw error(errc::invalid_config, "eamsgd: window must be positive");
     detail::check_alpha(c_.learning_rate, c_.rho, "eamsgd");
@@ -36,6 +37,7 @@ class eamsgd {
   optim::rule ps_rule() const { return optim::sgd{}; }
   /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return false; }
+  /// The elastic step's α = η ρ.
   float alpha() const noexcept { return c_.learning_rate * c_.rho; }
   /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) {

@@ -32,6 +32,7 @@ class hogwild {
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs.
   explicit hogwild(config_type c = {}) : c_(c) {}
 
   /// dtf::strategy: the update rule the chief initialises the ps with.
@@ -61,6 +62,7 @@ static_assert(check_strategy<hogwild>(), "hogwild must model dtf::strategy: conf
 /// Result of hogwild_threads.
 struct hogwild_threads_report {
   std::size_t steps = 0;  ///< over all threads
+  /// The loss of the last step.
   double last_loss = 0.0;
 };
 

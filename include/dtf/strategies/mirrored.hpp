@@ -81,6 +81,7 @@ struct mirrored_config {
   /// Multiply the rule's rate by the number of replicas in all (replicas × processes),
   /// reached linearly over warmup_steps.
   bool linear_scaling = false;
+  /// Steps over which the scaled rate is reached (linear_scaling).
   std::int64_t warmup_steps = 0;
   std::uint32_t timeout_ms = 60000;  ///< longest a replica may wait for the others inside a step
   /// Reduce each bucket of gradients (across the replicas, then the processes) on a
@@ -111,6 +112,7 @@ class mirrored<void, Nccl> {
   template <model M>
   using engine = mirrored<M, Nccl>;
 
+  /// A strategy with the given knobs and `replicas` model replicas in each process.
   explicit mirrored(config_type c = {}, std::size_t replicas = 2) : config(c), replicas(replicas) {}
   /// dtf::strategy (collective): the batches each process trains per step.
   std::size_t replicas_per_process() const noexcept { return replicas; }
@@ -120,7 +122,9 @@ class mirrored<void, Nccl> {
     return engine<M>(comm, prototype, replicas, config);
   }
 
+  /// The knobs every engine gets.
   config_type config;
+  /// Model replicas per process.
   std::size_t replicas;
 };
 static_assert(check_strategy<mirrored<>>(),
@@ -164,6 +168,7 @@ class mirrored<M, Nccl> {
     });
   }
 
+  /// The number of replicas in this process.
   std::size_t replicas() const noexcept { return replicas_.size(); }
   /// Whether the replicas are reduced by NCCL across GPUs (otherwise in host memory).
   bool reduces_on_gpus() const noexcept {
@@ -247,7 +252,9 @@ class mirrored<M, Nccl> {
 
   /// Replica k's variables (every replica holds the same values).
   std::span<const float> parameters(std::size_t k = 0) const { return replicas_.at(k)->params.template span<const float>(); }
+  /// Replica k's model.
   M& model(std::size_t k = 0) { return replicas_.at(k)->net; }
+  /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
 
   /// Replica k's update-rule state, for checkpoints (every replica holds the same).

@@ -61,6 +61,7 @@ struct ring_allreduce_config {
   /// Multiply the rule's rate by the number of ranks (Goyal et al. 2017), reached linearly
   /// over warmup_steps; off: the rule's rate as given.
   bool linear_scaling = false;
+  /// Steps over which the scaled rate is reached (linear_scaling).
   std::int64_t warmup_steps = 0;
   /// Allreduce each bucket of gradients on a communication thread as soon as backprop has
   /// produced it (models that stream their gradients; see the file comment). Off: the same
@@ -89,6 +90,7 @@ class ring_allreduce<void> {
   using engine = ring_allreduce<M>;
 
   ring_allreduce() = default;
+  /// A strategy with the given knobs.
   explicit ring_allreduce(config_type c) : config(c) {}
   /// One batch per process and step.
   std::size_t replicas_per_process() const noexcept { return 1; }
@@ -98,6 +100,7 @@ class ring_allreduce<void> {
     return engine<M>(comm, net, config);
   }
 
+  /// The knobs every engine gets.
   config_type config;
 };
 static_assert(check_strategy<ring_allreduce<>>(),
@@ -107,6 +110,7 @@ static_assert(check_strategy<ring_allreduce<>>(),
 template <model M>
 class ring_allreduce<M> {
  public:
+  /// This rank's engine: model `net` trained with the other ranks of `comm`.
   ring_allreduce(communicator& comm, M& net, ring_allreduce_config config = {})
       : comm_(comm), net_(net), config_(config), n_(num_parameters(net.variables())), params_({n_}),
         grads_({detail::exchange_prefix + n_}), optimizer_(config.rule, n_),
@@ -171,9 +175,14 @@ class ring_allreduce<M> {
                                         .warmup_steps = std::max<std::int64_t>(0, config_.warmup_steps)}(step_);
   }
 
+  /// This rank's parameters (every rank holds the same values).
+  ///@{
   std::span<const float> parameters() const { return params_.template span<const float>(); }
   std::span<float> parameters() { return params_.template span<float>(); }
+  ///@}
+  /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
+  /// The communicator the ranks reduce over.
   communicator& comm() noexcept { return comm_; }
   /// Whether the gradients' buckets are reduced while backprop runs (config.overlap, a model
   /// that streams its gradients, more than one rank).
