@@ -21,6 +21,7 @@ namespace dtf::hooks {
 /// (add it last, so that it sees the other hooks' requests). With one rank no message is sent.
 /// Errors: those of the communicator.
 struct agreed_stop {
+  /// The communicator of the job's ranks (every rank adds the hook).
   communicator* comm;
   /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values&) {

@@ -19,6 +19,7 @@ template <class F>
   requires std::is_invocable_v<F&, run_context&>
 class feed_fn {
  public:
+  /// Feeds each run through `f`.
   explicit feed_fn(F f) : f_(std::move(f)) {}
 
   /// dtf::session_hook: before each step.
@@ -34,6 +35,7 @@ class feed_fn {
     ++feeds_;
   }
 
+  /// The runs fed so far.
   std::int64_t feeds() const noexcept { return feeds_; }
 
  private:

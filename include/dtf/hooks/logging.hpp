@@ -30,6 +30,7 @@ struct logging_options {
   std::int64_t every_n_iter = 100;  ///< iterations (this task's runs) between lines; 0: not by count
   double every_secs = 0;            ///< 0: not by time
   std::string prefix;                ///< e.g. "worker.0" (the line starts "<prefix>: ")
+  /// The last global step, reported as last_step=.
   std::optional<std::int64_t> last_step;
   /// A stop_at_step hook whose last step the lines report (when last_step is not set); it must
   /// outlive the session (e.g. the reference add_hook returned).
@@ -45,6 +46,7 @@ struct logging_options {
 /// steps per second, then every named scalar of the latest run_values).
 class logging {
  public:
+  /// Logs as `o` says.
   explicit logging(logging_options o = {}) : options_(std::move(o)), timer_(options_.every_n_iter, options_.every_secs) {}
 
   /// dtf::session_hook: after restore or initialisation, at the start step.
@@ -73,6 +75,7 @@ class logging {
 
   /// The last line written ("" before the first).
   const std::string& last_line() const noexcept { return last_line_; }
+  /// The lines written so far.
   std::int64_t lines() const noexcept { return lines_; }
 
  private:

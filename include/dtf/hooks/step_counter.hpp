@@ -28,6 +28,7 @@ struct step_counter_options {
 /// "global_step/sec" and "examples/sec". Usually a chief-only hook.
 class step_counter {
  public:
+  /// Measures as `o` says.
   explicit step_counter(step_counter_options o = {})
       : options_(std::move(o)), timer_(options_.every_n_steps, options_.every_secs) {}
 
@@ -52,8 +53,11 @@ class step_counter {
   }
 
   /// The latest measurement (0 before the first).
+  ///@{
   double steps_per_sec() const noexcept { return steps_per_sec_; }
   double examples_per_sec() const noexcept { return examples_per_sec_; }
+  ///@}
+  /// The number of measurements made.
   std::int64_t measurements() const noexcept { return measurements_; }
 
  private:

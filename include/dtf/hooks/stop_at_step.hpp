@@ -26,6 +26,7 @@ struct stop_at_step_options {
 /// or a value is negative.
 class stop_at_step {
  public:
+  /// Stops as `o` says (exactly one of num_steps and last_step).
   explicit stop_at_step(stop_at_step_options o) : options_(o) {
     if (o.num_steps.has_value() == o.last_step.has_value())
       throw error(errc::invalid_argument, "stop_at_step: set exactly one of num_steps and last_step");

@@ -59,6 +59,7 @@ class summary_saver {
 
   /// Summaries written so far.
   std::int64_t writes() const noexcept { return writes_; }
+  /// The writer the summaries go to.
   const std::shared_ptr<summary_writer>& writer() const noexcept { return options_.writer; }
 
  private:
