@@ -14,6 +14,7 @@ namespace dtf::nn {
 struct evaluation {
   double loss = 0.0;         ///< mean softmax cross-entropy
   double accuracy = 0.0;     ///< fraction of examples whose top logit is the label
+  /// The number of examples evaluated.
   std::size_t examples = 0;
 };
 
