@@ -30,7 +30,9 @@ class device_span {
     requires(!std::is_same_v<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
   device_span(device_span<U> other) noexcept : elements(other.elements) {}
 
+  /// The number of elements.
   std::size_t size() const noexcept { return elements.size(); }
+  /// Pointer to the first element (device memory).
   T* data() const noexcept { return elements.data(); }
 
   std::span<T> elements;  ///< in device memory (host memory on CPU builds)

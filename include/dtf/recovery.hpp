@@ -105,6 +105,7 @@ class ps_recovery {
     log("recovered (recovery " + std::to_string(recoveries_) + ")");
   }
 
+  /// Recoveries made so far.
   int recoveries() const noexcept { return recoveries_; }
   /// Times the chief re-initialised the parameter servers.
   int reinitialisations() const noexcept { return reinitialisations_; }
