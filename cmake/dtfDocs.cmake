@@ -15,6 +15,13 @@ if(NOT DOXYGEN_FOUND)
   return()
 endif()
 
+# The filter that turns each header's opening comment into its file page (optional).
+find_package(Python3 QUIET COMPONENTS Interpreter)
+set(DTF_DOXYGEN_INPUT_FILTER "")
+if(Python3_Interpreter_FOUND)
+  set(DTF_DOXYGEN_INPUT_FILTER "\"${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/docs/api/header_comment_filter.py\"")
+endif()
+
 set(_dtf_docs_dir ${PROJECT_BINARY_DIR}/docs)
 set(DTF_DOCS_OUTPUT_DIR ${_dtf_docs_dir}/api)
 configure_file(${PROJECT_SOURCE_DIR}/docs/api/Doxyfile.in ${_dtf_docs_dir}/Doxyfile @ONLY)

@@ -41,7 +41,8 @@ struct named_partitioner {
   std::string name = "greedy";
   /// Shards per variable for "fixed_size".
   std::size_t num_shards = 2;
-  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks. Errors: errc::invalid_config for an unknown name.
+  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks. Errors: errc::invalid_config
+  /// for an unknown name.
   placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
     if (name == "greedy") return partitioners::greedy_load_balancing{}.place(vars, num_ps);
     if (name == "round_robin") return partitioners::round_robin{}.place(vars, num_ps);
@@ -73,7 +74,8 @@ struct train_flags {
   int num_shards = 2;
   int blas_threads = 1;    ///< --blas_threads (0: the BLAS library's default)
   int device_threads = 1;  ///< OpenMP threads of Thrust's device system on CPU builds (no flag of its own)
-  /// --slow_worker, --slow_ms (synchronous strategies): the index of a worker to slow down (-1: none) and the milliseconds added to each of its gradients.
+  /// --slow_worker, --slow_ms (synchronous strategies): the index of a worker to slow down (-1:
+  /// none) and the milliseconds added to each of its gradients.
   ///@{
   int slow_worker = -1, slow_ms = 0;
   ///@}

@@ -59,7 +59,8 @@ struct checkpoint_variable {
 struct checkpoint_shard {
   std::uint32_t id = 0;  ///< shard id in the saving placement
   /// The variable (index into the manifest's variables) and its part, the ps that holds the
-  /// shard, its rows [row_begin, row_end), and its elements' place in the saved buffer (offset, size).
+  /// shard, its rows [row_begin, row_end), and its elements' place in the saved buffer (offset,
+  /// size).
   ///@{
   std::size_t variable = 0, part = 0, ps = 0, row_begin = 0, row_end = 0, offset = 0, size = 0;
   ///@}

@@ -35,6 +35,8 @@
 #include <immintrin.h>
 #define DTF_OPTIM_SSE 1
 #else
+/// 1 when the optimiser's host kernels use SSE2 (x86 without FMA contraction, not under nvcc), 0
+/// otherwise.
 #define DTF_OPTIM_SSE 0
 #endif
 
@@ -102,7 +104,8 @@ void host_apply(Kernel k, float* __restrict p, const float* __restrict g, float*
 template <class Space = device_space>
 class optimizer {
  public:
-  /// An optimiser applying rule `r` to buffers of `size` floats (its slots start at the rule's initial value).
+  /// An optimiser applying rule `r` to buffers of `size` floats (its slots start at the rule's
+  /// initial value).
   optimizer(rule r, std::size_t size) : rule_(r), size_(size) {
     const std::size_t n = detail::slot_count(rule_);
     const float init = detail::slot_initial_value(rule_);

@@ -30,7 +30,8 @@ struct piecewise_constant {
   std::vector<std::int64_t> boundaries;
   /// The rates, one more than boundaries.
   std::vector<float> values;
-  /// The rate at global step `step`. Errors: errc::invalid_config when values.size() is not boundaries.size() + 1.
+  /// The rate at global step `step`. Errors: errc::invalid_config when values.size() is not
+  /// boundaries.size() + 1.
   float operator()(std::int64_t step) const {
     if (values.size() != boundaries.size() + 1)
       throw error(errc::invalid_config, "optim::piecewise_constant: " + std::to_string(values.size()) +
@@ -74,7 +75,8 @@ struct linear_scaling_warmup {
   /// The factors, one per boundary.
   std::vector<float> decay_factors{};
 
-  /// The rate at global step `step`. Errors: errc::invalid_config when the decay lists differ in length.
+  /// The rate at global step `step`. Errors: errc::invalid_config when the decay lists differ in
+  /// length.
   float operator()(std::int64_t step) const {
     if (decay_boundaries.size() != decay_factors.size())
       throw error(errc::invalid_config, "optim::linear_scaling_warmup: decay_boundaries and decay_factors differ in "

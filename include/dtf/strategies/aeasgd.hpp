@@ -73,7 +73,8 @@ class aeasgd {
   float alpha() const noexcept { return c_.learning_rate * c_.rho; }
   /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) { elastic_.begin(w); }
-  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     const float loss = grad(w.params, w.grads);
     for (std::size_t i = 0; i < w.params.size(); ++i) w.params[i] -= c_.learning_rate * w.grads[i];

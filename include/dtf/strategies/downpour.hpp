@@ -42,7 +42,8 @@ class downpour {
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
-  /// A strategy with the given knobs. Errors: errc::invalid_config when fetch_every or push_every is 0.
+  /// A strategy with the given knobs. Errors: errc::invalid_config when fetch_every or push_every
+  /// is 0.
   explicit downpour(config_type c = {}) : c_(std::move(c)) {
     if (c_.fetch_every == 0 || c_.push_every == 0)
       throw error(errc::invalid_config, "downpour: fetch_every and push_every must be positive");
@@ -63,7 +64,8 @@ class downpour {
     pull_next_ = true;  // at the start and after a recovery (which calls begin()): θ̃ afresh
   }
 
-  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     if (pull_next_ || w.local_step % std::int64_t(c_.fetch_every) == 0) {
       w.ps.pull(w.params);

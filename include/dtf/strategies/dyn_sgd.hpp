@@ -38,7 +38,8 @@ class dyn_sgd {
   bool lock_free() const { return false; }
   /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) { win_.begin(w, c_.local_rule); }
-  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     const float loss = win_.step(w, grad);
     if (win_.count() == c_.window) commit(w);

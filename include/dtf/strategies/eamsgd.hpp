@@ -45,7 +45,8 @@ class eamsgd {
     ahead_.assign(w.params.size(), 0.0f);
     elastic_.begin(w);
   }
-  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     for (std::size_t i = 0; i < ahead_.size(); ++i) ahead_[i] = w.params[i] + c_.momentum * v_[i];
     const float loss = grad(ahead_, w.grads);

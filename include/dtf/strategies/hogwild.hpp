@@ -41,7 +41,8 @@ class hogwild {
   bool lock_free() const { return true; }
   /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state&) {}
-  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     w.ps.pull(w.params);
     const float loss = grad(w.params, w.grads);

@@ -126,7 +126,8 @@ class sync_sgd {
   std::size_t steps_per_contribution() const { return 1; }
   /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(sync_state&) {}
-  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(sync_state& w, const gradient_fn& grad) {
     const std::int64_t t = w.ps.pull(w.params);
     if (t >= w.last_step) {
@@ -183,7 +184,8 @@ class sagn {
     pulled_.assign(w.params.size(), 0.0f);
     delta_.assign(w.params.size(), 0.0f);
   }
-  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme makes; returns the batch's loss.
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(sync_state& w, const gradient_fn& grad) {
     if (count_ == 0) {
       t_ = w.ps.pull(w.params);
