@@ -15,11 +15,13 @@ if(NOT DOXYGEN_FOUND)
   return()
 endif()
 
-# The filter that turns each header's opening comment into its file page (optional).
-find_package(Python3 QUIET COMPONENTS Interpreter)
+# The filter that turns each header's opening comment into its file page (POSIX awk; without
+# one the file pages are bare).
+find_program(DTF_AWK NAMES awk mawk gawk)
+mark_as_advanced(DTF_AWK)
 set(DTF_DOXYGEN_INPUT_FILTER "")
-if(Python3_Interpreter_FOUND)
-  set(DTF_DOXYGEN_INPUT_FILTER "\"${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/docs/api/header_comment_filter.py\"")
+if(DTF_AWK)
+  set(DTF_DOXYGEN_INPUT_FILTER "\"${DTF_AWK} -f ${PROJECT_SOURCE_DIR}/docs/api/header_comment_filter.awk\"")
 endif()
 
 set(_dtf_docs_dir ${PROJECT_BINARY_DIR}/docs)
