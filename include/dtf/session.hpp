@@ -260,7 +260,7 @@ struct hook_holder final : any_hook {
 /// sess.close();
 class monitored_training_session {
  public:
-  /// A session configured by `options`; create() (or run_loop()) starts it.
+  /// A session configured by `options`; create() (or train()) starts it.
   explicit monitored_training_session(session_options options = {})
       : options_(std::move(options)), ctx_(&stop_) {
     ctx_.is_chief_ = options_.is_chief;

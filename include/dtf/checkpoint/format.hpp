@@ -74,7 +74,7 @@ enum class checkpoint_fallback {
 
 /// The manifest: everything about a checkpoint except the tensor bytes.
 struct checkpoint_manifest {
-  /// The checkpoint's name (its files' common prefix in the directory).
+  /// The checkpoint's name: its files are named after it, and the state file lists it.
   std::string name;
   /// The global step saved.
   std::int64_t global_step = 0;

@@ -38,7 +38,7 @@ namespace dtf::hooks {
 
 /// Called around every save; every member optional.
 struct checkpoint_listener {
-  /// At the session's start.
+  /// Before the session is created.
   std::function<void()> begin;
   /// Before each save, with its global step.
   std::function<void(std::int64_t step)> before_save;

@@ -59,7 +59,8 @@ class aeasgd {
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
-  /// A strategy with the given knobs.
+  /// A strategy with the given knobs. Errors: errc::invalid_config when window is 0 or
+  /// α = learning_rate × rho is not in (0, 1).
   explicit aeasgd(config_type c = {}) : c_(c) {
     if (c_.window == 0) throw error(errc::invalid_config, "aeasgd: window must be positive");
     detail::check_alpha(c_.learning_rate, c_.rho, "aeasgd");

@@ -27,7 +27,7 @@ class agn {
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
-  /// A strategy with the given knobs.
+  /// A strategy with the given knobs. Errors: errc::invalid_config when window is 0.
   explicit agn(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0) throw error(errc::invalid_config, "agn: window must be positive");
   }

@@ -66,8 +66,9 @@ struct sync_state {
   const data::position* position = nullptr;
   /// Whether ps 0 recorded the last contribution's data position with its step.
   bool position_committed = false;
-  /// Contributes gradient (or delta, when `delta`) `g` for global step `step`, scaled by `rate`
-  /// when given, with the step's rows and data position; returns the ps's answer.
+  /// Contributes gradient (or delta, when `delta`) `g` for global step `step`, with the step's
+  /// rows and data position (ps_client::push_sync; the ps applies its rule at `rate` when
+  /// given); returns the ps's answer.
   sync_result contribute(std::span<const float> g, std::int64_t step, std::optional<float> rate, bool delta) {
     position_committed = false;
     const auto r = ps.push_sync(g, step, rate, delta, sparse, position);
@@ -114,7 +115,8 @@ class sync_sgd {
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::synchronous;
   static constexpr bool contributes_rows = true;  ///< trains embedding models (w.sparse)
-  /// A strategy with the given knobs.
+  /// A strategy with the given knobs. Errors: errc::invalid_config when replicas_to_aggregate
+  /// is 0.
   explicit sync_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.replicas_to_aggregate == 0) throw error(errc::invalid_config, "sync_sgd: replicas_to_aggregate must be positive");
   }
@@ -167,7 +169,8 @@ class sagn {
   using state_type = sync_state;  ///< dtf::strategy: what a step sees
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::synchronous;
-  /// A strategy with the given knobs.
+  /// A strategy with the given knobs. Errors: errc::invalid_config when window or
+  /// replicas_to_aggregate is 0.
   explicit sagn(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0 || c_.replicas_to_aggregate == 0)
       throw error(errc::invalid_config, "sagn: window and replicas_to_aggregate must be positive");
