@@ -23,6 +23,7 @@ pkgs=(
   slurm-wlm munge                               # the one-node Slurm cluster test (tests/slurm)
   python3-venv                                  # the TensorBoard reader test (tensorboard from PyPI)
   gnuplot-nox                                   # allreduce benchmark plot
+  doxygen                                       # the API reference (dtf_docs; test api_reference_builds)
 )
 
 # Thrust comes from the CUDA toolkit's CCCL when there is one; Debian's copy otherwise.

@@ -129,8 +129,10 @@ static_assert(collective_backend<tcp_backend>, "tcp_backend must model dtf::coll
 template <collective_backend Backend>
 class basic_communicator {
  public:
+  /// The backend policy.
   using backend_type = Backend;
 
+  /// A communicator over `backend`.
   explicit basic_communicator(Backend backend) : backend_(std::move(backend)) {}
 
   /// dtf's TCP ring: see tcp_backend's constructor.
@@ -146,18 +148,25 @@ class basic_communicator {
     return basic_communicator(Backend::single(std::move(options)));
   }
 
+  /// This process's rank.
   std::size_t rank() const noexcept { return backend_.rank(); }
+  /// The number of ranks.
   std::size_t size() const noexcept { return backend_.size(); }
+  /// "rank r (...)": how errors name rank r.
   std::string describe(std::size_t r) const { return backend_.describe(r); }
   /// Collectives completed (or started) on this communicator.
   std::uint64_t sequence() const noexcept { return backend_.sequence(); }
+  /// The backend's options (backends that have them).
   decltype(auto) options() const
     requires requires(const Backend& b) { b.options(); }
   {
     return backend_.options();
   }
+  /// The backend (e.g. its native handle).
+  ///@{
   Backend& backend() noexcept { return backend_; }
   const Backend& backend() const noexcept { return backend_; }
+  ///@}
 
   /// In place: data becomes op over every rank's data. All ranks pass the same name, size and
   /// element type.

@@ -6,11 +6,15 @@
 // the sequential CPP system) on the host, and GEMM goes through CBLAS (OpenBLAS).
 #pragma once
 
+/// dtf's version: major, minor and patch.
+///@{
 #define DTF_VERSION_MAJOR 0
 #define DTF_VERSION_MINOR 1
 #define DTF_VERSION_PATCH 0
+///@}
 
 #if !defined(DTF_CUDA)
+/// 1 in a CUDA build (set on the dtf::dtf target when configured with -DDTF_CUDA=ON), 0 otherwise.
 #define DTF_CUDA 0
 #endif
 
@@ -22,6 +26,8 @@
 // Functions usable from host code and from device kernels.
 #define DTF_HD __host__ __device__
 #else
+/// Marks functions usable from host code and from device kernels: `__host__ __device__` under
+/// nvcc, empty otherwise.
 #define DTF_HD
 #endif
 

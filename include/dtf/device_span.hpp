@@ -15,6 +15,10 @@
 
 namespace dtf {
 
+/// A span whose elements are in device memory (e.g. a tensor's, tensor::span<T>()). Functions that
+/// move a buffer over the network take one; on CPU builds it is read and written in place, on CUDA
+/// builds staged through pinned host memory. A distinct type so that a host buffer is never taken
+/// for a device one or the other way round.
 template <class T>
 class device_span {
  public:
@@ -26,7 +30,9 @@ class device_span {
     requires(!std::is_same_v<U, T> && std::is_convertible_v<U (*)[], T (*)[]>)
   device_span(device_span<U> other) noexcept : elements(other.elements) {}
 
+  /// The number of elements.
   std::size_t size() const noexcept { return elements.size(); }
+  /// Pointer to the first element (device memory).
   T* data() const noexcept { return elements.data(); }
 
   std::span<T> elements;  ///< in device memory (host memory on CPU builds)

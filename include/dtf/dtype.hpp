@@ -30,6 +30,7 @@ constexpr std::size_t size_of(dtype t) noexcept {
   return 0;
 }
 
+/// The dtype's name: "float32", "float64", "int32", "int64" or "uint8".
 constexpr std::string_view name_of(dtype t) noexcept {
   switch (t) {
     case dtype::float32: return "float32";
@@ -41,13 +42,17 @@ constexpr std::string_view name_of(dtype t) noexcept {
   return "unknown";
 }
 
+/// dtype_of<T>::value is the dtype of the C++ type T, defined for the tensor element types only
+/// (float, double, std::int32_t, std::int64_t, std::uint8_t); dtype_v<T> reads it.
 template <class T>
 struct dtype_of;  // no definition: only the types below are tensor elements
+/// \cond
 template <> struct dtype_of<float> { static constexpr dtype value = dtype::float32; };
 template <> struct dtype_of<double> { static constexpr dtype value = dtype::float64; };
 template <> struct dtype_of<std::int32_t> { static constexpr dtype value = dtype::int32; };
 template <> struct dtype_of<std::int64_t> { static constexpr dtype value = dtype::int64; };
 template <> struct dtype_of<std::uint8_t> { static constexpr dtype value = dtype::uint8; };
+/// \endcond
 
 /// The dtype of C++ type T (float, double, int32_t, int64_t, uint8_t).
 template <class T>

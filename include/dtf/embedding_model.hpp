@@ -44,10 +44,12 @@ namespace dtf {
 
 /// The rows of one table that a batch uses, as the model sees them.
 struct embedding_rows {
+  /// Floats per row.
   std::uint32_t dim = 0;
   std::span<const std::uint32_t> index;  ///< per id embedding_ids listed, its row in values
   std::span<const float> values;         ///< the distinct rows, rows × dim
   std::span<float> grads;                ///< rows × dim: d loss / d row, written by the model (empty when evaluating)
+  /// The number of distinct rows.
   std::size_t rows() const noexcept { return dim ? values.size() / dim : 0; }
 };
 

@@ -57,6 +57,7 @@ inline const std::error_category& error_category() noexcept {
   return category;
 }
 
+/// Makes errc values usable as std::error_code (found by argument-dependent lookup).
 inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), error_category()};
 }
@@ -64,7 +65,9 @@ inline std::error_code make_error_code(errc e) noexcept {
 /// The exception thrown by dtf. what() is "<message>: <condition>".
 class error : public std::system_error {
  public:
+  /// An error of condition `code` with `message` (the cause: file, flag, field, peer or tensor).
   error(errc code, const std::string& message) : std::system_error(make_error_code(code), message), message_(message) {}
+  /// The same with any std::error_code.
   error(std::error_code code, const std::string& message) : std::system_error(code, message), message_(message) {}
   /// The message without the condition appended by what().
   const std::string& message() const noexcept { return message_; }

@@ -23,8 +23,12 @@
 
 namespace dtf {
 
+/// Command-line flags for dtf programs (`--name value` or `--name=value`), each bound to a
+/// variable that holds its default. Errors: dtf::error(errc::invalid_config) naming the flag for
+/// an unknown flag, a missing value, or a value that does not parse completely as the flag's type.
 class flag_parser {
  public:
+  /// A parser whose usage starts with `description`.
   explicit flag_parser(std::string description) : description_(std::move(description)) {}
 
   /// Registers --name bound to target (bool, integers, float, double, std::string); the
@@ -82,10 +86,13 @@ class flag_parser {
     return true;
   }
 
+  /// As parse(argc, argv) above, for main's non-const argv.
   bool parse(int argc, char** argv) { return parse(argc, const_cast<const char* const*>(argv)); }
 
+  /// The arguments that are not flags, in order.
   const std::vector<std::string>& positional() const noexcept { return positional_; }
 
+  /// The usage text --help prints: the description, then every flag with its default.
   std::string usage() const {
     std::string s = "usage: " + program_ + " [flags]\n" + description_ + "\n\nflags:\n";
     for (const auto& [name, f] : flags_)

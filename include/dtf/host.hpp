@@ -46,6 +46,7 @@ void assign_from_host(tensor& t, const C& host) {
 #if !DTF_CUDA
 /// A host view of the tensor's own memory (no copy); writes go to the tensor.
 /// Only on CPU builds: on CUDA builds use to_host() / from_host().
+///@{
 template <tensor_element T>
 auto host_view(tensor& t) {
   return xt::adapt(t.data<T>(), t.size(), xt::no_ownership(), t.shape());
@@ -54,6 +55,7 @@ template <tensor_element T>
 auto host_view(const tensor& t) {
   return xt::adapt(t.data<T>(), t.size(), xt::no_ownership(), t.shape());
 }
+///@}
 #endif
 
 }  // namespace dtf

@@ -54,6 +54,7 @@ struct shard {
   std::size_t offset;     ///< first element in the flat parameter buffer
   std::size_t size;       ///< number of elements
 
+  /// Equal when every field is.
   friend bool operator==(const shard&, const shard&) = default;
 };
 
@@ -166,6 +167,7 @@ namespace partitioners {
 /// Whole variables, dealt in turn: variable i goes to ps i % num_ps (TF 1.x
 /// replica_device_setter's default round-robin ps strategy).
 struct round_robin {
+  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks.
   placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
     detail::partition::require_positive(num_ps, "round_robin", "num_ps");
     return detail::partition::deal(vars, num_ps, [](const variable_spec&) { return std::size_t{1}; });
@@ -177,6 +179,7 @@ static_assert(partitioner<round_robin>, "round_robin must model dtf::partitioner
 /// the lowest index (TF 1.x GreedyLoadBalancingStrategy with byte_size_load_fn). The result
 /// depends on the order of the variables, as TensorFlow's does.
 struct greedy_load_balancing {
+  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks.
   placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
     detail::partition::require_positive(num_ps, "greedy_load_balancing", "num_ps");
     placement p;
@@ -200,6 +203,7 @@ static_assert(partitioner<greedy_load_balancing>, "greedy_load_balancing must mo
 struct fixed_size {
   std::size_t num_shards = 1;  ///< shards per variable (fewer when dim0 is smaller); > 0
 
+  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks.
   placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
     detail::partition::require_positive(num_ps, "fixed_size", "num_ps");
     detail::partition::require_positive(num_shards, "fixed_size", "num_shards");
@@ -221,6 +225,7 @@ struct variable_axis_size {
   std::size_t max_shard_bytes;  ///< target upper bound on a shard's bytes; > 0
   std::size_t max_shards = 0;   ///< cap on shards per variable, taking precedence; 0 = no cap
 
+  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks.
   placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
     detail::partition::require_positive(num_ps, "variable_axis_size", "num_ps");
     detail::partition::require_positive(max_shard_bytes, "variable_axis_size", "max_shard_bytes");
@@ -245,6 +250,7 @@ struct min_max {
   std::size_t max_partitions = 1;         ///< upper bound on partitions per variable; > 0
   std::size_t min_slice_size = 256 << 10;  ///< bytes each partition should hold at least; > 0
 
+  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks.
   placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
     detail::partition::require_positive(num_ps, "min_max", "num_ps");
     detail::partition::require_positive(max_partitions, "min_max", "max_partitions");

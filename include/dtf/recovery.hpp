@@ -39,12 +39,17 @@
 
 namespace dtf {
 
+/// How often and how long ps_recovery tries.
 struct recovery_options {
   int max_recoveries = 16;                         ///< per ps_recovery object
   std::chrono::milliseconds ready_timeout{120000};  ///< a worker waits this long for the chief's re-initialisation
   std::function<void(const std::string&)> log;     ///< one line per recovery; default: stderr
 };
 
+/// Carries a task on after a parameter server died and was restarted on the same address: run(f)
+/// runs f and, when it fails with a lost peer or a timeout, reconnects, waits until every ps is
+/// ready (the chief re-initialises a ps that came back empty), runs after_recovery and retries f,
+/// at most max_recoveries times. One thread, like the ps_client it drives.
 class ps_recovery {
  public:
   /// reinitialise: the chief's re-initialisation of a ps that came back empty (ignored on
@@ -100,6 +105,7 @@ class ps_recovery {
     log("recovered (recovery " + std::to_string(recoveries_) + ")");
   }
 
+  /// Recoveries made so far.
   int recoveries() const noexcept { return recoveries_; }
   /// Times the chief re-initialised the parameter servers.
   int reinitialisations() const noexcept { return reinitialisations_; }

@@ -17,6 +17,8 @@
 
 namespace dtf {
 
+/// Process-wide CPU threading settings (CPU builds): Thrust's OpenMP device threads and OpenBLAS
+/// threads, applied once at the start of main().
 struct cpu_threads {
   int device = 1;  ///< OpenMP threads for Thrust's device system (CPU builds); 0 leaves the default
   int blas = 0;    ///< OpenBLAS threads (CPU builds); 0 leaves the library's default (all cores)

@@ -76,6 +76,7 @@ struct run_values {
 class run_status {
  public:
   run_status() = default;
+  /// The status of a session ended by `error` (ok when null).
   explicit run_status(std::exception_ptr error) : error_(std::move(error)) {
     if (!error_) return;
     try {
@@ -91,12 +92,14 @@ class run_status {
       code_ = make_error_code(errc::internal);
     }
   }
+  /// Whether the session ended without error.
   bool ok() const noexcept { return !error_; }
   /// The error's what() ("" when ok).
   const std::string& message() const noexcept { return message_; }
   /// The error's code (dtf::error and std::system_error keep theirs; other exceptions map to
   /// errc::internal; empty when ok).
   std::error_code code() const noexcept { return code_; }
+  /// The error (null when ok).
   std::exception_ptr exception() const noexcept { return error_; }
 
  private:
@@ -116,6 +119,7 @@ class run_context {
   std::int64_t initial_global_step() const noexcept { return initial_global_step_; }
   /// Runs this session has completed (not counting the one in progress).
   std::int64_t local_step() const noexcept { return local_step_; }
+  /// Whether this task is the chief.
   bool is_chief() const noexcept { return is_chief_; }
   /// Reads the global step afresh from its source (the scaffold's global_step, e.g. a ps),
   /// updating global_step(). Without a source it returns global_step().
@@ -125,9 +129,11 @@ class run_context {
   }
   /// Ends the session after the current step (a latch; thread- and signal-safe).
   void request_stop() noexcept { stop_->store(true, std::memory_order_relaxed); }
+  /// Whether a stop was requested.
   bool stop_requested() const noexcept { return stop_->load(std::memory_order_relaxed); }
   /// A before_run hook asks the step to fill run_values::histograms (and other costly values).
   void request_summaries() noexcept { summaries_requested_ = true; }
+  /// Whether a hook requested summaries for this run.
   bool summaries_requested() const noexcept { return summaries_requested_; }
   /// A before_run hook cancels this run: the step is not called, no after_run runs, and the
   /// session stops (e.g. feed_fn when its input is exhausted).
@@ -135,6 +141,7 @@ class run_context {
     skip_run_ = true;
     request_stop();
   }
+  /// Whether a hook cancelled this run (skip_run()).
   bool run_skipped() const noexcept { return skip_run_; }
 
  private:
@@ -170,14 +177,21 @@ concept session_hook = std::move_constructible<H> &&
 ///   global_step reads the current global step (e.g. from the ps); without it the session
 ///               counts runs from the restored step (or 0)
 struct session_scaffold {
+  /// Chief: restores the latest checkpoint; returns its global step, or nullopt when there is none.
   std::function<std::optional<std::int64_t>()> restore;
+  /// Chief: initialises the variables from scratch (when restore gave nullopt).
   std::function<void()> init;
+  /// Other tasks: blocks (bounded) until the chief made the variables ready.
   std::function<void()> wait_ready;
+  /// Reads the current global step (e.g. from the ps); without it the session counts runs.
   std::function<std::int64_t()> global_step;
 };
 
+/// How a monitored_training_session starts: as the chief or not, and its scaffold.
 struct session_options {
+  /// Whether this task is the chief (restores or initialises; runs chief-only hooks).
   bool is_chief = true;
+  /// How the session creates its state.
   session_scaffold scaffold;
 };
 
@@ -246,6 +260,7 @@ struct hook_holder final : any_hook {
 /// sess.close();
 class monitored_training_session {
  public:
+  /// A session configured by `options`; create() (or train()) starts it.
   explicit monitored_training_session(session_options options = {})
       : options_(std::move(options)), ctx_(&stop_) {
     ctx_.is_chief_ = options_.is_chief;
@@ -351,8 +366,11 @@ class monitored_training_session {
     return ctx_.global_step_;
   }
 
+  /// What hooks and the step see of the session.
   const run_context& context() const noexcept { return ctx_; }
+  /// The latest global step the session knows.
   std::int64_t global_step() const noexcept { return ctx_.global_step_; }
+  /// Whether this task is the chief.
   bool is_chief() const noexcept { return options_.is_chief; }
 
  private:

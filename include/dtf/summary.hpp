@@ -46,6 +46,7 @@
 
 namespace dtf {
 
+/// How a summary_writer buckets histograms and flushes.
 struct summary_writer_options {
   std::size_t histogram_buckets = 30;  ///< equal-width buckets per histogram
   std::size_t flush_every_events = 0;  ///< flush after this many events (0: only on flush())
@@ -53,8 +54,14 @@ struct summary_writer_options {
 
 /// The statistics TensorBoard's HistogramProto holds.
 struct histogram_summary {
+  /// The values' minimum, maximum, count, sum and sum of squares.
+  ///@{
   double min = 0, max = 0, num = 0, sum = 0, sum_squares = 0;
+  ///@}
+  /// The buckets' upper limits, and the number of values in each bucket.
+  ///@{
   std::vector<double> bucket_limit, bucket;
+  ///@}
 
   /// Buckets the finite values of `values` (NaN and infinities are left out) into `buckets`
   /// equal-width buckets between their min and max.
@@ -152,6 +159,7 @@ class summary_writer {
   void add_histogram(std::string_view tag, std::span<const float> values, std::int64_t step) {
     add_histogram(tag, histogram_summary::of(values, options_.histogram_buckets), step);
   }
+  /// A histogram already bucketed, at `step`.
   void add_histogram(std::string_view tag, const histogram_summary& h, std::int64_t step) {
     detail::proto_writer histo;
     histo.double_field(1, h.min);
@@ -177,6 +185,7 @@ class summary_writer {
     flush_locked();
   }
 
+  /// The event file's path.
   const std::filesystem::path& path() const noexcept { return path_; }
 
  private:

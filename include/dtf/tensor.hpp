@@ -30,6 +30,10 @@
 
 namespace dtf {
 
+/// A typed, shaped buffer in device memory (host memory managed by Thrust on CPU builds, GPU
+/// memory on CUDA builds). bytes() is a contiguous view of the whole buffer, which the transport
+/// sends and receives in place. Distinct tensors may be used from different threads; one tensor
+/// must not be modified concurrently with any other use.
 class tensor {
  public:
   /// An empty float32 tensor of shape [0].
@@ -39,16 +43,22 @@ class tensor {
   explicit tensor(dims shape, dtype type = dtype::float32)
       : shape_(std::move(shape)), dtype_(type), storage_(num_elements(shape_) * size_of(type)) {}
 
+  /// The element type.
   dtype type() const noexcept { return dtype_; }
+  /// The dimensions.
   const dims& shape() const noexcept { return shape_; }
+  /// The number of dimensions.
   std::size_t rank() const noexcept { return shape_.size(); }
+  /// Dimension i. Errors: errc::out_of_range when i >= rank().
   std::size_t dim(std::size_t i) const {
     if (i >= shape_.size())
       throw error(errc::out_of_range, "tensor::dim(" + std::to_string(i) + ") of a rank-" +
                                           std::to_string(shape_.size()) + " tensor");
     return shape_[i];
   }
+  /// The number of elements.
   std::size_t size() const noexcept { return num_elements(shape_); }
+  /// The buffer's size in bytes.
   std::size_t size_bytes() const noexcept { return storage_.size(); }
 
   /// Changes the shape (and dtype), keeping the allocation when it is large enough. The
@@ -58,6 +68,7 @@ class tensor {
     dtype_ = type;
     storage_.resize(num_elements(shape_) * size_of(type));
   }
+  /// As resize(shape, type), keeping the dtype.
   void resize(dims shape) { resize(std::move(shape), dtype_); }
 
   /// Reinterprets the same elements under another shape with the same element count.
@@ -69,6 +80,7 @@ class tensor {
   }
 
   /// Raw pointer to the elements in device memory; the dtype must be T's.
+  ///@{
   template <tensor_element T>
   T* data() {
     check_type<T>();
@@ -79,27 +91,34 @@ class tensor {
     check_type<T>();
     return reinterpret_cast<const T*>(thrust::raw_pointer_cast(storage_.data()));
   }
+  ///@}
 
   /// The elements as a span over device memory (dereference it on the host only when
   /// dtf::device_memory_is_host_accessible).
+  ///@{
   template <tensor_element T>
   std::span<T> span() { return {data<T>(), size()}; }
   template <tensor_element T>
   std::span<const T> span() const { return {data<T>(), size()}; }
+  ///@}
 
   /// Thrust device pointer to the elements, for Thrust algorithms.
+  ///@{
   template <tensor_element T>
   thrust::device_ptr<T> device_ptr() { return thrust::device_pointer_cast(data<T>()); }
   template <tensor_element T>
   thrust::device_ptr<const T> device_ptr() const { return thrust::device_pointer_cast(data<T>()); }
+  ///@}
 
   /// The whole buffer as contiguous bytes in device memory: what the transport sends.
+  ///@{
   std::span<std::byte> bytes() noexcept {
     return {reinterpret_cast<std::byte*>(thrust::raw_pointer_cast(storage_.data())), storage_.size()};
   }
   std::span<const std::byte> bytes() const noexcept {
     return {reinterpret_cast<const std::byte*>(thrust::raw_pointer_cast(storage_.data())), storage_.size()};
   }
+  ///@}
 
   /// Sets every element to zero.
   void zero() { thrust::fill(storage_.begin(), storage_.end(), static_cast<unsigned char>(0)); }

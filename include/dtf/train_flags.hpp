@@ -37,8 +37,12 @@ namespace dtf {
 /// A partitioner chosen at run time by name: "greedy" (greedy_load_balancing), "round_robin"
 /// or "fixed_size" (num_shards shards per variable). Models dtf::partitioner.
 struct named_partitioner {
+  /// "greedy", "round_robin" or "fixed_size".
   std::string name = "greedy";
+  /// Shards per variable for "fixed_size".
   std::size_t num_shards = 2;
+  /// dtf::partitioner: the placement of `vars` on `num_ps` ps tasks. Errors: errc::invalid_config
+  /// for an unknown name.
   placement place(const std::vector<variable_spec>& vars, std::size_t num_ps) const {
     if (name == "greedy") return partitioners::greedy_load_balancing{}.place(vars, num_ps);
     if (name == "round_robin") return partitioners::round_robin{}.place(vars, num_ps);
@@ -55,16 +59,29 @@ enum class train_flag_set {
   collective,  ///< collective strategies (no ps; runs alone without a cluster)
 };
 
+/// The standard command-line flags of a training program (cluster, checkpoints, summaries,
+/// strategy knobs, ...): add_to() registers them on a flag_parser, options() turns them into
+/// train_options.
 struct train_flags {
+  /// The cluster flags (dtf::cluster_flags).
   cluster_flags cluster;
   train_options train;  ///< the defaults the flags show; options() fills the rest
+  /// --nan_policy: "fail" or "stop".
   std::string nan_policy = "fail";
+  /// --partitioner: greedy, round_robin or fixed_size.
   std::string partitioner_name = "greedy";
+  /// --num_shards: shards per variable for --partitioner fixed_size.
   int num_shards = 2;
   int blas_threads = 1;    ///< --blas_threads (0: the BLAS library's default)
   int device_threads = 1;  ///< OpenMP threads of Thrust's device system on CPU builds (no flag of its own)
+  /// --slow_worker, --slow_ms (synchronous strategies): the index of a worker to slow down (-1:
+  /// none) and the milliseconds added to each of its gradients.
+  ///@{
   int slow_worker = -1, slow_ms = 0;
+  ///@}
+  /// --segment_kib: the allreduce segment size in KiB.
   int segment_kib = 256;
+  /// Which flags the program offers.
   train_flag_set set = train_flag_set::ps;
 
   /// Registers the flags of `s` on the parser, bound to this object's fields.

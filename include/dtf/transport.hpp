@@ -62,7 +62,9 @@ namespace dtf {
 /// rpc_client is not a template and the ps client's staging differs per build.
 class payload_segments {
  public:
+  /// The payload's size in bytes.
   virtual std::size_t total_bytes() const = 0;
+  /// The number of segments.
   virtual std::size_t count() const = 0;
   /// Segment k's bytes, ready to write; called for k = 0, 1, … in order from the I/O of the
   /// calling thread. May block (for the copy of segment k) and throw dtf::error.
@@ -75,7 +77,9 @@ class payload_segments {
 /// A reply payload consumed in segments as it is read (the reverse of payload_segments).
 class reply_segments {
  public:
+  /// The payload's size in bytes.
   virtual std::size_t total_bytes() const = 0;
+  /// The number of segments.
   virtual std::size_t count() const = 0;
   /// Where segment k is read (k = 0, 1, … in order).
   virtual std::span<std::byte> segment(std::size_t k) = 0;
@@ -88,7 +92,9 @@ class reply_segments {
 
 /// One request to one peer inside rpc_client::call_all.
 struct rpc_call {
+  /// The peer's index (rpc_client::add_peer).
   std::size_t peer = 0;
+  /// The request's message kind.
   detail::message_kind kind = detail::message_kind::reply;
   std::vector<std::byte> meta;                     ///< encoded control message
   std::vector<asio::const_buffer> payload;         ///< gathered from the caller's memory
@@ -116,7 +122,9 @@ class rpc_client {
 
   /// Adds a peer ("ps.0" at "host:port"); returns its index.
   std::size_t add_peer(std::string name, std::string address);
+  /// The number of peers.
   std::size_t num_peers() const noexcept { return peers_.size(); }
+  /// Peer i's name.
   const std::string& peer_name(std::size_t i) const;
 
   /// Connects to every peer not yet connected and performs the handshake, retrying refused
@@ -124,6 +132,7 @@ class rpc_client {
   /// answered; errc::peer_failure when a peer refuses (wrong cluster, secret or version);
   /// errc::invalid_config for an address that does not parse or resolve.
   void connect_all();
+  /// As connect_all(), reporting the error in `ec` instead of throwing.
   void connect_all(std::error_code& ec);
 
   /// Sends every call (at most one per peer), then waits for all replies. The first failure
@@ -132,17 +141,21 @@ class rpc_client {
   /// (connection lost, a malformed reply, a reply larger than expected), or the errc of a
   /// failure reply (the connection stays up), each naming the peer.
   void call_all(std::span<rpc_call> calls);
+  /// As call_all(calls), reporting the error in `ec` instead of throwing.
   void call_all(std::span<rpc_call> calls, std::error_code& ec);
 
   /// One request to one peer.
   void call(rpc_call& c) { call_all(std::span<rpc_call>(&c, 1)); }
+  /// As call(c), reporting the error in `ec` instead of throwing.
   void call(rpc_call& c, std::error_code& ec) { call_all(std::span<rpc_call>(&c, 1), ec); }
 
   /// Exchanges a heartbeat with every connected peer, so that a client with nothing to ask for
   /// longer than the servers' idle_timeout_ms keeps its connections. Errors: as call_all.
   void heartbeat();
+  /// As heartbeat(), reporting the error in `ec` instead of throwing.
   void heartbeat(std::error_code& ec);
 
+  /// The client's options.
   const transport_options& options() const noexcept { return options_; }
 
  private:
@@ -173,6 +186,7 @@ class rpc_client {
 /// What a server handler sends back.
 struct rpc_reply {
   std::uint32_t status = 0;                  ///< 0, or an errc value (then meta is a refused_msg)
+  /// The encoded control message.
   std::vector<std::byte> meta;
   std::vector<asio::const_buffer> payload;   ///< must stay valid until the reply is written
   std::vector<std::shared_ptr<const void>> holds;  ///< kept until the reply is written (e.g. leases of the payload)
@@ -208,7 +222,9 @@ struct rpc_pieces {
 class rpc_responder {
  public:
   rpc_responder() = default;
+  /// A responder that sends through `send`.
   explicit rpc_responder(std::function<void(rpc_reply)> send) : send_(std::move(send)) {}
+  /// Sends reply `r` (nothing when the responder is empty).
   void send(rpc_reply r) const {
     if (send_) send_(std::move(r));
   }
@@ -252,6 +268,7 @@ class rpc_server {
   /// options.tls without a secret.
   rpc_server(Handler& handler, transport_options options, const std::string& bind_address, int threads = 1);
 
+  /// The port it listens on (the one picked for port 0).
   std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
 
   /// Serves on `threads` threads (this one included) until stop().

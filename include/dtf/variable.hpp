@@ -14,7 +14,9 @@ struct variable_spec {
   std::string name;    ///< unique within the model, e.g. "dense_0/kernel"
   dims shape;          ///< row-major
   std::size_t offset;  ///< first element in the flat buffer
+  /// The number of elements.
   std::size_t size() const noexcept { return num_elements(shape); }
+  /// The size in bytes (float32).
   std::size_t size_bytes() const noexcept { return size() * sizeof(float); }
 };
 

@@ -25,7 +25,9 @@ namespace dtf {
 /// One file of a checkpoint (a ps's shard file or table file) and its checksum.
 struct checkpoint_file {
   std::string name;  ///< relative to the checkpoint directory (a plain file name)
+  /// The ps that wrote the file.
   std::size_t ps = 0;
+  /// The file's size.
   std::uint64_t bytes = 0;
   std::string sha256;  ///< 64 hex digits of the whole file
 };

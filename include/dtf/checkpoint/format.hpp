@@ -45,17 +45,25 @@ inline constexpr const char* checkpoint_state_name = "checkpoint";
 
 /// One variable in a checkpoint.
 struct checkpoint_variable {
+  /// The variable's name.
   std::string name;
+  /// The variable's shape.
   dims shape;
   std::size_t offset = 0;       ///< first element in the saved flat buffer
   std::int64_t iterations = 0;  ///< updates its update rule had applied (Adam's t)
+  /// The variable's number of elements.
   std::size_t size() const noexcept { return num_elements(shape); }
 };
 
 /// One shard in a checkpoint: rows [row_begin, row_end) of a variable, held by ps `ps`.
 struct checkpoint_shard {
   std::uint32_t id = 0;  ///< shard id in the saving placement
+  /// The variable (index into the manifest's variables) and its part, the ps that holds the
+  /// shard, its rows [row_begin, row_end), and its elements' place in the saved buffer (offset,
+  /// size).
+  ///@{
   std::size_t variable = 0, part = 0, ps = 0, row_begin = 0, row_end = 0, offset = 0, size = 0;
+  ///@}
 };
 
 /// What restore does when the latest checkpoint fails verification.
@@ -66,14 +74,22 @@ enum class checkpoint_fallback {
 
 /// The manifest: everything about a checkpoint except the tensor bytes.
 struct checkpoint_manifest {
+  /// The checkpoint's name: its files are named after it, and the state file lists it.
   std::string name;
+  /// The global step saved.
   std::int64_t global_step = 0;
+  /// The element type of the saved values.
   std::string dtype = "float32";
+  /// The number of ps that saved it.
   std::size_t num_ps = 0;
   std::string rule = "sgd";  ///< update rule whose slots were saved
+  /// The number of slot buffers of the update rule saved beside the values.
   std::size_t num_slots = 0;
+  /// The variables saved, in the flat layout's order.
   std::vector<checkpoint_variable> variables;
+  /// The shards of the saving placement.
   std::vector<checkpoint_shard> shards;
+  /// The shard files and their checksums.
   std::vector<checkpoint_file> files;
   std::vector<checkpoint_table> tables;             ///< embedding tables (none in older checkpoints)
   std::vector<checkpoint_table_file> table_files;   ///< their files, one per ps that held a table
@@ -101,6 +117,7 @@ struct checkpoint_manifest {
     return nullptr;
   }
 
+  /// The manifest as JSON (the manifest file's contents).
   nlohmann::json to_json() const {
     nlohmann::json j;
     j["format"] = detail::ckpt::manifest_format;
@@ -317,7 +334,9 @@ struct checkpoint_manifest {
 
 /// The state file: the latest checkpoint and every kept one (oldest first).
 struct checkpoint_state {
+  /// The latest checkpoint's name.
   std::string latest;
+  /// Every kept checkpoint's name, oldest first.
   std::vector<std::string> all;
 
   /// Parses and checks a state file (every name confined to the directory; "latest" may be

@@ -51,7 +51,10 @@ class checkpoint_reader {
 
   /// A range [first, first + count) of elements of the saved flat layout.
   struct element_range {
+    /// The first element and the number of elements.
+    ///@{
     std::uint64_t first = 0, count = 0;
+    ///@}
   };
   /// Opens checkpoint `name` of `dir` for reading `ranges` only: the manifest is checked whole,
   /// but only the shard files holding part of a range are opened and verified (a ps restoring
@@ -79,6 +82,7 @@ class checkpoint_reader {
     return checkpoint_reader(std::move(m), std::move(files), {}, std::move(tables));
   }
 
+  /// The verified manifest.
   const checkpoint_manifest& manifest() const noexcept { return manifest_; }
   /// The verified table files, in the manifest's order (empty for a reader of open_for, which
   /// opens no table file). Their rows are read with table_file_reader::read.
@@ -280,7 +284,9 @@ inline checkpoint_reader checkpoint_reader::open_tables(const std::filesystem::p
 
 /// The full contents of a checkpoint in its saved flat layout (manifest.variables' offsets).
 struct checkpoint_tensors {
+  /// The checkpoint's manifest.
   checkpoint_manifest manifest;
+  /// The saved values, in the manifest's flat layout.
   std::vector<float> values;
   std::vector<std::vector<float>> slots;  ///< manifest.num_slots buffers like values
 
@@ -345,10 +351,12 @@ inline void copy_into_layout(const checkpoint_tensors& t, const std::vector<vari
 
 /// One kept checkpoint and whether it verifies.
 struct checkpoint_verdict {
+  /// The checkpoint's name.
   std::string name;
   bool latest = false;                          ///< the state file's "latest"
   std::optional<checkpoint_manifest> manifest;  ///< set when it verifies
   std::string error;                            ///< why it does not
+  /// Whether it verifies (and can be restored).
   bool usable() const noexcept { return manifest.has_value(); }
 };
 

@@ -228,8 +228,11 @@ inline void check_table_rows(const std::vector<table_file_reader>& files) {
 /// One embedding table of a checkpoint whole: its saved ids, rising, and their rows (row i of
 /// dim floats for ids[i]). Memory: the table's saved bytes (bounded by its verified files).
 struct checkpoint_table_rows {
+  /// Floats per row.
   std::uint32_t dim = 0;
+  /// The saved ids, rising.
   std::vector<std::uint64_t> ids;
+  /// Row i (dim floats) for ids[i], row after row.
   std::vector<float> rows;
 };
 

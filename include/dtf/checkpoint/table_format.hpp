@@ -30,9 +30,13 @@ namespace dtf {
 
 /// One embedding table in a checkpoint: its spec, shard count and update rule as saved.
 struct checkpoint_table {
+  /// The table's spec as saved.
   embedding_spec spec;
+  /// The number of shards it was saved in.
   std::uint64_t num_shards = 1;
+  /// The name of its update rule.
   std::string rule = "sgd";
+  /// The number of slot buffers of that rule saved with the rows.
   std::size_t num_slots = 0;
   std::uint64_t rows_saved = 0;  ///< the manifest's: rows over every table file
 

@@ -46,6 +46,7 @@ struct checkpoint_options {
 /// kill_process, SIGKILL this very process there (a real crash in the middle of a save).
 struct checkpoint_fault {
   std::uint64_t abort_after_bytes = 0;  ///< 0: off
+  /// SIGKILL this process at that point instead of throwing.
   bool kill_process = false;
 };
 
@@ -292,11 +293,13 @@ inline std::vector<std::string> commit_checkpoint(const std::filesystem::path& d
 /// The state of a model held whole by one process (collective strategies: every rank holds
 /// the same replica), as host buffers laid out as `variables` describes.
 struct host_checkpoint_state {
+  /// The variables, laid out in the buffers in this order.
   std::vector<variable_spec> variables;
   std::span<const float> values;                    ///< the flat parameters
   std::string rule = "sgd";                         ///< the update rule's name (optim rule `name`)
   std::vector<std::span<const float>> slots;        ///< the rule's slots (0..2), each like values
   std::int64_t iterations = 0;                      ///< updates the rule applied (Adam's t)
+  /// The global step to save.
   std::int64_t global_step = 0;
 };
 

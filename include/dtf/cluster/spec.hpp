@@ -26,12 +26,15 @@ namespace dtf {
 
 /// One task of the cluster: a job name ("chief", "worker", "ps", "evaluator") and an index.
 struct task_id {
+  /// The job name.
   std::string job;
+  /// The task's index in its job.
   std::size_t index = 0;
 
   /// "job.index", e.g. "worker.1".
   std::string str() const { return job + "." + std::to_string(index); }
 
+  /// Ordered by job, then index.
   auto operator<=>(const task_id&) const = default;
 };
 
@@ -42,6 +45,7 @@ struct task_id {
 /// are still unknown (MPI, before the ranks exchange them).
 class cluster_spec {
  public:
+  /// job -> (index -> "host:port").
   std::map<std::string, std::map<std::size_t, std::string>> jobs;
 
   /// How many tasks the job lists; 0 for a job the spec does not have.
@@ -87,7 +91,9 @@ class cluster_spec {
 
 /// A resolved cluster: the spec, this process's task, and where both came from.
 struct cluster {
+  /// The cluster's tasks and addresses.
   cluster_spec spec;
+  /// This process's task.
   task_id self;
   std::string source;      ///< "flags", "TF_CONFIG", "slurm" or "mpi"
   std::string rendezvous;  ///< MPI only: host:port where the ranks exchange their addresses
@@ -103,7 +109,9 @@ struct cluster {
   /// Whether this process is the chief.
   bool is_chief() const { return self == chief(); }
 
+  /// The number of ps tasks.
   std::size_t num_ps() const { return spec.num_tasks("ps"); }
+  /// The number of worker tasks (the chief job not included).
   std::size_t num_workers() const { return spec.num_tasks("worker"); }
 
   /// A stable identifier of the spec: the FNV-1a 64-bit hash of its jobs, indices and

@@ -65,7 +65,9 @@ class ring_listener {
   /// Binds `address` ("host:port"). Errors: errc::io_error when the port is taken,
   /// errc::invalid_config when the address does not resolve.
   explicit ring_listener(const std::string& address) : fd_(detail::listen_on(address)) {}
+  /// The port it listens on.
   std::uint16_t port() const { return detail::bound_port(fd_.get()); }
+  /// The socket's file descriptor.
   int native_handle() const noexcept { return fd_.get(); }
 
  private:
@@ -76,7 +78,9 @@ class ring_listener {
 
 /// One tensor of a fused allreduce.
 struct named_tensor {
+  /// The tensor's name (the same on every rank).
   std::string name;
+  /// The tensor, reduced in place.
   tensor* value = nullptr;
 };
 

@@ -32,6 +32,7 @@ namespace dtf {
 /// dtf/collectives.hpp). Users normally name it through dtf::communicator.
 class tcp_backend {
  public:
+  /// dtf::collective_backend: buffers in host memory.
   static constexpr buffer_memory memory = buffer_memory::host;
 
   /// Connects rank `rank` of addresses.size() ranks: listens on `listener`, connects to
@@ -64,11 +65,17 @@ class tcp_backend {
 
   tcp_backend(const tcp_backend&) = delete;
   tcp_backend& operator=(const tcp_backend&) = delete;
+  /// Movable (not copyable).
+  ///@{
   tcp_backend(tcp_backend&&) noexcept = default;
   tcp_backend& operator=(tcp_backend&&) noexcept = default;
+  ///@}
 
+  /// This process's rank.
   std::size_t rank() const noexcept { return rank_; }
+  /// The number of ranks.
   std::size_t size() const noexcept { return size_; }
+  /// The options given.
   const collective_options& options() const noexcept { return options_; }
   /// "rank 1 (worker.1 at 127.0.0.1:2223)".
   std::string describe(std::size_t r) const {

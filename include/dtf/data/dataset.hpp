@@ -52,6 +52,10 @@ struct host_batch {
 
 class batch_stream;
 
+/// An in-memory dataset of (features, label) examples and the input pipeline around it: shard,
+/// take, shuffle, normalize, batch, repeat, prefetch. A value: each call returns a new dataset
+/// sharing the examples (shard() keeps a compact copy of its own). Immutable, so it may be shared
+/// between threads; a batch_stream serves one thread.
 class dataset {
  public:
   /// Examples as rows of `features` with one label each. value_min/value_max give the range
@@ -169,12 +173,15 @@ class dataset {
 
   /// Number of selected examples.
   std::size_t size() const noexcept { return indices_.size(); }
+  /// Number of features per example.
   std::size_t num_features() const noexcept { return src_->width; }
   /// Bytes the examples this dataset refers to occupy in memory (features and labels).
   std::size_t memory_bytes() const noexcept {
     return src_->bytes.size() + src_->features.size() * sizeof(float) + src_->labels.size() * sizeof(std::int32_t);
   }
+  /// Examples per batch.
   std::size_t batch_size() const noexcept { return batch_size_; }
+  /// Batches per epoch (the last one partial unless its remainder is dropped).
   std::size_t batches_per_epoch() const noexcept {
     return drop_remainder_ ? size() / batch_size_ : (size() + batch_size_ - 1) / batch_size_;
   }
@@ -243,6 +250,7 @@ class dataset {
 /// is rethrown by next().
 class batch_stream {
  public:
+  /// Starts at the beginning.
   explicit batch_stream(dataset d) : batch_stream(std::move(d), position{}) {}
   /// Starts at batch from.batch of epoch from.epoch (see dataset::stream(position)).
   batch_stream(dataset d, const position& from)
@@ -268,6 +276,7 @@ class batch_stream {
     }
   }
 
+  /// The next batch, or std::nullopt after the last epoch.
   std::optional<host_batch> next() {
     if (!worker_.joinable()) return build_next();
     std::unique_lock lock(mu_);

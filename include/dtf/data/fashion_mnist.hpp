@@ -13,6 +13,7 @@ namespace dtf::data {
 /// Where Debian's dataset-fashion-mnist package installs the files.
 inline constexpr const char* fashion_mnist_default_dir = "/usr/share/datasets/fashion-mnist";
 
+/// Which Fashion-MNIST split: 60,000 training or 10,000 test examples.
 enum class split { train, test };
 
 /// Loads one split from `dir`, which holds {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz].

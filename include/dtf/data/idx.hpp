@@ -28,10 +28,13 @@ enum class idx_type : std::uint8_t { u8 = 0x08, i8 = 0x09, i16 = 0x0B, i32 = 0x0
 
 /// The contents of an IDX file, converted to host byte order.
 struct idx_array {
+  /// The element type.
   idx_type type = idx_type::u8;
+  /// The dimensions.
   std::vector<std::size_t> shape;
   std::vector<std::uint8_t> bytes;  ///< elements in host byte order, row-major
 
+  /// The number of elements (the product of the dimensions).
   std::size_t size() const {
     std::size_t n = 1;
     for (auto d : shape) n *= d;
@@ -42,6 +45,7 @@ struct idx_array {
   std::vector<T> as() const;
 };
 
+/// Bytes per element of an IDX element type.
 inline std::size_t idx_element_size(idx_type t) {
   switch (t) {
     case idx_type::u8: case idx_type::i8: return 1;

@@ -37,6 +37,7 @@ struct position {
   std::uint64_t batch_size = 0;  ///< examples per batch
   std::uint64_t seed = 0;        ///< the shard's shuffle seed
 
+  /// Equal when every field is.
   bool operator==(const position&) const = default;
 
   /// A fresh position (the start) in a shard of this layout.
@@ -104,6 +105,7 @@ struct position {
     return std::nullopt;
   }
 
+  /// cereal serialization (control messages, checkpoints).
   template <class A>
   void serialize(A& ar) {
     ar(epoch, batch, examples, steps, num_shards, shard_size, batch_size, seed);
@@ -112,9 +114,13 @@ struct position {
 
 /// A task's position, named by the task ("worker.1").
 struct task_position {
+  /// The task, e.g. "worker.1".
   std::string task;
+  /// Its position.
   position at;
+  /// Equal when both fields are.
   bool operator==(const task_position&) const = default;
+  /// cereal serialization (control messages, checkpoints).
   template <class A>
   void serialize(A& ar) {
     ar(task, at);

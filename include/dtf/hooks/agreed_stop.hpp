@@ -16,8 +16,14 @@
 
 namespace dtf::hooks {
 
+/// Hook: every rank of a collective job stops after the same step. After each step the ranks
+/// allreduce (max) "a stop was requested here", and every rank requests the stop when any did
+/// (add it last, so that it sees the other hooks' requests). With one rank no message is sent.
+/// Errors: those of the communicator.
 struct agreed_stop {
+  /// The communicator of the job's ranks (every rank adds the hook).
   communicator* comm;
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values&) {
     const bool here = ctx.stop_requested() || stop_on_signal::stopped_by_signal();
     if (comm->size() <= 1) {

@@ -38,26 +38,36 @@ namespace dtf::hooks {
 
 /// Called around every save; every member optional.
 struct checkpoint_listener {
+  /// Before the session is created.
   std::function<void()> begin;
+  /// Before each save, with its global step.
   std::function<void(std::int64_t step)> before_save;
   /// Returns true to stop the session after this step.
   std::function<bool(std::int64_t step, const checkpoint_manifest& saved)> after_save;
+  /// At the session's end, with its last global step.
   std::function<void(std::int64_t step)> end;
 };
 
+/// When a checkpoint_saver saves.
 struct checkpoint_saver_options {
   std::int64_t every_n_steps = 0;  ///< 0: not by steps
   double every_secs = 600;         ///< 0: not by time (TensorFlow's default is 600 s)
+  /// Save at the session's start step.
   bool save_at_start = true;
+  /// Save the final global step when the session ends without error.
   bool save_at_end = true;
+  /// Called around every save.
   std::vector<checkpoint_listener> listeners;
 };
 
+/// Hook: saves checkpoints every N global steps or S seconds, at the session's start and at its
+/// end after no error (TensorFlow's CheckpointSaverHook), and tells its listeners.
 class checkpoint_saver {
  public:
   /// Saves the checkpoint for a global step; returns its manifest.
   using save_fn = std::function<checkpoint_manifest(std::int64_t step)>;
 
+  /// Saves through `save` when `o` says. Errors: errc::invalid_argument without a save function.
   checkpoint_saver(save_fn save, checkpoint_saver_options o)
       : save_(std::move(save)), options_(std::move(o)), timer_(options_.every_n_steps, options_.every_secs) {
     if (!save_) throw error(errc::invalid_argument, "checkpoint_saver: no save function");
@@ -74,20 +84,24 @@ class checkpoint_saver {
         std::move(o));
   }
 
+  /// dtf::session_hook: before the session is created.
   void begin() {
     for (auto& l : options_.listeners)
       if (l.begin) l.begin();
   }
 
+  /// dtf::session_hook: after restore or initialisation, at the start step.
   void after_create_session(run_context& ctx) {
     if (options_.save_at_start) save(ctx, ctx.global_step());
     else timer_.update(ctx.global_step());
   }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values&) {
     if (timer_.should_trigger(ctx.global_step())) save(ctx, ctx.global_step());
   }
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context& ctx, const run_status& status) {
     if (status.ok() && options_.save_at_end && last_saved_ != ctx.global_step()) save(ctx, ctx.global_step());
     for (auto& l : options_.listeners)
@@ -131,6 +145,7 @@ namespace dtf {
 /// What a ps-backed session needs to create its state.
 struct ps_scaffold_options {
   std::string checkpoint_dir;  ///< empty: never restore
+  /// The variables the checkpoints hold.
   std::vector<variable_spec> variables;
   ps_config config{};  ///< as in ps_client::initialize
   std::function<void()> init;  ///< chief, no checkpoint: initialise the ps (e.g. worker.initialize_ps(seed))

@@ -12,12 +12,17 @@
 
 namespace dtf::hooks {
 
+/// Hook: before every run calls f(ctx), which stages the step's input. When f returns false the
+/// input is exhausted: the run is skipped and the session stops. A callable returning void always
+/// feeds.
 template <class F>
   requires std::is_invocable_v<F&, run_context&>
 class feed_fn {
  public:
+  /// Feeds each run through `f`.
   explicit feed_fn(F f) : f_(std::move(f)) {}
 
+  /// dtf::session_hook: before each step.
   void before_run(run_context& ctx) {
     if constexpr (std::is_void_v<std::invoke_result_t<F&, run_context&>>) {
       f_(ctx);
@@ -30,6 +35,7 @@ class feed_fn {
     ++feeds_;
   }
 
+  /// The runs fed so far.
   std::int64_t feeds() const noexcept { return feeds_; }
 
  private:

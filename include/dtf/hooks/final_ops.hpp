@@ -22,14 +22,20 @@ auto call_final(F& f, run_context& ctx) {
 }
 }  // namespace detail
 
+/// Hook: when the session ends without error, calls f(ctx) (or f()) once and keeps its result
+/// (e.g. a final evaluation). On an error end it does nothing. Whatever f throws propagates out
+/// of close().
 template <class F>
   requires std::is_invocable_v<F&, run_context&> || std::is_invocable_v<F&>
 class final_ops {
  public:
+  /// What the callable returns (void or a value kept by value()).
   using result_type = decltype(detail::call_final(std::declval<F&>(), std::declval<run_context&>()));
 
+  /// Runs `f` when the session ends without error.
   explicit final_ops(F f) : f_(std::move(f)) {}
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context& ctx, const run_status& status) {
     if (!status.ok()) return;
     if constexpr (std::is_void_v<result_type>) {
@@ -41,6 +47,7 @@ class final_ops {
     }
   }
 
+  /// Whether the callable ran.
   bool ran() const noexcept { return ran_; }
   /// The callable's result (empty until it ran; only for non-void callables).
   const auto& value() const noexcept

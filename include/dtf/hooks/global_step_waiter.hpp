@@ -17,19 +17,26 @@
 
 namespace dtf::hooks {
 
+/// What a global_step_waiter waits for.
 struct global_step_waiter_options {
+  /// The global step to wait for.
   std::int64_t wait_until_step = 0;
   int poll_ms = 100;        ///< polling interval
   int timeout_ms = 600000;  ///< give up after this long
 };
 
+/// Hook: holds a task back, before each run, until the global step (read afresh) reaches
+/// wait_until_step (TensorFlow's gradual warm-up of workers). A stop request ends the wait.
+/// Errors: dtf::error(errc::timeout) when the step is not reached within timeout_ms.
 class global_step_waiter {
  public:
+  /// Waits as `o` says. Errors: errc::invalid_argument when poll_ms or timeout_ms is not positive.
   explicit global_step_waiter(global_step_waiter_options o) : options_(o) {
     if (o.poll_ms <= 0 || o.timeout_ms <= 0)
       throw error(errc::invalid_argument, "global_step_waiter: poll_ms and timeout_ms must be positive");
   }
 
+  /// dtf::session_hook: before each step.
   void before_run(run_context& ctx) {
     if (reached_) return;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.timeout_ms);
@@ -48,7 +55,9 @@ class global_step_waiter {
     reached_ = true;
   }
 
+  /// Whether the global step was reached.
   bool reached() const noexcept { return reached_; }
+  /// The polls made so far.
   std::int64_t polls() const noexcept { return polls_; }
 
  private:

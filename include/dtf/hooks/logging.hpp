@@ -25,10 +25,12 @@
 
 namespace dtf::hooks {
 
+/// When and where a logging hook writes.
 struct logging_options {
   std::int64_t every_n_iter = 100;  ///< iterations (this task's runs) between lines; 0: not by count
   double every_secs = 0;            ///< 0: not by time
   std::string prefix;                ///< e.g. "worker.0" (the line starts "<prefix>: ")
+  /// The last global step, reported as last_step=.
   std::optional<std::int64_t> last_step;
   /// A stop_at_step hook whose last step the lines report (when last_step is not set); it must
   /// outlive the session (e.g. the reference add_hook returned).
@@ -37,16 +39,24 @@ struct logging_options {
   std::function<void(const std::string&)> sink;  ///< default: stdout
 };
 
+/// Hook: a progress line every N iterations (this task's runs) or every S seconds, made of
+/// key=value tokens (the contract dtfrun's live view parses):
+/// `<prefix>: step=1200 last_step=5000 loss=0.4123 steps_per_sec=85.3 lr=0.1 ...`
+/// (the global step, the last step when known, the mean loss since the previous line, global
+/// steps per second, then every named scalar of the latest run_values).
 class logging {
  public:
+  /// Logs as `o` says.
   explicit logging(logging_options o = {}) : options_(std::move(o)), timer_(options_.every_n_iter, options_.every_secs) {}
 
+  /// dtf::session_hook: after restore or initialisation, at the start step.
   void after_create_session(run_context& ctx) {
     timer_.update(0);
     last_global_step_ = ctx.global_step();
     last_time_ = step_timer::clock::now();
   }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     if (v.loss) {
       loss_sum_ += *v.loss;
@@ -58,12 +68,14 @@ class logging {
     if (now) emit(iteration, ctx.global_step());
   }
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context& ctx, const run_status& status) {
     if (options_.at_end && status.ok() && loss_count_ > 0) emit(ctx.local_step(), ctx.global_step());
   }
 
   /// The last line written ("" before the first).
   const std::string& last_line() const noexcept { return last_line_; }
+  /// The lines written so far.
   std::int64_t lines() const noexcept { return lines_; }
 
  private:

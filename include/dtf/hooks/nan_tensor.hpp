@@ -20,31 +20,41 @@ namespace dtf::hooks {
 /// The error a diverged loss raises (errc::corrupt_data: the numbers are no longer usable).
 class nan_loss_error : public error {
  public:
+  /// The loss `loss` at global step `step` is not finite.
   nan_loss_error(std::int64_t step, double loss)
       : error(errc::corrupt_data, "loss is " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at global step " +
                                       std::to_string(step) + ": training diverged"),
         step_(step) {}
+  /// The global step at which the loss diverged.
   std::int64_t step() const noexcept { return step_; }
 
  private:
   std::int64_t step_;
 };
 
+/// What a nan_tensor hook does on a non-finite loss.
 enum class nan_policy {
   fail,  ///< throw nan_loss_error
   stop,  ///< print a warning and request a stop
 };
 
+/// What a nan_tensor hook does on a non-finite loss.
 struct nan_tensor_options {
+  /// Fail or stop.
   nan_policy policy = nan_policy::fail;
   /// Where the stop policy's warning goes (default: stderr).
   std::function<void(const std::string&)> warn;
 };
 
+/// Hook: after every step whose run_values carry a loss, checks that it is finite; when not,
+/// either throws nan_loss_error (the session ends with it) or warns and stops the session cleanly
+/// (nan_policy).
 class nan_tensor {
  public:
+  /// Checks as `o` says.
   explicit nan_tensor(nan_tensor_options o = {}) : options_(std::move(o)) {}
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     if (!v.loss || std::isfinite(*v.loss)) return;
     nan_loss_error e(ctx.global_step(), *v.loss);

@@ -16,19 +16,26 @@
 
 namespace dtf::hooks {
 
+/// When a step_counter measures, and where it writes.
 struct step_counter_options {
   std::int64_t every_n_steps = 100;  ///< 0: not by steps
   double every_secs = 0;             ///< 0: not by time
   std::shared_ptr<summary_writer> writer;  ///< optional
 };
 
+/// Hook: every N global steps or S seconds, measures global steps per second and this task's
+/// examples per second and, when given a summary_writer, writes them as the scalars
+/// "global_step/sec" and "examples/sec". Usually a chief-only hook.
 class step_counter {
  public:
+  /// Measures as `o` says.
   explicit step_counter(step_counter_options o = {})
       : options_(std::move(o)), timer_(options_.every_n_steps, options_.every_secs) {}
 
+  /// dtf::session_hook: after restore or initialisation, at the start step.
   void after_create_session(run_context& ctx) { timer_.update(ctx.global_step()); }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     examples_ += v.examples;
     if (!timer_.should_trigger(ctx.global_step())) return;
@@ -46,8 +53,11 @@ class step_counter {
   }
 
   /// The latest measurement (0 before the first).
+  ///@{
   double steps_per_sec() const noexcept { return steps_per_sec_; }
   double examples_per_sec() const noexcept { return examples_per_sec_; }
+  ///@}
+  /// The number of measurements made.
   std::int64_t measurements() const noexcept { return measurements_; }
 
  private:

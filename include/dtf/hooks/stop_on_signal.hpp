@@ -42,6 +42,7 @@ extern "C" inline void on_stop_signal(int sig) {
 /// direct = false); restores the previous handlers when destroyed.
 class stop_on_signal {
  public:
+  /// Installs the handlers for session `s` (direct = false: only counts the signals).
   explicit stop_on_signal(monitored_training_session& s, bool direct = true) {
     detail::signals_seen = 0;
     detail::signal_session = direct ? &s : nullptr;

@@ -16,12 +16,16 @@
 
 namespace dtf::hooks {
 
+/// When a summary_saver writes, and where.
 struct summary_saver_options {
   std::int64_t every_n_steps = 100;  ///< 0: not by steps
   double every_secs = 0;             ///< 0: not by time
   std::shared_ptr<summary_writer> writer;  ///< required
 };
 
+/// Hook: every N global steps or S seconds writes the step's loss, named scalars and histograms to
+/// a TensorBoard event file (asking the step for summaries in before_run). Usually a chief-only
+/// hook.
 class summary_saver {
  public:
   /// Errors: dtf::error(invalid_argument) without a writer.
@@ -30,11 +34,13 @@ class summary_saver {
     if (!options_.writer) throw error(errc::invalid_argument, "summary_saver: no summary_writer given");
   }
 
+  /// dtf::session_hook: before each step.
   void before_run(run_context& ctx) {
     requested_ = timer_.should_trigger(ctx.global_step() + 1);
     if (requested_) ctx.request_summaries();
   }
 
+  /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
     if (!requested_) return;
     requested_ = false;
@@ -48,10 +54,12 @@ class summary_saver {
     ++writes_;
   }
 
+  /// dtf::session_hook: once, at close or on error (`status` carries the error).
   void end(run_context&, const run_status&) { options_.writer->flush(); }
 
   /// Summaries written so far.
   std::int64_t writes() const noexcept { return writes_; }
+  /// The writer the summaries go to.
   const std::shared_ptr<summary_writer>& writer() const noexcept { return options_.writer; }
 
  private:

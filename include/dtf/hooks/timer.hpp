@@ -14,13 +14,20 @@
 
 namespace dtf::hooks {
 
+/// "Every N steps or every S seconds", the trigger most hooks share (TensorFlow's
+/// SecondOrStepTimer): it triggers for a step when it never triggered, or when at least
+/// every_steps global steps or every_secs seconds passed since it last did; both zero: never.
+/// Not thread-safe.
 class step_timer {
  public:
+  /// The clock of every_secs.
   using clock = std::chrono::steady_clock;
 
   /// What passed between two triggers.
   struct elapsed {
+    /// Seconds.
     double secs = 0;
+    /// Global steps.
     std::int64_t steps = 0;
   };
 
@@ -33,8 +40,10 @@ class step_timer {
                                               ") must not be negative");
   }
 
+  /// Whether the timer can trigger at all (every_steps or every_secs set).
   bool enabled() const noexcept { return every_steps_ > 0 || every_secs_ > 0; }
 
+  /// Whether the timer triggers for global step `step` at time `now`.
   bool should_trigger(std::int64_t step, clock::time_point now = clock::now()) const noexcept {
     if (!enabled()) return false;
     if (!last_step_) return true;
@@ -54,6 +63,7 @@ class step_timer {
     return e;
   }
 
+  /// The global step it last triggered for (nullopt: never).
   std::optional<std::int64_t> last_triggered_step() const noexcept { return last_step_; }
 
  private:

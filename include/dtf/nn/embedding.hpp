@@ -23,13 +23,20 @@
 
 namespace dtf::nn {
 
+/// How an embedding_bag combines the rows of a bag: their sum, or their mean (an empty bag gives
+/// zeros).
 enum class combiner { sum, mean };
 
+/// Embedding lookups over the rows a batch gathered (host memory): each bag, a run of ids, is
+/// combined into one vector; backward() gives the rows' gradients, deduplicated (summed over a
+/// row's uses), in lookup::unique's order.
 class embedding_bag {
  public:
+  /// Bags of `dim`-float rows combined by `c`. Errors: errc::invalid_argument when dim is 0.
   explicit embedding_bag(std::uint32_t dim, combiner c = combiner::mean) : dim_(dim), combiner_(c) {
     if (dim == 0) throw error(errc::invalid_argument, "nn::embedding_bag: dim must be positive");
   }
+  /// Floats per row.
   std::uint32_t dim() const noexcept { return dim_; }
 
   /// out[b] (dim floats) combines rows[index[i]] for i in [offsets[b], offsets[b + 1]).

@@ -27,14 +27,21 @@
 
 namespace dtf::nn {
 
+/// How embedding_sequential combines an example's looked-up rows: `concat` (in column order,
+/// [batch, ids_per_example * dim]), `sum` or `mean` (one bag per example, [batch, dim]).
 enum class embedding_combine { concat, sum, mean };
 
+/// The embedding lookup at the bottom of an embedding_sequential.
 struct embedding_input {
   embedding_spec table;             ///< the table ids are looked up in (fixed or hashed)
   std::size_t ids_per_example = 1;  ///< feature columns, each an id
+  /// How an example's rows are combined.
   embedding_combine combine = embedding_combine::concat;
 };
 
+/// An embedding lookup under a stack of dense layers: ids in, classes out; models
+/// dtf::embedding_classifier. A batch's features are ids_per_example columns of ids stored as
+/// floats. One instance per thread.
 class embedding_sequential {
  public:
   /// Errors: errc::shape_mismatch when the dense stack's input width is not what the lookup
@@ -52,10 +59,15 @@ class embedding_sequential {
                                             std::to_string(in_.table.dim) + " gives " + std::to_string(width()));
   }
 
+  /// dtf::embedding_model: the dense variables.
   std::vector<variable_spec> variables() const { return dense_.variables(); }
+  /// dtf::embedding_model: the table.
   std::vector<embedding_spec> embeddings() const { return {in_.table}; }
+  /// The number of dense parameters.
   std::size_t num_parameters() const noexcept { return dense_.num_parameters(); }
+  /// The number of classes (the last layer's width).
   std::size_t num_classes() const noexcept { return dense_.num_classes(); }
+  /// dtf::embedding_model: fills the dense parameters `p` deterministically from `seed`.
   void initialize(std::span<float> p, std::uint64_t seed) const { dense_.initialize(p, seed); }
 
   /// The ids of batch b (table 0): its feature columns, row by row.
@@ -79,6 +91,8 @@ class embedding_sequential {
       }
   }
 
+  /// dtf::embedding_model: the batch's mean loss; writes the dense gradient into `g` and the
+  /// rows' gradients into rows[0].grads.
   float loss_and_gradients(std::span<const float> p, std::span<const embedding_rows> rows, const tensor& x,
                            const tensor& y, std::span<float> g) {
     lookup(rows, x.dim(0));
@@ -93,6 +107,7 @@ class embedding_sequential {
     return loss;
   }
 
+  /// dtf::embedding_classifier: the logits of batch `x` into `out`.
   void logits(std::span<const float> p, std::span<const embedding_rows> rows, const tensor& x, tensor& out) {
     lookup(rows, x.dim(0));
     dense_.logits(p, input_, out);

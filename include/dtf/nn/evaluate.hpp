@@ -10,9 +10,11 @@
 
 namespace dtf::nn {
 
+/// Loss and accuracy of a classifier over a dataset.
 struct evaluation {
   double loss = 0.0;         ///< mean softmax cross-entropy
   double accuracy = 0.0;     ///< fraction of examples whose top logit is the label
+  /// The number of examples evaluated.
   std::size_t examples = 0;
 };
 

@@ -24,7 +24,9 @@ enum class initializer {
 /// SplitMix64: a small, well-mixed generator; also used to derive per-layer seeds.
 class splitmix64 {
  public:
+  /// A generator seeded with `seed`.
   explicit splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
+  /// The next 64-bit value.
   std::uint64_t operator()() noexcept {
     std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

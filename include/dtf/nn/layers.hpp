@@ -49,6 +49,8 @@ inline std::pair<std::size_t, std::size_t> rows_and_features(const tensor& x, co
 /// Variables: "<name>/kernel" [in, out], "<name>/bias" [out].
 class dense {
  public:
+  /// A layer of in_features inputs and out_features outputs, initialised by `init`.
+  /// Errors: errc::invalid_argument when a count is 0.
   dense(std::size_t in_features, std::size_t out_features, initializer init = initializer::automatic)
       : in_(in_features), out_(out_features), init_(init) {
     if (in_ == 0 || out_ == 0)
@@ -56,11 +58,16 @@ class dense {
                                               "): feature counts must be positive");
   }
 
+  /// Inputs per example.
   std::size_t in_features() const noexcept { return in_; }
+  /// Outputs per example.
   std::size_t out_features() const noexcept { return out_; }
+  /// How the kernel is initialised.
   initializer init() const noexcept { return init_; }
+  /// in × out + out.
   std::size_t num_parameters() const noexcept { return in_ * out_ + out_; }
 
+  /// The layer's variables, named after `name`, starting at element `offset` of the flat buffer.
   std::vector<variable_spec> variables(const std::string& name, std::size_t offset) const {
     return {{name + "/kernel", {in_, out_}, offset}, {name + "/bias", {out_}, offset + in_ * out_}};
   }
@@ -198,6 +205,7 @@ class dense {
 /// Rectified linear unit, element-wise; no variables.
 class relu {
  public:
+  /// y = max(x, 0), element-wise.
   void forward(const tensor& x, tensor& y) const {
     detail::rows_and_features(x, "nn::relu");
     y.resize(x.shape(), dtype::float32);

@@ -35,6 +35,7 @@ namespace dtf::nn {
 /// A layer of a sequential model.
 using layer = std::variant<dense, relu>;
 
+/// A stack of layers ending in softmax cross-entropy; models dtf::model and dtf::classifier.
 class sequential {
  public:
   /// Errors: errc::shape_mismatch when a Dense layer's inputs do not match the features the
@@ -74,9 +75,13 @@ class sequential {
     grads_.resize(layers_.size());
   }
 
+  /// dtf::model: the variables ("dense_<i>/kernel", "dense_<i>/bias").
   std::vector<variable_spec> variables() const { return variables_; }
+  /// The number of parameters.
   std::size_t num_parameters() const noexcept { return num_parameters_; }
+  /// Features per example (the first layer's inputs).
   std::size_t input_features() const noexcept { return input_features_; }
+  /// The number of classes (the last layer's outputs).
   std::size_t num_classes() const noexcept { return classes_; }
 
   /// Fills p (device memory, num_parameters() floats): kernels by each layer's initializer

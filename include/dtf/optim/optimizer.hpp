@@ -35,6 +35,8 @@
 #include <immintrin.h>
 #define DTF_OPTIM_SSE 1
 #else
+/// 1 when the optimiser's host kernels use SSE2 (x86 without FMA contraction, not under nvcc), 0
+/// otherwise.
 #define DTF_OPTIM_SSE 0
 #endif
 
@@ -42,15 +44,19 @@ namespace dtf::optim {
 
 /// Buffers in Thrust's device system (the worker's tensors).
 struct device_space {
+  /// Thrust's device vector.
   template <class T>
   using vector = thrust::device_vector<T>;
+  /// Thrust's device execution policy.
   static constexpr auto policy() { return thrust::device; }
 };
 
 /// Buffers in host memory (a parameter server's shards).
 struct host_space {
+  /// Thrust's host vector.
   template <class T>
   using vector = thrust::host_vector<T>;
+  /// Thrust's host execution policy.
   static constexpr auto policy() { return thrust::host; }
 };
 
@@ -92,9 +98,14 @@ void host_apply(Kernel k, float* __restrict p, const float* __restrict g, float*
 }
 }  // namespace detail
 
+/// Applies an update rule to a flat parameter buffer, keeping the rule's slots (momentum,
+/// accumulators, Adam moments) beside it, in the memory space `Space` (device_space or
+/// host_space).
 template <class Space = device_space>
 class optimizer {
  public:
+  /// An optimiser applying rule `r` to buffers of `size` floats (its slots start at the rule's
+  /// initial value).
   optimizer(rule r, std::size_t size) : rule_(r), size_(size) {
     const std::size_t n = detail::slot_count(rule_);
     const float init = detail::slot_initial_value(rule_);
@@ -102,7 +113,9 @@ class optimizer {
     if (n >= 2) slot1_.assign(size, init);
   }
 
+  /// The rule applied.
   const rule& update_rule() const noexcept { return rule_; }
+  /// The number of parameters.
   std::size_t size() const noexcept { return size_; }
   /// Number of updates applied so far (Adam's t).
   std::int64_t iterations() const noexcept { return iterations_; }
@@ -146,6 +159,7 @@ class optimizer {
     auto& v = i == 0 ? slot0_ : slot1_;
     return {thrust::raw_pointer_cast(v.data()), v.size()};
   }
+  /// Sets the number of updates applied (a restore).
   void set_iterations(std::int64_t t) noexcept { iterations_ = t; }
 
   /// The rule's name (sgd, momentum, nesterov, adagrad, adam), as checkpoints record it.

@@ -16,39 +16,57 @@ namespace dtf::optim {
 
 /// Plain SGD: p -= lr * g.
 struct sgd {
+  /// lr.
   float learning_rate = 0.01f;
+  /// Slot buffers the rule keeps beside the parameters.
   static constexpr std::size_t num_slots = 0;
+  /// The rule's name (checkpoints, flags).
   static constexpr std::string_view name = "sgd";
 };
 
 /// Momentum (tf.train.MomentumOptimizer): v = mu v + g; p -= lr v, or with Nesterov
 /// p -= lr (g + mu v).
 struct momentum {
+  /// lr.
   float learning_rate = 0.01f;
   float momentum = 0.9f;
+  /// Nesterov momentum.
   bool nesterov = false;
+  /// Slot buffers the rule keeps beside the parameters (v).
   static constexpr std::size_t num_slots = 1;
+  /// The rule's name (checkpoints, flags).
   static constexpr std::string_view name = "momentum";
 };
 
 /// Adagrad (Duchi et al. 2011): a += g^2; p -= lr g / (sqrt(a) + epsilon); a starts at
 /// initial_accumulator (TensorFlow's default 0.1).
 struct adagrad {
+  /// lr.
   float learning_rate = 0.01f;
+  /// The accumulator's initial value.
   float initial_accumulator = 0.1f;
+  /// epsilon.
   float epsilon = 1e-7f;
+  /// Slot buffers the rule keeps beside the parameters (a).
   static constexpr std::size_t num_slots = 1;
+  /// The rule's name (checkpoints, flags).
   static constexpr std::string_view name = "adagrad";
 };
 
 /// Adam (Kingma & Ba 2015), bias correction folded into the rate as in TensorFlow:
 /// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr sqrt(1-b2^t)/(1-b1^t) m / (sqrt(v) + eps).
 struct adam {
+  /// lr.
   float learning_rate = 0.001f;
+  /// b1.
   float beta1 = 0.9f;
+  /// b2.
   float beta2 = 0.999f;
+  /// eps.
   float epsilon = 1e-8f;
+  /// Slot buffers the rule keeps beside the parameters (m, v).
   static constexpr std::size_t num_slots = 2;
+  /// The rule's name (checkpoints, flags).
   static constexpr std::string_view name = "adam";
 };
 

@@ -17,15 +17,21 @@ namespace dtf::optim {
 
 /// The same rate at every step.
 struct constant_schedule {
+  /// The rate.
   float learning_rate = 0.01f;
+  /// The rate at any step.
   float operator()(std::int64_t) const { return learning_rate; }
 };
 
 /// values[0] while step <= boundaries[0], values[i] while boundaries[i-1] < step <= boundaries[i],
 /// values.back() after the last boundary (tf.train.piecewise_constant). values.size() must be boundaries.size() + 1.
 struct piecewise_constant {
+  /// Steps where the rate changes, rising.
   std::vector<std::int64_t> boundaries;
+  /// The rates, one more than boundaries.
   std::vector<float> values;
+  /// The rate at global step `step`. Errors: errc::invalid_config when values.size() is not
+  /// boundaries.size() + 1.
   float operator()(std::int64_t step) const {
     if (values.size() != boundaries.size() + 1)
       throw error(errc::invalid_config, "optim::piecewise_constant: " + std::to_string(values.size()) +
@@ -38,10 +44,15 @@ struct piecewise_constant {
 
 /// lr * rate^(step / decay_steps), the exponent floored when staircase (tf.train.exponential_decay).
 struct exponential_decay {
+  /// lr.
   float learning_rate = 0.01f;
+  /// Steps per decay.
   std::int64_t decay_steps = 1000;
+  /// rate.
   float decay_rate = 0.96f;
+  /// Floor the exponent.
   bool staircase = false;
+  /// The rate at global step `step`.
   float operator()(std::int64_t step) const {
     double e = double(step) / double(std::max<std::int64_t>(decay_steps, 1));
     if (staircase) e = std::floor(e);
@@ -55,12 +66,17 @@ struct exponential_decay {
 /// warmup_steps steps. After warmup the rate is scale * base_rate times the optional
 /// decay multipliers (piecewise: multiply by decay_factors[i] from step decay_boundaries[i]).
 struct linear_scaling_warmup {
+  /// The rate tuned for the reference batch.
   float base_rate = 0.1f;
   float scale = 1.0f;              ///< k: global batch / reference batch (e.g. number of replicas)
   std::int64_t warmup_steps = 0;   ///< 0 disables warmup
+  /// Steps from which a decay factor applies, rising.
   std::vector<std::int64_t> decay_boundaries{};
+  /// The factors, one per boundary.
   std::vector<float> decay_factors{};
 
+  /// The rate at global step `step`. Errors: errc::invalid_config when the decay lists differ in
+  /// length.
   float operator()(std::int64_t step) const {
     if (decay_boundaries.size() != decay_factors.size())
       throw error(errc::invalid_config, "optim::linear_scaling_warmup: decay_boundaries and decay_factors differ in "

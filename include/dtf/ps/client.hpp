@@ -39,9 +39,15 @@ namespace dtf {
 /// ids[ps_begin[p], ps_begin[p + 1]), each with dim floats of rows (read only by the push; a
 /// strategy may scale them before, as it scales the dense gradient).
 struct sync_rows {
+  /// The table's handle and its floats per row.
+  ///@{
   std::uint32_t table = 0, dim = 0;
+  ///@}
+  /// The ids contributed, grouped by ps.
   std::span<const std::uint64_t> ids;
+  /// num_ps + 1 offsets into ids: ps p's are ids[ps_begin[p], ps_begin[p + 1]).
   std::span<const std::size_t> ps_begin;
+  /// The ids' rows' gradients, dim floats each.
   std::span<float> rows;
 };
 
@@ -73,6 +79,7 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
     seen_.assign(layout_.num_ps, 0);
   }
 
+  /// How the variables are placed on the ps (shards and their ps).
   const placement& layout() const noexcept { return layout_; }
   /// This task's identity ("worker.1"), as presented to the ps.
   const std::string& identity() const noexcept { return rpc_.options().identity; }
@@ -328,6 +335,7 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
   }
   /// Sends the requests in parallel; returns when every reply is in (errors: see rpc_client).
   void call_all(std::vector<rpc_call>& calls) { run(calls); }
+  /// The transport options of the client's connections.
   const transport_options& transport() const noexcept { return rpc_.options(); }
   /// Throws errc::shape_mismatch when a buffer of n floats does not cover the placement.
   void check_size(std::size_t n, const char* what) const {

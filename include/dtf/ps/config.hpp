@@ -25,7 +25,9 @@ enum class apply_mode {
 
 /// What the chief configures every ps with (at init and at restore).
 struct ps_config {
+  /// The update rule every shard applies.
   optim::rule rule = optim::sgd{};
+  /// How pushes are applied to a shard.
   apply_mode mode = apply_mode::locked;
   std::size_t replicas_to_aggregate = 0;  ///< N > 0: synchronous, N contributions per step
   std::size_t num_workers = 0;            ///< > 0: init fails when N exceeds it (0: unchecked)
@@ -38,24 +40,30 @@ enum class nonfinite_policy {
   apply,   ///< applied as sent (the parameters may become non-finite)
 };
 
+/// A parameter server task's own settings: transport, I/O threads, its checkpoint directory, the
+/// non-finite-gradient policy and the bounds on what a peer may make it hold.
 struct ps_options {
+  /// The transport's settings (listening, TLS, limits, timeouts).
   transport_options transport{};
   int threads = 1;  ///< I/O threads; with lock_free shards, updates from several run concurrently
   checkpoint_fault save_fault{};  ///< testing crash safety: a save stops part-way through its file
   /// Where this ps writes its checkpoint shard files and reads them for a restore
   /// (restore_transfer::ps_reads_files). Never taken from the wire; empty: saving is refused.
   std::string checkpoint_dir;
+  /// What to do with a non-finite gradient or delta.
   nonfinite_policy nonfinite = nonfinite_policy::reject;
   /// A push of at least transport.pieces_min_bytes whose sender checked its values finite is
   /// applied a piece (whole shards, at least apply_piece_bytes) at a time as its bytes arrive
   /// (dtf/ps/push_pieces.hpp); false: applied once all of it is in.
   bool apply_as_received = true;
+  /// The least bytes of a piece applied as it arrives (apply_as_received).
   std::size_t apply_piece_bytes = std::size_t(256) << 10;
   /// The tasks allowed to report done; empty: any authenticated identity, at most max_done_tasks.
   std::vector<std::string> known_workers;
   /// The one task allowed to initialise, restore, save and shut down this ps (its transport
   /// identity, e.g. "chief.0"); empty: any authenticated peer. dtf::train sets the cluster's chief.
   std::string chief;
+  /// The most tasks that may report done when known_workers is empty.
   std::size_t max_done_tasks = 4096;
   /// Bytes this ps may hold for embedding tables (values and slots, a hashed table counted at its
   /// max_rows share): a table's creation carries no payload, so this bounds what it can ask for.

@@ -31,11 +31,14 @@
 
 namespace dtf {
 
+/// How a fixed table's ids map to its shards: `div`, contiguous ranges of ids; `mod`, id % shards.
 enum class partition_strategy : std::uint8_t { div, mod };
 
 /// Rows start uniform in [-scale, scale), drawn from (seed, id).
 struct row_initializer {
+  /// Half-width of the uniform range.
   float scale = 0.05f;
+  /// Seed of the per-id streams.
   std::uint64_t seed = 1;
 
   /// Fills `row` with id's initial values.
@@ -59,30 +62,41 @@ struct embedding_spec {
   std::uint64_t rows = 0;          ///< fixed: ids [0, rows); 0: hashed (any 64-bit id)
   std::uint32_t dim = 0;           ///< floats per row; > 0
   partition_strategy strategy = partition_strategy::div;  ///< fixed tables: how ids map to shards
+  /// How rows start.
   row_initializer init{};
   std::uint64_t max_rows = std::uint64_t(1) << 24;  ///< hashed: rows held at most, over all shards
   std::uint64_t evict_after = 0;   ///< hashed: evict rows unseen for this many shard updates (0: never)
 
+  /// Whether the table is hashed (rows == 0).
   bool hashed() const noexcept { return rows == 0; }
 };
 
 /// Where a row lives: its shard and its row within the shard (hashed: the id itself).
 struct row_place {
+  /// The row's shard.
   std::uint32_t shard;
+  /// Its row within the shard (hashed: the id itself).
   std::uint64_t local;
 };
 
 /// One shard of a table.
 struct table_shard {
+  /// The ps that holds the shard.
   std::size_t ps;
+  ///@{
   std::uint64_t row_begin = 0, row_end = 0;  ///< fixed tables, div layout's range (mod: as many rows)
+  ///@}
+  /// The shard's number of rows (fixed tables).
   std::uint64_t rows() const noexcept { return row_end - row_begin; }
 };
 
 /// A table's shards and its routing.
 struct embedding_layout {
+  /// The table's spec.
   embedding_spec spec;
+  /// Its shards, in shard order.
   std::vector<table_shard> shards;
+  /// The number of ps the shards are spread over.
   std::size_t num_ps = 0;
 
   /// A fixed table cut by `p` (a dtf::partitioner) over num_ps ps tasks.

@@ -72,14 +72,19 @@ class parameter_server {
   parameter_server(const parameter_server&) = delete;
   parameter_server& operator=(const parameter_server&) = delete;
 
+  /// The port it listens on (the one picked when bound to port 0).
   std::uint16_t port() const { return server_.port(); }
 
   /// Serves until a shutdown request (returns normally) or stop().
   void run() { server_.run(); }
+  /// Stops serving: run() returns.
   void stop() { server_.stop(); }
 
+  /// Whether the chief initialised (or restored) this ps.
   bool initialized() const noexcept { return initialized_.load(); }
+  /// The global step of this ps.
   std::int64_t global_step() const noexcept { return global_step_.load(); }
+  /// Whether a shutdown was requested.
   bool shutdown_requested() const noexcept { return shutdown_.load(); }
   /// Connections refused or dropped for malformed input.
   std::size_t rejected_connections() const noexcept { return server_.rejected(); }

@@ -32,16 +32,23 @@ namespace dtf {
 
 /// The rows one batch touches in one table: distinct ids grouped by ps (ps 0's first).
 struct lookup {
+  /// The table's handle.
   std::uint32_t table = 0;
+  /// Floats per row.
   std::uint32_t dim = 0;
   std::vector<std::uint64_t> unique;  ///< distinct ids; ps p's are unique[ps_begin[p], ps_begin[p + 1])
   std::vector<std::uint32_t> index;   ///< per id of the batch, its row in unique
   std::vector<std::size_t> ps_begin;  ///< num_ps + 1 offsets into unique
+  /// The number of distinct rows.
   std::size_t rows() const noexcept { return unique.size(); }
 };
 
+/// A worker's view of the embedding tables on the parameter servers: registers and creates
+/// tables, plans a batch's lookups (distinct ids grouped by ps), gathers their rows and pushes
+/// their gradients.
 class embedding_tables {
  public:
+  /// A view over the connected client `ps`.
   explicit embedding_tables(ps_client& ps) : ps_(ps) {}
 
   /// Registers a fixed table cut by partitioner p. Returns its handle.
@@ -54,6 +61,8 @@ class embedding_tables {
     const std::size_t n = ps_.layout().num_ps;
     return add(embedding_layout::hashed(spec, num_shards == 0 ? n : num_shards, n));
   }
+  /// Registers a table laid out by `layout`. Returns its handle. Errors: errc::invalid_argument
+  /// for a name registered twice, errc::invalid_config for a layout over another number of ps.
   std::uint32_t add(embedding_layout layout) {
     for (const auto& l : layouts_)
       if (l.spec.name == layout.spec.name)
@@ -67,7 +76,9 @@ class embedding_tables {
     return std::uint32_t(layouts_.size() - 1);
   }
 
+  /// The layout of table `table`.
   const embedding_layout& layout(std::uint32_t table) const { return layouts_.at(table); }
+  /// The number of tables registered.
   std::size_t size() const noexcept { return layouts_.size(); }
   /// The update rule this task created the table with (create), or nullptr before that.
   const optim::rule* rule(std::uint32_t table) const {
@@ -178,8 +189,12 @@ class embedding_tables {
 
   /// Rows held over all ps (a hashed table: created and not evicted), and rows evicted.
   struct row_counts {
+    /// Rows held, and rows evicted.
+    ///@{
     std::uint64_t held = 0, evicted = 0;
+    ///@}
   };
+  /// The row counts of table `table`, over all ps.
   row_counts rows(std::uint32_t table) {
     std::vector<rpc_call> calls;
     for (std::size_t p = 0; p < ps_.layout().num_ps; ++p)

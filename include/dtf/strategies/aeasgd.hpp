@@ -11,6 +11,7 @@
 
 namespace dtf::strategies {
 
+/// aeasgd's knobs.
 struct aeasgd_config {
   std::size_t window = 32;      ///< τ: local steps between elastic updates (dist-keras: 32)
   float learning_rate = 0.1f;   ///< η of the local SGD steps (dist-keras: 0.1, so α = 0.5)
@@ -48,27 +49,42 @@ inline void check_alpha(float eta, float rho, const char* who) {
 }
 }  // namespace detail
 
+/// Asynchronous Elastic Averaging SGD (Zhang, Choromanska, LeCun 2015): local SGD steps; every τ
+/// steps the worker pulls the centre θ̃, moves itself by −E and pushes E = α (θₖ − θ̃),
+/// α = η ρ, which the ps adds. A dtf::strategy of kind asynchronous.
 class aeasgd {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = aeasgd_config;
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs. Errors: errc::invalid_config when window is 0 or
+  /// α = learning_rate × rho is not in (0, 1).
   explicit aeasgd(config_type c = {}) : c_(c) {
     if (c_.window == 0) throw error(errc::invalid_config, "aeasgd: window must be positive");
     detail::check_alpha(c_.learning_rate, c_.rho, "aeasgd");
   }
 
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{}; }  // elastic differences are deltas
+  /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return false; }
+  /// The elastic step's α = η ρ.
   float alpha() const noexcept { return c_.learning_rate * c_.rho; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) { elastic_.begin(w); }
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     const float loss = grad(w.params, w.grads);
     for (std::size_t i = 0; i < w.params.size(); ++i) w.params[i] -= c_.learning_rate * w.grads[i];
     if ((w.local_step + 1) % std::int64_t(c_.window) == 0) elastic_.apply(w, alpha());
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state&) {}
+  /// The elastic exchange's state (for tests).
   const detail::elastic& elastic_state() const noexcept { return elastic_; }
 
  private:

@@ -33,12 +33,17 @@ namespace dtf::strategies {
 
 /// How many updates each push missed (updates the ps applied since this worker's last pull).
 struct staleness_stats {
+  /// Pushes recorded, the sum of their staleness, and the largest.
+  ///@{
   std::uint64_t pushes = 0, sum = 0, max = 0;
+  ///@}
+  /// Records one push's staleness.
   void record(std::uint64_t s) noexcept {
     ++pushes;
     sum += s;
     max = std::max(max, s);
   }
+  /// The mean staleness of the pushes (0 before the first).
   double mean() const noexcept { return pushes ? double(sum) / double(pushes) : 0.0; }
 };
 
@@ -48,13 +53,20 @@ using gradient_fn = std::function<float(std::span<const float> at, std::span<flo
 
 /// What a strategy's step sees. params is θₖ, the worker's own copy.
 struct worker_state {
+  /// θₖ, the worker's own copy of the parameters.
   std::span<float> params;
   std::span<float> grads;  ///< scratch of the same size
+  /// The client of the parameter servers.
   ps_client& ps;
+  /// This worker's index among the workers, and their number.
+  ///@{
   std::size_t worker_index = 0, num_workers = 1;
+  ///@}
+  /// The epoch of the current batch.
   std::size_t epoch = 0;
   std::int64_t local_step = 0;  ///< steps this worker has taken before the current one
   std::int64_t global_step = 0;  ///< as last reported by the ps
+  /// The staleness of this worker's pushes.
   staleness_stats& staleness;
 
   /// Records a push's result.
@@ -149,6 +161,7 @@ class async_worker {
  public:
   async_worker(const async_worker&) = delete;  // state_ refers to this object's buffers
   async_worker& operator=(const async_worker&) = delete;
+  /// The worker `worker_index` of `num_workers`, training model `m` through the ps client `ps`.
   async_worker(S strategy, M& m, ps_client& ps, std::size_t worker_index, std::size_t num_workers)
       : strategy_(std::move(strategy)),
         model_(m),
@@ -168,6 +181,7 @@ class async_worker {
                                .mode = strategy_.lock_free() ? apply_mode::lock_free : apply_mode::locked});
   }
 
+  /// Before the first step (and after a recovery): the strategy's begin().
   void begin() { strategy_.begin(state_); }
 
   /// One step on a host batch; returns the batch's loss.
@@ -181,17 +195,24 @@ class async_worker {
     return loss;
   }
 
+  /// After the last step: the strategy's end(), which flushes what is pending.
   void end() { strategy_.end(state_); }
 
+  /// The staleness of this worker's pushes so far.
   const staleness_stats& staleness() const noexcept { return staleness_; }
+  /// θₖ, the worker's parameters (host memory).
   std::span<float> params() noexcept { return params_; }
   /// An embedding model's tables: the rule the ps apply to their rows (the strategy's ps rule
   /// unless set), their creation on every ps by the chief (a ps that holds one keeps its rows;
   /// before a restore, which fills them), this worker's view of them.
   void set_embedding_rule(optim::rule r) requires embedding_model<M> { gradient_.set_rule(std::move(r)); }
+  /// The chief's creation of the tables on every ps (see set_embedding_rule()).
   void create_tables() requires embedding_model<M> { gradient_.create_tables(strategy_.ps_rule()); }
+  /// This worker's view of the tables (see set_embedding_rule()).
   embedding_tables& tables() requires embedding_model<M> { return gradient_.tables(); }
+  /// The global step, as last reported by the ps.
   std::int64_t global_step() const noexcept { return state_.global_step; }
+  /// The strategy this worker drives.
   S& strategy() noexcept { return strategy_; }
 
  private:

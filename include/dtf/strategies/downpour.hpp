@@ -13,6 +13,7 @@
 
 namespace dtf::strategies {
 
+/// downpour's knobs.
 struct downpour_config {
   std::size_t fetch_every = 5;                     ///< steps between pulls (dist-keras: 5)
   std::size_t push_every = 5;                      ///< steps between pushes (dist-keras: 5)
@@ -31,19 +32,29 @@ inline downpour_config downpour_easy_config(std::vector<float> local_rates, floa
   return c;
 }
 
+/// DOWNPOUR SGD (Dean et al. 2012) and DOWNPOUR-Easy: pulls every fetch_every steps, local steps
+/// with its own optimiser, pushes the accumulated gradient every push_every steps (the ps applies
+/// it with ps_rule). A dtf::strategy of kind asynchronous.
 class downpour {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = downpour_config;
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs. Errors: errc::invalid_config when fetch_every or push_every
+  /// is 0.
   explicit downpour(config_type c = {}) : c_(std::move(c)) {
     if (c_.fetch_every == 0 || c_.push_every == 0)
       throw error(errc::invalid_config, "downpour: fetch_every and push_every must be positive");
   }
 
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return c_.ps_rule; }
+  /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return false; }
 
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) {
     const optim::rule local =
         c_.local_rates.empty() ? c_.local_rule : optim::sgd{c_.local_rates[w.worker_index % c_.local_rates.size()]};
@@ -53,6 +64,8 @@ class downpour {
     pull_next_ = true;  // at the start and after a recovery (which calls begin()): θ̃ afresh
   }
 
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     if (pull_next_ || w.local_step % std::int64_t(c_.fetch_every) == 0) {
       w.ps.pull(w.params);
@@ -65,6 +78,7 @@ class downpour {
     return loss;
   }
 
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state& w) {
     if (pending_ > 0) flush(w);
   }

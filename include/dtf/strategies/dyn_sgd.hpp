@@ -11,28 +11,41 @@
 
 namespace dtf::strategies {
 
+/// dyn_sgd's knobs.
 struct dyn_sgd_config {
   std::size_t window = 5;                       ///< local steps per commit (dist-keras: 5)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser
 };
 
+/// DynSGD (Jiang et al. 2017): as agn's window, but the worker commits the residual θₖ − θ_pulled
+/// and the ps scales it by 1 / (τ + 1), τ being the updates it applied since this worker's pull.
+/// A dtf::strategy of kind asynchronous.
 class dyn_sgd {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = dyn_sgd_config;
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs. Errors: errc::invalid_config when window is 0.
   explicit dyn_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0) throw error(errc::invalid_config, "dyn_sgd: window must be positive");
   }
 
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{}; }  // commits are deltas
+  /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return false; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) { win_.begin(w, c_.local_rule); }
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     const float loss = win_.step(w, grad);
     if (win_.count() == c_.window) commit(w);
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state& w) {
     if (win_.count() > 0) commit(w);
   }

@@ -10,6 +10,7 @@
 
 namespace dtf::strategies {
 
+/// eamsgd's knobs.
 struct eamsgd_config {
   std::size_t window = 32;      ///< τ
   float learning_rate = 0.01f;  ///< η
@@ -17,24 +18,36 @@ struct eamsgd_config {
   float rho = 5.0f;             ///< ρ; α = η ρ
 };
 
+/// Elastic Averaging Momentum SGD (Zhang et al. 2015): aeasgd's elastic step with Nesterov
+/// momentum on the worker. A dtf::strategy of kind asynchronous.
 class eamsgd {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = eamsgd_config;
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs. Errors: errc::invalid_config when window is 0 or
+  /// α = learning_rate × rho is not in (0, 1).
   explicit eamsgd(config_type c = {}) : c_(c) {
     if (c_.window == 0) throw error(errc::invalid_config, "eamsgd: window must be positive");
     detail::check_alpha(c_.learning_rate, c_.rho, "eamsgd");
   }
 
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{}; }
+  /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return false; }
+  /// The elastic step's α = η ρ.
   float alpha() const noexcept { return c_.learning_rate * c_.rho; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state& w) {
     v_.assign(w.params.size(), 0.0f);
     ahead_.assign(w.params.size(), 0.0f);
     elastic_.begin(w);
   }
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     for (std::size_t i = 0; i < ahead_.size(); ++i) ahead_[i] = w.params[i] + c_.momentum * v_[i];
     const float loss = grad(ahead_, w.grads);
@@ -45,6 +58,7 @@ class eamsgd {
     if ((w.local_step + 1) % std::int64_t(c_.window) == 0) elastic_.apply(w, alpha());
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state&) {}
 
  private:

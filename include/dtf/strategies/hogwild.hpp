@@ -16,21 +16,33 @@
 
 namespace dtf::strategies {
 
+/// hogwild's knobs.
 struct hogwild_config {
   float learning_rate = 0.05f;  ///< η of the plain SGD the ps applies
   float epoch_decay = 0.9f;     ///< η is multiplied by this once per epoch (1: constant)
 };
 
+/// Hogwild (Niu et al. 2011) through parameter servers: every step the worker pulls θ̃ and pushes
+/// a minibatch gradient, which the ps applies without locks; the rate shrinks by epoch_decay each
+/// epoch. A dtf::strategy of kind asynchronous.
 class hogwild {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = hogwild_config;
   using state_type = worker_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
+  /// A strategy with the given knobs.
   explicit hogwild(config_type c = {}) : c_(c) {}
 
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{c_.learning_rate}; }
+  /// dtf::strategy (asynchronous): whether the ps applies updates without locks.
   bool lock_free() const { return true; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(worker_state&) {}
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
     w.ps.pull(w.params);
     const float loss = grad(w.params, w.grads);
@@ -38,6 +50,7 @@ class hogwild {
     w.pushed(w.ps.push_gradients(w.grads, lr));
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state&) {}
 
  private:
@@ -50,6 +63,7 @@ static_assert(check_strategy<hogwild>(), "hogwild must model dtf::strategy: conf
 /// Result of hogwild_threads.
 struct hogwild_threads_report {
   std::size_t steps = 0;  ///< over all threads
+  /// The loss of the last step.
   double last_loss = 0.0;
 };
 

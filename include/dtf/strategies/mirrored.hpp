@@ -75,11 +75,13 @@
 
 namespace dtf::strategies {
 
+/// mirrored's knobs.
 struct mirrored_config {
   optim::rule rule = optim::adam{.learning_rate = 1e-3f};  ///< applied by every replica to the mean
   /// Multiply the rule's rate by the number of replicas in all (replicas × processes),
   /// reached linearly over warmup_steps.
   bool linear_scaling = false;
+  /// Steps over which the scaled rate is reached (linear_scaling).
   std::int64_t warmup_steps = 0;
   std::uint32_t timeout_ms = 60000;  ///< longest a replica may wait for the others inside a step
   /// Reduce each bucket of gradients (across the replicas, then the processes) on a
@@ -102,19 +104,27 @@ class mirrored;
 template <bool Nccl>
 class mirrored<void, Nccl> {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = mirrored_config;
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::collective;
+  /// dtf::strategy (collective): the per-task engine for a model M.
   template <model M>
   using engine = mirrored<M, Nccl>;
 
+  /// A strategy with the given knobs and `replicas` model replicas in each process.
   explicit mirrored(config_type c = {}, std::size_t replicas = 2) : config(c), replicas(replicas) {}
+  /// dtf::strategy (collective): the batches each process trains per step.
   std::size_t replicas_per_process() const noexcept { return replicas; }
+  /// dtf::strategy (collective): builds this task's engine over `comm` for the model.
   template <model M>
   engine<M> make(communicator& comm, const M& prototype) const {
     return engine<M>(comm, prototype, replicas, config);
   }
 
+  /// The knobs every engine gets.
   config_type config;
+  /// Model replicas per process.
   std::size_t replicas;
 };
 static_assert(check_strategy<mirrored<>>(),
@@ -158,6 +168,7 @@ class mirrored<M, Nccl> {
     });
   }
 
+  /// The number of replicas in this process.
   std::size_t replicas() const noexcept { return replicas_.size(); }
   /// Whether the replicas are reduced by NCCL across GPUs (otherwise in host memory).
   bool reduces_on_gpus() const noexcept {
@@ -241,7 +252,9 @@ class mirrored<M, Nccl> {
 
   /// Replica k's variables (every replica holds the same values).
   std::span<const float> parameters(std::size_t k = 0) const { return replicas_.at(k)->params.template span<const float>(); }
+  /// Replica k's model.
   M& model(std::size_t k = 0) { return replicas_.at(k)->net; }
+  /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
 
   /// Replica k's update-rule state, for checkpoints (every replica holds the same).

@@ -22,6 +22,8 @@
 #include <nccl.h>
 #define DTF_MIRRORED_NCCL 1
 #else
+/// 1 when mirrored reduces its replicas with NCCL (CUDA builds whose translation unit links
+/// dtf::nccl), 0 otherwise: mirrored's default for its Nccl argument.
 #define DTF_MIRRORED_NCCL 0
 #endif
 

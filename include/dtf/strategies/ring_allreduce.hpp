@@ -55,11 +55,13 @@
 
 namespace dtf::strategies {
 
+/// ring_allreduce's knobs.
 struct ring_allreduce_config {
   optim::rule rule = optim::adam{.learning_rate = 1e-3f};  ///< applied by every rank to the average
   /// Multiply the rule's rate by the number of ranks (Goyal et al. 2017), reached linearly
   /// over warmup_steps; off: the rule's rate as given.
   bool linear_scaling = false;
+  /// Steps over which the scaled rate is reached (linear_scaling).
   std::int64_t warmup_steps = 0;
   /// Allreduce each bucket of gradients on a communication thread as soon as backprop has
   /// produced it (models that stream their gradients; see the file comment). Off: the same
@@ -79,20 +81,26 @@ class ring_allreduce;
 template <>
 class ring_allreduce<void> {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = ring_allreduce_config;
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::collective;
+  /// dtf::strategy (collective): the per-task engine for a model M.
   template <model M>
   using engine = ring_allreduce<M>;
 
   ring_allreduce() = default;
+  /// A strategy with the given knobs.
   explicit ring_allreduce(config_type c) : config(c) {}
   /// One batch per process and step.
   std::size_t replicas_per_process() const noexcept { return 1; }
+  /// dtf::strategy (collective): builds this task's engine over `comm` for the model.
   template <model M>
   engine<M> make(communicator& comm, M& net) const {
     return engine<M>(comm, net, config);
   }
 
+  /// The knobs every engine gets.
   config_type config;
 };
 static_assert(check_strategy<ring_allreduce<>>(),
@@ -102,6 +110,7 @@ static_assert(check_strategy<ring_allreduce<>>(),
 template <model M>
 class ring_allreduce<M> {
  public:
+  /// This rank's engine: model `net` trained with the other ranks of `comm`.
   ring_allreduce(communicator& comm, M& net, ring_allreduce_config config = {})
       : comm_(comm), net_(net), config_(config), n_(num_parameters(net.variables())), params_({n_}),
         grads_({detail::exchange_prefix + n_}), optimizer_(config.rule, n_),
@@ -166,9 +175,14 @@ class ring_allreduce<M> {
                                         .warmup_steps = std::max<std::int64_t>(0, config_.warmup_steps)}(step_);
   }
 
+  /// This rank's parameters (every rank holds the same values).
+  ///@{
   std::span<const float> parameters() const { return params_.template span<const float>(); }
   std::span<float> parameters() { return params_.template span<float>(); }
+  ///@}
+  /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
+  /// The communicator the ranks reduce over.
   communicator& comm() noexcept { return comm_; }
   /// Whether the gradients' buckets are reduced while backprop runs (config.overlap, a model
   /// that streams its gradients, more than one rank).

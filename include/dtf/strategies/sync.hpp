@@ -34,15 +34,25 @@ namespace dtf::strategies {
 
 /// What synchronous contributions report.
 struct drop_stats {
+  /// Contributions made, and those the ps dropped (too stale: their step had completed).
+  ///@{
   std::uint64_t contributions = 0, dropped = 0;
+  ///@}
 };
 
 /// The state a synchronous step sees.
 struct sync_state {
+  /// θₖ, the worker's copy of the parameters, and a gradient scratch of the same size.
+  ///@{
   std::span<float> params, grads;
+  ///@}
+  /// The client of the parameter servers.
   ps_client& ps;
+  /// This worker's index.
   std::size_t worker_index = 0;
+  /// The global step, as last reported by the ps.
   std::int64_t global_step = 0;
+  /// The counts of this worker's contributions and drops.
   drop_stats& drops;
   /// Training ends at this global step: a worker that pulls it contributes nothing more
   /// (nobody would complete the step).
@@ -54,13 +64,18 @@ struct sync_state {
   /// with the contribution, ps 0 records it with the step the contribution completes, so a
   /// checkpoint of that step holds it. position_committed: the last contribution's was.
   const data::position* position = nullptr;
+  /// Whether ps 0 recorded the last contribution's data position with its step.
   bool position_committed = false;
+  /// Contributes gradient (or delta, when `delta`) `g` for global step `step`, with the step's
+  /// rows and data position (ps_client::push_sync; the ps applies its rule at `rate` when
+  /// given); returns the ps's answer.
   sync_result contribute(std::span<const float> g, std::int64_t step, std::optional<float> rate, bool delta) {
     position_committed = false;
     const auto r = ps.push_sync(g, step, rate, delta, sparse, position);
     position_committed = position && !r.dropped && !r.skipped;
     return r;
   }
+  /// Records a contribution's result: the counts and the global step.
   void contributed(const sync_result& r) {
     ++drops.contributions;
     if (r.dropped) ++drops.dropped;
@@ -68,6 +83,7 @@ struct sync_state {
   }
 };
 
+/// sync_sgd's knobs.
 struct sync_sgd_config {
   std::size_t replicas_to_aggregate = 1;            ///< N: contributions averaged per step
   optim::rule rule = optim::momentum{0.05f, 0.9f};  ///< applied by the ps to the average
@@ -76,6 +92,7 @@ struct sync_sgd_config {
   std::vector<float> worker_rates{};
   /// Linear scaling rule: the rule's rate times N, reached linearly over warmup_steps.
   bool linear_scaling = false;
+  /// Steps over which the scaled rate is reached (linear_scaling).
   std::int64_t warmup_steps = 0;
 };
 
@@ -92,18 +109,27 @@ inline std::optional<float> sync_rate(const sync_sgd_config& c, std::int64_t ste
 /// for step t, wait for the step to complete.
 class sync_sgd {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = sync_sgd_config;
   using state_type = sync_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::synchronous;
   static constexpr bool contributes_rows = true;  ///< trains embedding models (w.sparse)
+  /// A strategy with the given knobs. Errors: errc::invalid_config when replicas_to_aggregate
+  /// is 0.
   explicit sync_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.replicas_to_aggregate == 0) throw error(errc::invalid_config, "sync_sgd: replicas_to_aggregate must be positive");
   }
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return c_.rule; }
+  /// dtf::strategy (synchronous): the contributions each global step aggregates.
   std::size_t replicas_to_aggregate() const { return c_.replicas_to_aggregate; }
   /// Local steps per contribution (the examples count global steps with it).
   std::size_t steps_per_contribution() const { return 1; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(sync_state&) {}
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(sync_state& w, const gradient_fn& grad) {
     const std::int64_t t = w.ps.pull(w.params);
     if (t >= w.last_step) {
@@ -120,12 +146,14 @@ class sync_sgd {
     w.contributed(w.contribute(w.grads, t, sync_rate(c_, t), false));
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(sync_state&) {}
 
  private:
   config_type c_;
 };
 
+/// sagn's knobs.
 struct sagn_config {
   std::size_t replicas_to_aggregate = 1;        ///< N
   std::size_t window = 5;                       ///< λ local steps per contribution (TF guide: 5)
@@ -136,21 +164,31 @@ struct sagn_config {
 /// the window's mean update (θₖ − θ_pulled)/λ; the ps adds the average of N contributions.
 class sagn {
  public:
+  /// dtf::strategy: the strategy's knobs.
   using config_type = sagn_config;
   using state_type = sync_state;  ///< dtf::strategy: what a step sees
+  /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::synchronous;
+  /// A strategy with the given knobs. Errors: errc::invalid_config when window or
+  /// replicas_to_aggregate is 0.
   explicit sagn(config_type c = {}) : c_(std::move(c)) {
     if (c_.window == 0 || c_.replicas_to_aggregate == 0)
       throw error(errc::invalid_config, "sagn: window and replicas_to_aggregate must be positive");
   }
+  /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{}; }  // contributions are deltas
+  /// dtf::strategy (synchronous): the contributions each global step aggregates.
   std::size_t replicas_to_aggregate() const { return c_.replicas_to_aggregate; }
+  /// dtf::strategy (synchronous): local steps per contribution.
   std::size_t steps_per_contribution() const { return c_.window; }
+  /// dtf::strategy: after the ps is ready, and after a recovery: (re)starts this worker's scheme.
   void begin(sync_state& w) {
     local_ = std::make_unique<detail::host_optimizer>(c_.local_rule, w.params.size());
     pulled_.assign(w.params.size(), 0.0f);
     delta_.assign(w.params.size(), 0.0f);
   }
+  /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
+  /// makes; returns the batch's loss.
   float step(sync_state& w, const gradient_fn& grad) {
     if (count_ == 0) {
       t_ = w.ps.pull(w.params);
@@ -170,6 +208,7 @@ class sagn {
     }
     return loss;
   }
+  /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(sync_state&) {}
 
  private:
@@ -212,6 +251,7 @@ class sync_worker {
  public:
   sync_worker(const sync_worker&) = delete;  // state_ refers to this object's buffers
   sync_worker& operator=(const sync_worker&) = delete;
+  /// The worker `worker_index`, training model `m` through the ps client `ps`.
   sync_worker(S strategy, M& m, ps_client& ps, std::size_t worker_index)
       : strategy_(std::move(strategy)),
         model_(m),
@@ -234,7 +274,9 @@ class sync_worker {
                                .num_workers = num_workers});
   }
 
+  /// Before the first step (and after a recovery): the strategy's begin().
   void begin() { strategy_.begin(state_); }
+  /// One step on a host batch; returns the batch's loss.
   float step(const data::host_batch& b) {
     gradient_.set_batch(b);
     state_.position_committed = false;  // a step without a contribution records nothing
@@ -248,6 +290,7 @@ class sync_worker {
       return loss;
     });
   }
+  /// After the last step: the strategy's end().
   void end() { strategy_.end(state_); }
 
   /// Makes every gradient computation take `delay` longer: a straggler, for tests and
@@ -259,18 +302,26 @@ class sync_worker {
   /// The data position sent with the next contribution (nullptr: none; sync_state::position),
   /// and whether ps 0 recorded the last one with its step.
   void set_position(const data::position* at) noexcept { state_.position = at; }
+  /// Whether ps 0 recorded the last contribution's data position with its step.
   bool position_committed() const noexcept { return state_.position_committed; }
 
   /// Training ends when the global step reaches `step`.
   void set_last_step(std::int64_t step) noexcept { state_.last_step = step; }
+  /// Whether the global step reached the last step (set_last_step()).
   bool finished() const noexcept { return state_.global_step >= state_.last_step; }
+  /// The global step, as last reported by the ps.
   std::int64_t global_step() const noexcept { return state_.global_step; }
+  /// The counts of this worker's contributions and drops.
   const drop_stats& drops() const noexcept { return drops_; }
+  /// θₖ, the worker's parameters (host memory).
   std::span<float> params() noexcept { return params_; }
+  /// The strategy this worker drives.
   S& strategy() noexcept { return strategy_; }
   /// An embedding model's tables, as async_worker's.
   void set_embedding_rule(optim::rule r) requires embedding_model<M> { gradient_.set_rule(std::move(r)); }
+  /// The chief's creation of the tables on every ps (see set_embedding_rule()).
   void create_tables() requires embedding_model<M> { gradient_.create_tables(strategy_.ps_rule()); }
+  /// This worker's view of the tables (see set_embedding_rule()).
   embedding_tables& tables() requires embedding_model<M> { return gradient_.tables(); }
 
  private:

@@ -35,6 +35,7 @@ struct train_options {
   double save_checkpoints_secs = 600;       ///< chief: a checkpoint every S seconds
   int keep_checkpoints = 5;                 ///< max_to_keep (0: all)
   int summary_every = 100;                  ///< chief: summaries every N global steps (0: none)
+  /// What a NaN or infinite loss does: fail, or stop cleanly.
   hooks::nan_policy nan_policy = hooks::nan_policy::fail;
   int max_recoveries = 0;   ///< ps strategies: carry on after a lost ps up to N times (0: fail)
   int log_every = 200;      ///< local steps between progress lines
@@ -79,6 +80,7 @@ struct train_result {
   double wall_s = 0;             ///< from train()'s start to its end
   strategies::staleness_stats staleness;  ///< asynchronous: this worker's pushes
   strategies::drop_stats drops;           ///< synchronous: this worker's contributions and dropped ones
+  /// Whether SIGTERM or SIGINT ended the training.
   bool stopped_by_signal = false;
   int recoveries = 0;            ///< lost-ps recoveries this task went through
 };
@@ -93,6 +95,7 @@ inline cluster local_cluster() {
 
 /// The training tasks of a cluster (chief and workers) and this task's index among them
 /// (the chief is 0).
+///@{
 inline std::size_t num_trainers(const cluster& c) {
   return c.num_workers() + (c.spec.num_tasks("chief") > 0 ? 1 : 0);
 }
@@ -100,6 +103,7 @@ inline std::size_t trainer_index(const cluster& c) {
   const bool has_chief_job = c.spec.num_tasks("chief") > 0;
   return c.self.job == "chief" ? 0 : c.self.index + (has_chief_job ? 1 : 0);
 }
+///@}
 
 /// An evaluation callback for options.evaluate: nn::evaluate of `m` over `test`.
 template <classifier M>

@@ -23,8 +23,11 @@ namespace dtf::transport {
 
 /// A parsed address: the host without brackets and the port.
 struct host_port {
+  /// The host, without brackets.
   std::string host;
+  /// The port.
   std::uint16_t port = 0;
+  /// Equal when host and port are.
   bool operator==(const host_port&) const = default;
 };
 

@@ -35,6 +35,7 @@ struct transport_options {
   /// Server: at most this many connections (handshaking or authenticated) at once; the next
   /// ones are closed at accept with a logged reason.
   std::size_t max_connections = 1024;
+  /// Server: the largest frame parts (control message, payload) a peer may send.
   detail::frame_limits limits{};
   /// Server: a request payload of at least this many bytes may be handed to a handler that
   /// offers it a piece at a time as it arrives (rpc_server, payload_pieces). A client marks

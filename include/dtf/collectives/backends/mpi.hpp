@@ -53,6 +53,7 @@ namespace dtf {
 /// Collective backend on an MPI communicator (see the file comment).
 class mpi_backend {
  public:
+  /// dtf::collective_backend: buffers in host memory.
   static constexpr buffer_memory memory = buffer_memory::host;
 
   /// Uses `comm` (not duplicated: dtf's collectives on it must not interleave with the
@@ -72,14 +73,23 @@ class mpi_backend {
 
   mpi_backend(const mpi_backend&) = delete;
   mpi_backend& operator=(const mpi_backend&) = delete;
+  /// Movable (not copyable).
+  ///@{
   mpi_backend(mpi_backend&&) noexcept = default;
   mpi_backend& operator=(mpi_backend&&) noexcept = default;
+  ///@}
 
+  /// This process's rank in the MPI communicator.
   std::size_t rank() const noexcept { return rank_; }
+  /// The MPI communicator's size.
   std::size_t size() const noexcept { return size_; }
+  /// The options given (only timeout_ms is used).
   const collective_options& options() const noexcept { return options_; }
+  /// Collectives started so far.
   std::uint64_t sequence() const noexcept { return sequence_; }
+  /// "rank r (MPI)": how errors name rank r.
   std::string describe(std::size_t r) const { return "rank " + std::to_string(r) + " (MPI)"; }
+  /// The MPI communicator.
   MPI_Comm native_handle() const noexcept { return comm_; }
 
   /// Ends every process of the job (MPI_Abort): the way out after a timeout.
@@ -88,6 +98,7 @@ class mpi_backend {
     std::abort();
   }
 
+  /// dtf::collective_backend: in place, every rank's bytes reduced by `op`.
   void allreduce_bytes(std::string_view name, dtype type, std::span<std::byte> data, reduce_op op = reduce_op::sum) {
     run(detail::collective_kind::allreduce, name, type, data.size(), op, 0, [&] {
       const MPI_Datatype t = mpi_type(type);
@@ -106,6 +117,7 @@ class mpi_backend {
     });
   }
 
+  /// dtf::collective_backend: in place, root's bytes everywhere.
   void broadcast_bytes(std::string_view name, dtype type, std::span<std::byte> bytes, std::size_t root) {
     if (root >= size_) throw error(errc::invalid_argument, "broadcast: root " + std::to_string(root));
     run(detail::collective_kind::broadcast, name, type, bytes.size(), reduce_op::sum, root, [&] {
@@ -119,6 +131,7 @@ class mpi_backend {
     });
   }
 
+  /// dtf::collective_backend: `out` = every rank's `in`, in rank order.
   void allgather_bytes(std::string_view name, dtype type, std::span<const std::byte> in, std::span<std::byte> out) {
     if (out.size() != in.size() * size_)
       throw error(errc::shape_mismatch, "allgather of '" + std::string(name) + "': output of " +

@@ -61,6 +61,7 @@ struct divide_by_world {
 /// Collective backend on NCCL (see the file comment).
 class nccl_backend {
  public:
+  /// dtf::collective_backend: buffers in device memory.
   static constexpr buffer_memory memory = buffer_memory::device;
 
   /// Builds the NCCL communicator of the ring's ranks on the current CUDA device. Errors:
@@ -86,13 +87,16 @@ class nccl_backend {
       throw;
     }
   }
+  /// The same, from a communicator of dtf's TCP ring (taken over).
   explicit nccl_backend(communicator&& ring) : nccl_backend(std::move(ring.backend())) {}
 
   nccl_backend(const nccl_backend&) = delete;
   nccl_backend& operator=(const nccl_backend&) = delete;
+  /// Movable (not copyable).
   nccl_backend(nccl_backend&& o) noexcept
       : ring_(std::move(o.ring_)), comm_(std::exchange(o.comm_, nullptr)), stream_(std::exchange(o.stream_, nullptr)),
         sequence_(o.sequence_), failed_(std::move(o.failed_)), headers_(std::move(o.headers_)) {}
+  /// Move assignment.
   nccl_backend& operator=(nccl_backend&& o) noexcept {
     if (this != &o) {
       release();
@@ -107,12 +111,19 @@ class nccl_backend {
   }
   ~nccl_backend() { release(); }
 
+  /// This process's rank.
   std::size_t rank() const noexcept { return ring_.rank(); }
+  /// The number of ranks.
   std::size_t size() const noexcept { return ring_.size(); }
+  /// The ring's options.
   const collective_options& options() const noexcept { return ring_.options(); }
+  /// Collectives started so far.
   std::uint64_t sequence() const noexcept { return sequence_; }
+  /// "rank r (...)": how errors name rank r.
   std::string describe(std::size_t r) const { return ring_.describe(r); }
+  /// The NCCL communicator.
   ncclComm_t native_handle() const noexcept { return comm_; }
+  /// The CUDA stream the collectives run on.
   cudaStream_t stream() const noexcept { return stream_; }
 
   /// In place on device memory.
@@ -130,6 +141,7 @@ class nccl_backend {
     });
   }
 
+  /// dtf::collective_backend: in place on device memory, root's bytes everywhere.
   void broadcast_bytes(std::string_view name, dtype type, std::span<std::byte> bytes, std::size_t root) {
     if (root >= size()) throw error(errc::invalid_argument, "broadcast: root " + std::to_string(root));
     run(detail::collective_kind::broadcast, name, type, bytes.size(), reduce_op::sum, root, [&] {
@@ -139,6 +151,7 @@ class nccl_backend {
     });
   }
 
+  /// dtf::collective_backend: `out` = every rank's `in`, in rank order (device memory).
   void allgather_bytes(std::string_view name, dtype type, std::span<const std::byte> in, std::span<std::byte> out) {
     if (out.size() != in.size() * size())
       throw error(errc::shape_mismatch, "allgather of '" + std::string(name) + "': output of " +
