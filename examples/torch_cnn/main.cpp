@@ -17,10 +17,10 @@ struct CnnImpl : tnn::Cloneable<CnnImpl> {  // Cloneable: mirrored copies it per
   CnnImpl() { reset(); }
   void reset() override {
     features = register_module("features",
-        tnn::Sequential(tnn::Conv2d(tnn::Conv2dOptions(1, 16, 3).padding(1)), tnn::BatchNorm2d(16), tnn::ReLU(),
-                        tnn::MaxPool2d(2), tnn::Conv2d(tnn::Conv2dOptions(16, 32, 3).padding(1)),
-                        tnn::BatchNorm2d(32), tnn::ReLU(), tnn::MaxPool2d(2)));
-    head = register_module("head", tnn::Sequential(tnn::Flatten(), tnn::Dropout(0.25), tnn::Linear(32 * 7 * 7, 128),
+        tnn::Sequential(tnn::Conv2d(tnn::Conv2dOptions(1, 32, 3).padding(1)), tnn::BatchNorm2d(32), tnn::ReLU(),
+                        tnn::MaxPool2d(2), tnn::Conv2d(tnn::Conv2dOptions(32, 64, 3).padding(1)),
+                        tnn::BatchNorm2d(64), tnn::ReLU(), tnn::MaxPool2d(2)));
+    head = register_module("head", tnn::Sequential(tnn::Flatten(), tnn::Dropout(0.25), tnn::Linear(64 * 7 * 7, 128),
                                                    tnn::ReLU(), tnn::Linear(128, 10)));
   }
   torch::Tensor forward(torch::Tensor x) { return head->forward(features->forward(x)); }
@@ -47,10 +47,12 @@ int main(int argc, char** argv) try {
   tf.train.epochs = 3;
   examples::fashion_mnist data;
   float lr = 1e-3f;
+  bool overlap = true;
   dtf::flag_parser flags("Trains a LibTorch CNN on Fashion-MNIST with a dtf strategy (one process per task).");
   tf.add_to(flags, collective ? dtf::train_flag_set::collective : dtf::train_flag_set::ps);
   data.add_to(flags);
   flags.add("strategy", strategy, "downpour, sync_sgd or ring_allreduce").add("lr", lr, "rate of the Adam update");
+  if (collective) flags.add("overlap", overlap, "ring: reduce gradients while backprop runs; --nooverlap: after it");
   if (!flags.parse(argc, argv)) return 0;
 
   namespace s = dtf::strategies;
@@ -60,7 +62,7 @@ int main(int argc, char** argv) try {
   if (strategy == "sync_sgd")
     return run(tf, data, [&](auto& c) { return s::sync_sgd({.replicas_to_aggregate = dtf::num_trainers(c), .rule = dtf::optim::adam{lr}}); },
                strategy);
-  if (collective) return run(tf, data, [&](auto&) { return s::ring_allreduce<>({.rule = dtf::optim::adam{lr}}); }, strategy);
+  if (collective) return run(tf, data, [&](auto&) { return s::ring_allreduce<>({.rule = dtf::optim::adam{lr}, .overlap = overlap}); }, strategy);
   std::fprintf(stderr, "torch_cnn: --strategy: unknown '%s' (downpour, sync_sgd or ring_allreduce)\n", strategy.c_str());
   return 2;
 } catch (const std::exception& e) {
