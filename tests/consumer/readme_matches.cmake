@@ -1,15 +1,18 @@
-# The first code block under README's "## Using the library" must be tests/consumer/main.cpp,
-# byte for byte (the install_and_consume test builds and runs that file).
-# Arguments: README, PROGRAM.
+# The first code block under README's SECTION heading (default "## Using the library": the
+# install_and_consume test builds and runs that file) must be PROGRAM, byte for byte.
+# Arguments: README, PROGRAM, SECTION (optional).
+if(NOT SECTION)
+  set(SECTION "## Using the library")
+endif()
 file(READ ${README} readme)
-string(FIND "${readme}" "## Using the library" at)
+string(FIND "${readme}" "${SECTION}" at)
 if(at EQUAL -1)
-  message(FATAL_ERROR "README has no '## Using the library' section")
+  message(FATAL_ERROR "README has no '${SECTION}' section")
 endif()
 string(SUBSTRING "${readme}" ${at} -1 section)
 string(FIND "${section}" "\n```" open)
 if(open EQUAL -1)
-  message(FATAL_ERROR "no code block under '## Using the library'")
+  message(FATAL_ERROR "no code block under '${SECTION}'")
 endif()
 math(EXPR open "${open} + 1")
 string(SUBSTRING "${section}" ${open} -1 rest)  # from the opening fence
@@ -21,7 +24,7 @@ string(SUBSTRING "${rest}" 0 ${close} block)
 file(READ ${PROGRAM} program)
 if(NOT block STREQUAL program)
   file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/readme_block.cpp "${block}")
-  message(FATAL_ERROR "README's first program differs from ${PROGRAM} (extracted: "
+  message(FATAL_ERROR "README's program under '${SECTION}' differs from ${PROGRAM} (extracted: "
                       "${CMAKE_CURRENT_BINARY_DIR}/readme_block.cpp)")
 endif()
-message("README's first program is ${PROGRAM}")
+message("README's program under '${SECTION}' is ${PROGRAM}")
