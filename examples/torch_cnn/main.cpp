@@ -44,7 +44,7 @@ int main(int argc, char** argv) try {
     if (std::string(argv[i]) == "--strategy") strategy = argv[i + 1];
   const bool collective = strategy == "ring_allreduce";
   dtf::train_flags tf;
-  tf.train.epochs = 3;
+  tf.train.epochs = 5;
   examples::fashion_mnist data;
   float lr = 1e-3f;
   bool overlap = true;

@@ -66,6 +66,24 @@ concept classifier = model<M> && requires(M& m, std::span<const float> cp, const
   m.logits(cp, x, out);
 };
 
+/// has_buffers: a model with state besides its parameters that no gradient trains (BatchNorm's
+/// running statistics, any buffer a LibTorch module registers), kept in the model itself
+/// (optional). The chief's (a collective job: rank 0's) buffers are the job's: dtf::train
+/// saves them with every checkpoint (NAME.buffers beside the checkpoint's files, written before
+/// its manifest) and gives them back on a restore; a collective job broadcasts rank 0's at its
+/// start (after a restore, the restored ones) and copies them into the model the caller passed
+/// before each evaluation. For `const M cm`, `M m` and spans `out`, `in` of
+/// num_parameters(cm.buffers()) floats:
+///   cm.buffers()           -> std::vector<variable_spec>  names, shapes, offsets (a flat space of its own)
+///   m.read_buffers(out)    copies the buffers into out (host memory)
+///   m.write_buffers(in)    sets the buffers from in
+template <class M>
+concept has_buffers = requires(const M& cm, M& m, std::span<float> out, std::span<const float> in) {
+  { cm.buffers() } -> std::convertible_to<std::vector<variable_spec>>;
+  m.read_buffers(out);
+  m.write_buffers(in);
+};
+
 /// lr_schedule: a learning rate as a function of the global step.
 ///   s(step) -> float
 template <class S>

@@ -45,10 +45,13 @@
 //                cannot clone is an error naming the cause when a copy is asked for.
 //   threads      options.threads sets LibTorch's intra-op threads and dtf's BLAS threads
 //                together (0: leaves both).
-//   buffers      registered buffers (BatchNorm's running statistics) are this task's own: each
-//                task's module updates its own in train mode; the chief's are the ones its
-//                evaluation uses. They are not broadcast, averaged or checkpointed yet (see
-//                docs/guides/libtorch.md, "Not supported yet").
+//   buffers      the module's float32 registered buffers (BatchNorm's running statistics), in
+//                named_buffers() order, are dtf::has_buffers: the module's own tensors (each
+//                task's module updates its own in train mode), read and written by dtf::train,
+//                which keeps the chief's (rank 0's) as the job's: saved with every checkpoint,
+//                restored (through resharding too), broadcast to every rank at a collective
+//                job's start. Buffers of other types (BatchNorm's int64 num_batches_tracked,
+//                which only momentum-less BatchNorm reads) stay each task's own.
 //
 // CPU builds only: Debian's LibTorch is built without CUDA, and dtf's device memory on CUDA
 // builds is GPU memory. Include this header only in translation units that need LibTorch; it
@@ -168,6 +171,26 @@ class module_model {
   /// Floats in the flat buffer.
   std::size_t num_parameters() const noexcept { return num_parameters_; }
 
+  /// The float32 buffers (dtf::has_buffers), in named_buffers() order, packed in a flat space
+  /// of their own.
+  std::vector<variable_spec> buffers() const { return buffer_specs_; }
+
+  /// Copies the buffers into out (num_parameters(buffers()) floats).
+  void read_buffers(std::span<float> out) const {
+    check_buffers(out.size());
+    for (std::size_t i = 0; i < buffers_.size(); ++i) {
+      const ::torch::Tensor values = buffers_[i].contiguous();
+      std::memcpy(out.data() + buffer_specs_[i].offset, values.data_ptr<float>(), buffer_specs_[i].size_bytes());
+    }
+  }
+
+  /// Sets the buffers from in (num_parameters(buffers()) floats).
+  void write_buffers(std::span<const float> in) {
+    check_buffers(in.size());
+    ::torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < buffers_.size(); ++i) buffers_[i].copy_(view(buffer_specs_, const_cast<float*>(in.data()), i));
+  }
+
   /// The module (its parameters view the last buffer handed to loss_and_gradients or logits).
   Module& module() noexcept { return module_; }
 
@@ -260,6 +283,16 @@ class module_model {
         throw error(errc::invalid_argument, "dtf::torch::module_model: an EmbeddingBag with sparse gradients; dtf takes "
                                             "dense float32 gradients");
     }
+    std::size_t buffer_offset = 0;
+    for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+      const auto& t = item.value();
+      if (t.scalar_type() != ::torch::kFloat || t.layout() != ::torch::kStrided || !t.device().is_cpu()) continue;
+      dims shape;
+      for (auto d : t.sizes()) shape.push_back(std::size_t(d));
+      buffer_specs_.push_back({item.key(), shape, buffer_offset});
+      buffer_offset += std::size_t(t.numel());
+      buffers_.push_back(t);
+    }
     if (params_.empty())
       throw error(errc::invalid_argument,
                   "dtf::torch::module_model: the module '" + module_->name() + "' has no trainable parameters");
@@ -277,6 +310,13 @@ class module_model {
           }));
       accumulators_.push_back(std::move(acc));
     }
+  }
+
+  void check_buffers(std::size_t n) const {
+    if (n != dtf::num_parameters(buffer_specs_))
+      throw error(errc::shape_mismatch, "dtf::torch::module_model: buffers span has " + std::to_string(n) +
+                                            " floats, the module's buffers have " +
+                                            std::to_string(dtf::num_parameters(buffer_specs_)));
   }
 
   void check_size(std::size_t n, const char* what) const {
@@ -301,10 +341,13 @@ class module_model {
     bound_grads_ = g;
   }
 
-  ::torch::Tensor view(float* base, std::size_t i) const {
+  ::torch::Tensor view(float* base, std::size_t i) const { return view(variables_, base, i); }
+
+  // specs[i] of the flat buffer at base, as a tensor over it.
+  static ::torch::Tensor view(const std::vector<variable_spec>& specs, float* base, std::size_t i) {
     std::vector<std::int64_t> sizes;
-    for (auto d : variables_[i].shape) sizes.push_back(std::int64_t(d));
-    return ::torch::from_blob(base + variables_[i].offset, sizes, ::torch::TensorOptions().dtype(::torch::kFloat));
+    for (auto d : specs[i].shape) sizes.push_back(std::int64_t(d));
+    return ::torch::from_blob(base + specs[i].offset, sizes, ::torch::TensorOptions().dtype(::torch::kFloat));
   }
 
   // x [batch, features] viewed as [batch, input_shape...].
@@ -393,8 +436,8 @@ class module_model {
   std::uint64_t replica_ = 0;
   std::uint64_t forwards_ = 0;
   std::shared_ptr<std::atomic<std::uint64_t>> copies_ = std::make_shared<std::atomic<std::uint64_t>>(0);
-  std::vector<variable_spec> variables_;
-  std::vector<::torch::Tensor> params_;
+  std::vector<variable_spec> variables_, buffer_specs_;
+  std::vector<::torch::Tensor> params_, buffers_;
   std::vector<std::shared_ptr<::torch::autograd::Node>> accumulators_;
   std::vector<bool> reported_;
   const gradient_ready_fn* ready_ = nullptr;
@@ -406,5 +449,6 @@ class module_model {
 static_assert(classifier<module_model<::torch::nn::Sequential>>, "module_model must model dtf::classifier");
 static_assert(streams_gradients<module_model<::torch::nn::Sequential>>,
               "module_model must model dtf::streams_gradients");
+static_assert(has_buffers<module_model<::torch::nn::Sequential>>, "module_model must model dtf::has_buffers");
 
 }  // namespace dtf::torch

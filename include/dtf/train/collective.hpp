@@ -13,6 +13,7 @@
 #include <dtf/hooks/collective_restore.hpp>
 #include <dtf/hooks/stop_on_signal.hpp>
 #include <dtf/session.hpp>
+#include <dtf/train/buffers.hpp>
 #include <dtf/train/report.hpp>
 
 #include <algorithm>
@@ -104,8 +105,21 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   engine.initialize(o.seed);
   const auto vars = net.variables();
   const bool is_chief = comm.rank() == 0;
-  monitored_training_session session(
-      {.is_chief = is_chief, .scaffold = hooks::collective_scaffold(comm, o.model_dir, vars, engine, me)});
+  session_scaffold scaffold = hooks::collective_scaffold(comm, o.model_dir, vars, engine, me);
+  if constexpr (has_buffers<M>) {
+    // Every copy of the buffers starts as rank 0's: the restored checkpoint's when there is one
+    // (before the session's first checkpoint can overwrite that checkpoint's buffers file).
+    scaffold.restore = [restore = scaffold.restore, &comm, &net, &engine, &o, me]() -> std::optional<std::int64_t> {
+      const auto step = restore();
+      share_buffers(comm, net, engine, o.model_dir, step ? "ckpt-" + std::to_string(*step) : std::string(), me);
+      return step;
+    };
+    scaffold.wait_ready = [wait = scaffold.wait_ready, &comm, &net, &engine, &o, me] {
+      wait();
+      share_buffers(comm, net, engine, o.model_dir, std::string(), me);
+    };
+  }
+  monitored_training_session session({.is_chief = is_chief, .scaffold = std::move(scaffold)});
   hooks::stop_on_signal signals(session, /*direct=*/false);
   // num_steps: N more steps from wherever this run starts (a resumed run included).
   std::shared_ptr<summary_writer> writer =
@@ -113,7 +127,11 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   if (!o.model_dir.empty()) {
     const checkpoint_options ck{.directory = o.model_dir, .max_to_keep = std::size_t(o.keep_checkpoints)};
     session.add_chief_hook(hooks::checkpoint_saver(
-        [&, ck](std::int64_t step) { return hooks::save_replicated(ck, vars, engine, step); },
+        [&, ck](std::int64_t step) {
+          take_replica_buffers(net, engine);  // the job's buffers are rank 0's replica 0's
+          save_buffers(net, ck.directory, ck.prefix + "-" + std::to_string(step));
+          return hooks::save_replicated(ck, vars, engine, step);
+        },
         {.every_n_steps = o.save_checkpoints_steps, .every_secs = o.save_checkpoints_secs}));
   }
   (session.add_hook(std::move(user_hooks)), ...);
@@ -152,6 +170,7 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   std::int64_t evaluated_at = -1;
   auto report = [&](const std::string& label) {
     if (!o.evaluate) return;
+    take_replica_buffers(net, engine);
     eval = o.evaluate(engine.parameters());
     evaluated_at = engine.global_step();
     std::printf("%s: %s  test_loss %.4f  test_accuracy %.4f\n", me.c_str(), label.c_str(), eval->loss, eval->accuracy);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <dtf/checkpoint.hpp>
+#include <dtf/train/buffers.hpp>
 #include <dtf/cluster.hpp>
 #include <dtf/hooks/checkpoint_saver.hpp>
 #include <dtf/hooks/stop_on_signal.hpp>
@@ -163,17 +164,22 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
                   trainers, num_parameters(vars), c.num_ps());
   };
 
-  monitored_training_session session(
-      {.is_chief = is_chief,
-       .scaffold = ps_scaffold(ps, {.checkpoint_dir = o.model_dir,
-                                    .variables = vars,
-                                    .config = config,
-                                    .init = init,
-                                    .ready_timeout = std::chrono::milliseconds(o.timeout_ms),
-                                    .restored = [&](std::span<const float> v) {
-                                      std::copy(v.begin(), v.end(), w.params().begin());
-                                    },
-                                    .tables = tables})});
+  session_scaffold scaffold = ps_scaffold(ps, {.checkpoint_dir = o.model_dir,
+                                              .variables = vars,
+                                              .config = config,
+                                              .init = init,
+                                              .ready_timeout = std::chrono::milliseconds(o.timeout_ms),
+                                              .restored = [&](std::span<const float> v) {
+                                                std::copy(v.begin(), v.end(), w.params().begin());
+                                              },
+                                              .tables = tables});
+  if constexpr (has_buffers<M>)  // the chief's buffers come back with the checkpoint it restored
+    scaffold.restore = [restore = scaffold.restore, &net, dir = o.model_dir, me]() -> std::optional<std::int64_t> {
+      const auto step = restore();
+      if (step) restore_buffers(net, dir, "ckpt-" + std::to_string(*step), me);
+      return step;
+    };
+  monitored_training_session session({.is_chief = is_chief, .scaffold = std::move(scaffold)});
   hooks::stop_on_signal signals(session);
   std::optional<ps_recovery> recovery;
   if (o.max_recoveries > 0) {
@@ -203,6 +209,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
     const checkpoint_options ck{.directory = o.model_dir, .max_to_keep = std::size_t(o.keep_checkpoints)};
     session.add_chief_hook(hooks::checkpoint_saver(
         [&, ck](std::int64_t step) -> checkpoint_manifest {
+          save_buffers(net, ck.directory, ck.prefix + "-" + std::to_string(step));  // before the manifest
           return recoverable([&] { return save_checkpoint(ps, ck, vars, step); });
         },
         {.every_n_steps = o.save_checkpoints_steps, .every_secs = o.save_checkpoints_secs}));
