@@ -55,14 +55,14 @@ int main(int argc, char** argv) try {
   if (collective) flags.add("overlap", overlap, "ring: reduce gradients while backprop runs; --nooverlap: after it");
   if (!flags.parse(argc, argv)) return 0;
 
-  namespace s = dtf::strategies;
+  namespace s = dtf::strategies;  // the strategy line: Adam on the ps (DOWNPOUR: a push and a pull every step)
   if (strategy == "downpour")
-    return run(tf, data, [&](auto&) { return s::downpour({.local_rule = dtf::optim::sgd{10 * lr}, .ps_rule = dtf::optim::adam{lr}}); },
-               strategy);
+    return run(tf, data, [&](auto&) { return s::downpour({1, 1, dtf::optim::sgd{lr}, dtf::optim::adam{lr}}); }, strategy);
   if (strategy == "sync_sgd")
-    return run(tf, data, [&](auto& c) { return s::sync_sgd({.replicas_to_aggregate = dtf::num_trainers(c), .rule = dtf::optim::adam{lr}}); },
+    return run(tf, data, [&](auto& c) { return s::sync_sgd({dtf::num_trainers(c), dtf::optim::adam{lr}}); }, strategy);
+  if (collective)
+    return run(tf, data, [&](auto&) { return s::ring_allreduce<>({.rule = dtf::optim::adam{lr}, .overlap = overlap}); },
                strategy);
-  if (collective) return run(tf, data, [&](auto&) { return s::ring_allreduce<>({.rule = dtf::optim::adam{lr}, .overlap = overlap}); }, strategy);
   std::fprintf(stderr, "torch_cnn: --strategy: unknown '%s' (downpour, sync_sgd or ring_allreduce)\n", strategy.c_str());
   return 2;
 } catch (const std::exception& e) {

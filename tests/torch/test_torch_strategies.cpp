@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -52,45 +53,38 @@ struct sequential_net : nn::sequential {
 
 data::dataset batches() { return test::synthetic(128, 1, test::labels::argmax).batch(16).repeat(2); }
 
-/// One worker of an asynchronous strategy (make()) against one ps; the centre at the end, in
-/// small_net's layout.
+/// One worker (a strategies::sync_worker of make()'s strategy when Sync, else an async_worker)
+/// against one ps, through 16 batches; the centre at the end, in small_net's layout.
+template <class M, bool Sync, class Make>
+std::vector<float> centre(const Make& make) {
+  using S = decltype(make());
+  running_ps ps0(opts("ps.0"));
+  M net;
+  const auto layout = partitioners::greedy_load_balancing{}.place(net.variables(), 1);
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  auto w = [&] {
+    if constexpr (Sync)
+      return std::make_unique<strategies::sync_worker<S, M>>(make(), net, client, 0);
+    else
+      return std::make_unique<strategies::async_worker<S, M>>(make(), net, client, 0, 1);
+  }();
+  w->initialize_ps(3);
+  w->begin();
+  auto s = batches().stream();
+  while (auto b = s.next()) w->step(*b);
+  w->end();
+  std::vector<float> values(num_parameters(net.variables()));
+  client.pull(values);
+  return std::is_same_v<M, torch_twin> ? test::relayout(values, /*to_torch=*/false) : values;
+}
 template <class M, class Make>
 std::vector<float> async_centre(const Make& make) {
-  using S = decltype(make());
-  running_ps ps0(opts("ps.0"));
-  M net;
-  const auto layout = partitioners::greedy_load_balancing{}.place(net.variables(), 1);
-  ps_client client({ps0.address()}, layout, opts("worker.0"));
-  client.connect();
-  strategies::async_worker<S, M> w(make(), net, client, 0, 1);
-  w.initialize_ps(3);
-  w.begin();
-  auto s = batches().stream();
-  while (auto b = s.next()) w.step(*b);
-  w.end();
-  std::vector<float> centre(num_parameters(net.variables()));
-  client.pull(centre);
-  return std::is_same_v<M, torch_twin> ? test::relayout(centre, /*to_torch=*/false) : centre;
+  return centre<M, false>(make);
 }
-
-/// The same for a synchronous strategy (N = 1).
 template <class M, class Make>
 std::vector<float> sync_centre(const Make& make) {
-  using S = decltype(make());
-  running_ps ps0(opts("ps.0"));
-  M net;
-  const auto layout = partitioners::greedy_load_balancing{}.place(net.variables(), 1);
-  ps_client client({ps0.address()}, layout, opts("worker.0"));
-  client.connect();
-  strategies::sync_worker<S, M> w(make(), net, client, 0);
-  w.initialize_ps(3);
-  w.begin();
-  auto s = batches().stream();
-  while (auto b = s.next()) w.step(*b);
-  w.end();
-  std::vector<float> centre(num_parameters(net.variables()));
-  client.pull(centre);
-  return std::is_same_v<M, torch_twin> ? test::relayout(centre, /*to_torch=*/false) : centre;
+  return centre<M, true>(make);
 }
 
 /// Two replicas of mirrored in this process (SGD); the parameters at the end, small_net's layout.
