@@ -1,7 +1,7 @@
 // custom_model — a model written in the program itself (model.hpp: a hand-written 784-64-10
 // ReLU network, no dtf::nn) trained by dtf::train. The strategy is the one line marked below:
 // replace it with `const dtf::strategies::agn strategy({.window = 10});` (or any other
-// built-in) and nothing else changes. --strategy picks one of two for the README's figures.
+// built-in) and nothing else changes. --strategy picks one of two for the figures in docs/benchmarks.md.
 //
 //   dtfrun --ps 1 --workers 2 -- build/examples/custom_model                     # DOWNPOUR
 //   dtfrun --ps 1 --workers 2 -- build/examples/custom_model --strategy agn      # AGN

@@ -10,8 +10,8 @@
 // secret both sides prove knowledge of it by HMAC-SHA256 over fresh nonces. The handshake
 // decides who may connect. By default the frames after it are neither encrypted nor
 // authenticated; with transport_options::tls every byte of the connection, the handshake
-// included, runs inside TLS 1.3 keyed by the cluster secret (dtf/transport/tls.hpp; README,
-// "Security"). Addresses are parsed by dtf/transport/address.hpp.
+// included, runs inside TLS 1.3 keyed by the cluster secret (dtf/transport/tls.hpp;
+// docs/guides/security.md). Addresses are parsed by dtf/transport/address.hpp.
 //
 // A hostile or broken peer cannot stall or exhaust a server: at most max_connections at once
 // (more are closed at accept, logged), a handshake within handshake_timeout_ms, a started frame

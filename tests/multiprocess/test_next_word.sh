@@ -2,7 +2,7 @@
 # The next_word example (an embedding table sharded over the ps) trains under dtfrun with 2 ps
 # and 2 workers on the first 3,000 verses: both ps hold a shard of the table, each worker
 # gathers and pushes rows, the held-out perplexity is reported beside the n-gram baselines and
-# is below the unigram's (the full run, README's table, is measured against the bigram); the
+# is below the unigram's (the full run, docs/benchmarks.md's table, is measured against the bigram); the
 # same with SyncSGD (rows averaged over both workers each step).
 # Then the table's checkpoint: a run of 2 ps and 1 worker saves into --model_dir, and a run of
 # 3 ps restores it (the rows re-routed to 3 shards) and, stopped at the saved step, evaluates to

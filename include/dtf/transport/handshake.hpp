@@ -11,7 +11,7 @@
 // With a secret both sides prove they know it (mutual authentication) with fresh nonces, so a
 // recorded handshake cannot be replayed. Without a secret the handshake only checks the
 // protocol version and the cluster id. The handshake authenticates who connects; it does not
-// protect the bytes that follow (see README, "Security").
+// protect the bytes that follow (see docs/guides/security.md).
 //
 // The machine never reads past its own frames: bytes_wanted() says exactly how many bytes the
 // next step needs, so the data that follows the handshake stays in the socket. Handshake frames
