@@ -23,6 +23,8 @@
 #include <dtf/host.hpp>
 #include <dtf/torch/module_model.hpp>
 
+#include "../examples/torch_cnn/cnn.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,25 +33,9 @@
 #include <string>
 #include <vector>
 
-namespace tnn = torch::nn;
+using examples::Cnn;
 
 namespace {
-
-// examples/torch_cnn/main.cpp's network, layer for layer.
-struct CnnImpl : tnn::Cloneable<CnnImpl> {
-  CnnImpl() { reset(); }
-  void reset() override {
-    features = register_module("features",
-        tnn::Sequential(tnn::Conv2d(tnn::Conv2dOptions(1, 32, 3).padding(1)), tnn::BatchNorm2d(32), tnn::ReLU(),
-                        tnn::MaxPool2d(2), tnn::Conv2d(tnn::Conv2dOptions(32, 64, 3).padding(1)),
-                        tnn::BatchNorm2d(64), tnn::ReLU(), tnn::MaxPool2d(2)));
-    head = register_module("head", tnn::Sequential(tnn::Flatten(), tnn::Dropout(0.25), tnn::Linear(64 * 7 * 7, 128),
-                                                   tnn::ReLU(), tnn::Linear(128, 10)));
-  }
-  torch::Tensor forward(torch::Tensor x) { return head->forward(features->forward(x)); }
-  tnn::Sequential features{nullptr}, head{nullptr};
-};
-TORCH_MODULE(Cnn);
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

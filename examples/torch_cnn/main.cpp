@@ -1,38 +1,23 @@
 // torch_cnn — a convolutional network written with LibTorch's modules (convolution, BatchNorm,
-// ReLU, pooling, dropout, linear), trained on Fashion-MNIST by a dtf strategy:
+// ReLU, pooling, dropout, linear; cnn.hpp) made a dtf model by dtf::torch::module_model, trained
+// on Fashion-MNIST by a dtf strategy:
 //   dtfrun --ps 1 --workers 2 -- build/examples/torch_cnn --strategy downpour   (or sync_sgd)
 //   dtfrun --workers 2 -- build/examples/torch_cnn --strategy ring_allreduce
-// dtf::torch::module_model makes the module a dtf model (dtf/torch/module_model.hpp).
 #include <dtf/dtf.hpp>
 #include <dtf/torch/module_model.hpp>
 
 #include "../common/fashion_mnist.hpp"
+#include "cnn.hpp"
 
 #include <cstdio>
 #include <string>
 
-namespace tnn = torch::nn;
-
-struct CnnImpl : tnn::Cloneable<CnnImpl> {  // Cloneable: mirrored copies it per replica
-  CnnImpl() { reset(); }
-  void reset() override {
-    features = register_module("features",
-        tnn::Sequential(tnn::Conv2d(tnn::Conv2dOptions(1, 32, 3).padding(1)), tnn::BatchNorm2d(32), tnn::ReLU(),
-                        tnn::MaxPool2d(2), tnn::Conv2d(tnn::Conv2dOptions(32, 64, 3).padding(1)),
-                        tnn::BatchNorm2d(64), tnn::ReLU(), tnn::MaxPool2d(2)));
-    head = register_module("head", tnn::Sequential(tnn::Flatten(), tnn::Dropout(0.25), tnn::Linear(64 * 7 * 7, 128),
-                                                   tnn::ReLU(), tnn::Linear(128, 10)));
-  }
-  torch::Tensor forward(torch::Tensor x) { return head->forward(features->forward(x)); }
-  tnn::Sequential features{nullptr}, head{nullptr};
-};
-TORCH_MODULE(Cnn);
-
 template <class MakeStrategy>  // strategy = make(cluster)
 int run(dtf::train_flags& tf, const examples::fashion_mnist& data, MakeStrategy make, const std::string& name) {
   const dtf::cluster cluster = tf.resolve_cluster();
-  dtf::torch::module_model<Cnn> net(Cnn(), {.input_shape = {1, 28, 28}, .threads = tf.blas_threads,
-                                            .seed = tf.train.seed, .task = dtf::trainer_index(cluster)});
+  dtf::torch::module_model<examples::Cnn> net(
+      examples::Cnn(), {.input_shape = {1, 28, 28}, .threads = tf.blas_threads, .seed = tf.train.seed,
+                        .task = dtf::trainer_index(cluster)});
   auto options = tf.options(cluster, name);
   options.evaluate = dtf::evaluate_on(net, data.test());
   return dtf::train(cluster, net, data.train(), make(cluster), options, tf.partitioner()).exit_code;
@@ -57,13 +42,14 @@ int main(int argc, char** argv) try {
 
   namespace s = dtf::strategies;  // the strategy line: Adam on the ps (DOWNPOUR: a push and a pull every step)
   if (strategy == "downpour")
-    return run(tf, data, [&](auto&) { return s::downpour({1, 1, dtf::optim::sgd{lr}, dtf::optim::adam{lr}}); }, strategy);
+    return run(tf, data, [&](auto&) { return s::downpour({1, 1, dtf::optim::sgd{lr}, dtf::optim::adam{lr}}); },
+               strategy);
   if (strategy == "sync_sgd")
     return run(tf, data, [&](auto& c) { return s::sync_sgd({dtf::num_trainers(c), dtf::optim::adam{lr}}); }, strategy);
   if (collective)
     return run(tf, data, [&](auto&) { return s::ring_allreduce<>({.rule = dtf::optim::adam{lr}, .overlap = overlap}); },
                strategy);
-  std::fprintf(stderr, "torch_cnn: --strategy: unknown '%s' (downpour, sync_sgd or ring_allreduce)\n", strategy.c_str());
+  std::fprintf(stderr, "torch_cnn: --strategy: '%s' is not downpour, sync_sgd or ring_allreduce\n", strategy.c_str());
   return 2;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "torch_cnn: %s\n", e.what());
