@@ -60,7 +60,7 @@ void keep_final_parameters(dtf::train_options& o, std::vector<float>& out) {
 
 }  // namespace
 
-TEST_CASE("torch: float32 buffers are the model's dtf buffers; other types stay the module's", "[torch][buffers]") {
+TEST_CASE("torch: float32 buffers are the model's dtf buffers, other types stay the module's", "[torch][buffers]") {
   auto net = bn_net();
   const auto specs = net.buffers();
   REQUIRE(specs.size() == 2);  // running_mean, running_var (num_batches_tracked is int64)

@@ -159,7 +159,7 @@ TEST_CASE("torch: every asynchronous and synchronous strategy trains the module 
   check("mirrored", mirrored_params<torch_twin>(), mirrored_params<sequential_net>());
 }
 
-TEST_CASE("torch: ring-allreduce over 2 and 3 ranks equals one process at the combined batch; overlap on and off "
+TEST_CASE("torch: ring-allreduce over 2 and 3 ranks equals one process at the combined batch, overlap on and off "
           "bitwise equal",
           "[torch][collectives][overlap]") {
   for (std::size_t ranks : {2, 3}) {
