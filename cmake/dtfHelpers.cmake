@@ -15,3 +15,17 @@ function(dtf_add_executable name)
   dtf_use_cuda_language(${ARGN})
   target_link_libraries(${name} PRIVATE dtf::dtf)
 endfunction()
+
+# dtf_header_check_sources(<out-var> <headers>...): one generated translation unit per header
+# (included twice: the include guard is checked too), for the "every header compiles on its
+# own" checks.
+function(dtf_header_check_sources out)
+  set(tus)
+  foreach(header IN LISTS ARGN)
+    string(MAKE_C_IDENTIFIER ${header} id)
+    set(tu ${CMAKE_CURRENT_BINARY_DIR}/header_check/${id}.cpp)
+    file(CONFIGURE OUTPUT ${tu} CONTENT "#include <${header}>\n#include <${header}>  // include guard\n")
+    list(APPEND tus ${tu})
+  endforeach()
+  set(${out} ${tus} PARENT_SCOPE)
+endfunction()

@@ -72,20 +72,15 @@ class parameter_server {
   parameter_server(const parameter_server&) = delete;
   parameter_server& operator=(const parameter_server&) = delete;
 
-  /// The port it listens on (the one picked when bound to port 0).
-  std::uint16_t port() const { return server_.port(); }
+  std::uint16_t port() const { return server_.port(); }  ///< the port it listens on (the one picked for port 0)
 
   /// Serves until a shutdown request (returns normally) or stop().
   void run() { server_.run(); }
-  /// Stops serving: run() returns.
-  void stop() { server_.stop(); }
+  void stop() { server_.stop(); }  ///< stops serving: run() returns
 
-  /// Whether the chief initialised (or restored) this ps.
-  bool initialized() const noexcept { return initialized_.load(); }
-  /// The global step of this ps.
-  std::int64_t global_step() const noexcept { return global_step_.load(); }
-  /// Whether a shutdown was requested.
-  bool shutdown_requested() const noexcept { return shutdown_.load(); }
+  bool initialized() const noexcept { return initialized_.load(); }  ///< the chief initialised or restored it
+  std::int64_t global_step() const noexcept { return global_step_.load(); }  ///< this ps's global step
+  bool shutdown_requested() const noexcept { return shutdown_.load(); }  ///< a shutdown was requested
   /// Connections refused or dropped for malformed input.
   std::size_t rejected_connections() const noexcept { return server_.rejected(); }
   /// Contributions dropped because they arrived for a finished step, per worker.

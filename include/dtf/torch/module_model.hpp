@@ -67,6 +67,7 @@
 #include <dtf/error.hpp>
 #include <dtf/runtime.hpp>
 #include <dtf/tensor.hpp>
+#include <dtf/torch/seeding.hpp>
 #include <dtf/variable.hpp>
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -78,7 +79,6 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -106,36 +106,6 @@ struct module_options {
   /// This task's index among the training tasks (its dropout masks differ from the others').
   std::uint64_t task = 0;
 };
-
-namespace detail {
-/// Process-wide: LibTorch's default generator is shared, so a reseed and the forward that draws
-/// from it happen under one lock.
-inline std::mutex& generator_mutex() {
-  static std::mutex m;
-  return m;
-}
-/// A 64-bit mix (splitmix64's finaliser).
-inline std::uint64_t mix(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-/// Resets the parameters of LibTorch's built-in layers (what their constructors do).
-inline bool reset_builtin(::torch::nn::Module& m) {
-  namespace nn = ::torch::nn;
-  if (auto* p = dynamic_cast<nn::LinearImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::Conv1dImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::Conv2dImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::Conv3dImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::BatchNorm1dImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::BatchNorm2dImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::BatchNorm3dImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::LayerNormImpl*>(&m)) return p->reset_parameters(), true;
-  if (auto* p = dynamic_cast<nn::EmbeddingImpl*>(&m)) return p->reset_parameters(), true;
-  return false;
-}
-}  // namespace detail
 
 /// A torch::nn::Module (held by its ModuleHolder, e.g. torch::nn::Sequential or a
 /// TORCH_MODULE type) as a dtf model. See the file comment for the contract.
