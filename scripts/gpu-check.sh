@@ -1,0 +1,328 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — verifies dtf on an NVIDIA GPU in one call, on a machine that reaches no
+# package registry. Run from the repository root with the bundle of scripts/gpu-bundle.sh beside
+# it (.gpu-bundle/). It unpacks the bundle into a private prefix (never over /), probes the
+# machine, configures the CUDA build for the card's architecture, builds the tests, examples and
+# benchmarks, and runs each part under its own time limit, going on after a part fails:
+#
+#   tests       dtf_tests (the whole unit suite on the GPU), then the other ctest entries that
+#               make sense on one GPU (the launcher's; the NCCL check skips itself below 2 GPUs)
+#   sanitizer   compute-sanitizer memcheck over the tensor and nn tests
+#   examples    non_distributed, ring_allreduce (2 processes on the one GPU, TCP ring) and
+#               sync_sgd (1 ps, 2 workers) under dtfrun, with test accuracy
+#   bench       bench_gpu (MLP step, nn::dense against cublasSgemm, ps staging against a pageable
+#               copy) beside PyTorch's step (benchmarks/gpu_step_time_torch.py)
+#
+# Every log and SUMMARY.md go to $OUT when it is set, else gpu-results/ (logs packed into
+# logs.tar.gz: a device call brings back at most 8 files). One summary line per part.
+#
+#   scripts/gpu-check.sh [--budget SECONDS] [--dry-run] [--configure-only] [--parts LIST]
+#     --budget S        the whole run's limit (default 510): parts get what is left, the build
+#                       first; a part with no time left is reported as skipped
+#     --dry-run         no GPU: the CPU configuration from the bundle alone (DTF_CUDA=OFF), built
+#                       (non_distributed, dtfrun, or $DTF_GPU_TARGETS) and one short run
+#     --configure-only  stop after the configure step (scripts/gpu-rehearse.sh)
+#     --parts LIST      comma-separated subset of tests,sanitizer,examples,bench
+# Environment: DTF_GPU_BUNDLE (default .gpu-bundle), DTF_GPU_PREFIX (default a fresh temporary
+# directory), DTF_GPU_BUILD (default build-gpu, or build-gpu-dry), DTF_GPU_JOBS (default nproc).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+budget=510
+mode=gpu
+configure_only=0
+parts=tests,sanitizer,examples,bench
+while (($#)); do
+  case $1 in
+    --budget) budget=$2; shift 2 ;;
+    --dry-run) mode=dry; shift ;;
+    --configure-only) configure_only=1; shift ;;
+    --parts) parts=$2; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+deadline=$((SECONDS + budget))
+bundle=${DTF_GPU_BUNDLE:-$root/.gpu-bundle}
+prefix=${DTF_GPU_PREFIX:-$(mktemp -d /tmp/dtf-gpu-prefix.XXXXXX)}
+if [[ $mode == dry ]]; then build=${DTF_GPU_BUILD:-$root/build-gpu-dry}; else build=${DTF_GPU_BUILD:-$root/build-gpu}; fi
+jobs=${DTF_GPU_JOBS:-$(nproc)}
+out=${OUT:-$root/gpu-results}
+mkdir -p "$out"
+logs=$(mktemp -d /tmp/dtf-gpu-logs.XXXXXX)
+export bundle prefix build  # read by the functions part() runs in a child bash
+summary=$logs/summary-body.md  # SUMMARY.md is assembled by finish(): title, machine, parts
+: >"$summary"
+failures=0
+
+say() { echo "$*" | tee -a "$summary"; }
+want() { [[ ",$parts," == *",$1,"* ]]; }
+# part NAME LIMIT CMD...: runs CMD under min(LIMIT, time left) seconds, its output in
+# logs/NAME.log; prints and records "| NAME | ok/FAILED/TIMED OUT/skipped | seconds | note |",
+# the note from the function note_NAME if there is one (it reads the log).
+part() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((deadline - SECONDS - 5))
+  ((limit > left)) && limit=$left
+  if ((limit < 5)); then
+    say "| $name | skipped | 0 | no time left in the budget |"
+    return 1
+  fi
+  local t0=$SECONDS rc
+  if declare -F "$1" >/dev/null; then  # a function of this script: in a child bash that has it
+    timeout -k 5 "$limit" bash -c "$(declare -f "$1"); \"\$@\"" "$1" "$@" >"$logs/$name.log" 2>&1
+  else
+    timeout -k 5 "$limit" "$@" >"$logs/$name.log" 2>&1
+  fi
+  rc=$?
+  local status=ok
+  ((rc == 124 || rc == 137)) && status="TIMED OUT after ${limit} s"
+  ((rc != 0 && rc != 124 && rc != 137)) && status="FAILED (exit $rc)"
+  ((rc != 0)) && failures=$((failures + 1))
+  local note=""
+  if declare -F "note_$name" >/dev/null; then note=$("note_$name" "$logs/$name.log" | tr '\n' ' '); fi
+  [[ -z $note && $rc != 0 ]] && note=$(grep -v '^\s*$' "$logs/$name.log" | tail -1 | cut -c1-200)
+  say "| $name | $status | $((SECONDS - t0)) | $note |"
+  return "$rc"
+}
+finish() {
+  say ""
+  say "Total: $SECONDS s; parts failed: $failures. Logs: logs.tar.gz (one file per part)."
+  {
+    echo "$title"
+    echo
+    if [[ -s $logs/probe.log ]]; then echo '```'; cat "$logs/probe.log"; echo '```'; echo; fi
+    echo "| part | result | s | note |"
+    echo "| --- | --- | --- | --- |"
+    cat "$summary"
+  } >"$out/SUMMARY.md"
+  tar -czf "$out/logs.tar.gz" -C "$logs" . 2>/dev/null
+  [[ $out == "$root/gpu-results" ]] && cp "$logs"/*.log "$out"/ 2>/dev/null
+  exit $((failures > 0))
+}
+
+title="# dtf GPU check ($mode mode), $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "$title"
+
+# ---- 1. unpack the bundle into the private prefix -----------------------------------------
+unpack() {
+  [[ -f $bundle/MANIFEST ]] || { echo "no bundle at $bundle: run scripts/gpu-bundle.sh on a machine with the registry"; return 1; }
+  mkdir -p "$prefix"
+  local deb
+  for deb in "$bundle"/*.deb; do
+    if command -v dpkg-deb >/dev/null; then
+      dpkg-deb -x "$deb" "$prefix" || return 1
+    else  # no dpkg: the .deb is an ar archive holding data.tar.*
+      python3 - "$deb" "$prefix" <<'PY' || return 1
+import io, sys, tarfile
+data = open(sys.argv[1], "rb").read()
+pos = 8  # "!<arch>\n"
+while pos < len(data):
+    name = data[pos:pos + 16].decode().strip().rstrip("/")
+    size = int(data[pos + 48:pos + 58].decode().strip())
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(data[pos + 60:pos + 60 + size])).extractall(sys.argv[2])
+    pos += 60 + size + (size & 1)
+PY
+    fi
+    echo "unpacked $(basename "$deb")"
+  done
+  # Absolute links (libz.so -> /lib/...) point into the prefix instead of the machine's /.
+  local link target
+  while IFS= read -r link; do
+    target=$(readlink "$link")
+    [[ $target == /* ]] && ln -sfn "$prefix$target" "$link"
+  done < <(find "$prefix" -type l)
+  du -sh "$prefix"
+}
+part unpack 60 unpack || { say "The bundle could not be unpacked: nothing else can run."; finish; }
+
+# ---- 2. probe -------------------------------------------------------------------------------
+cuda_root=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")
+py_module_dir() {  # the directory of an installed Python package (the nvidia-* wheels)
+  python3 -c "import importlib.util as u, sys; s = u.find_spec(sys.argv[1]); print(list(s.submodule_search_locations)[0])" "$1" 2>/dev/null
+}
+arch=90
+gpus=0
+nccl_args=()
+cublas_args=()
+extra_includes="$prefix/usr/include/x86_64-linux-gnu"
+probe() {
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
+    gpus=$(nvidia-smi -L | grep -c '^GPU')
+    local cap
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+    [[ $cap =~ ^[0-9]+$ ]] && arch=$cap
+  else
+    echo "nvidia-smi: no GPU visible"
+  fi
+  echo "nvcc: $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'not found')"
+  echo "host compiler: $(c++ --version 2>/dev/null | head -1 || echo 'not found')"
+  echo "cmake: $(cmake --version | head -1); ninja: $(ninja --version 2>/dev/null || echo 'not found'); cores: $(nproc)"
+  echo "python3: $(python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())' 2>&1 | tail -1)"
+  echo "compute-sanitizer: $(command -v compute-sanitizer || ls "$cuda_root"/bin/compute-sanitizer 2>/dev/null || echo 'not found')"
+  # cuBLAS and NCCL: the toolkit's, else the Python wheels'.
+  local lib
+  lib=$(ls "$cuda_root"/lib64/libcublas.so* "$cuda_root"/targets/x86_64-linux/lib/libcublas.so* 2>/dev/null | head -1)
+  if [[ -n $lib ]]; then
+    echo "cuBLAS: $lib (toolkit)"
+  elif lib=$(py_module_dir nvidia.cublas) && [[ -n $lib ]]; then
+    local so
+    so=$(ls "$lib"/lib/libcublas.so* 2>/dev/null | head -1)
+    echo "cuBLAS: $so (Python wheel)"
+    cublas_args=(-DCUDA_cublas_LIBRARY="$so")
+    extra_includes+=";$lib/include"
+  else
+    echo "cuBLAS: not found"
+  fi
+  local h
+  h=$(ls "$cuda_root"/include/nccl.h /usr/include/nccl.h 2>/dev/null | head -1)
+  lib=$(ls "$cuda_root"/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so* 2>/dev/null | head -1)
+  if [[ -n $h && -n $lib ]]; then
+    echo "NCCL: $lib (system)"
+  elif lib=$(py_module_dir nvidia.nccl) && [[ -n $lib && -f $lib/include/nccl.h ]]; then
+    local so
+    so=$(ls "$lib"/lib/libnccl.so* 2>/dev/null | head -1)
+    echo "NCCL: $so (Python wheel)"
+    nccl_args=(-DDTF_NCCL_INCLUDE_DIR="$lib/include" -DDTF_NCCL_LIBRARY="$so")
+  else
+    echo "NCCL: not found (the NCCL backend is not built)"
+  fi
+  echo "architecture: sm_$arch; GPUs: $gpus"
+}
+probe >"$logs/probe.log" 2>&1  # not through part(): its variables must stay in this shell
+cat "$logs/probe.log"
+if [[ $mode == gpu && $gpus == 0 && $configure_only == 0 ]]; then
+  say "No GPU is visible: use --dry-run on a machine without one."
+  finish
+fi
+
+# ---- 3. configure ---------------------------------------------------------------------------
+u=$prefix/usr
+libdir=$u/lib/x86_64-linux-gnu
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+common=(
+  -DCMAKE_BUILD_TYPE=Release -DDTF_BUILD_TESTS=ON -DDTF_BUILD_EXAMPLES=ON -DDTF_BUILD_BENCHMARKS=ON
+  -DCMAKE_PREFIX_PATH="$u"
+  -DDTF_ASIO_INCLUDE_DIR="$u/include"
+  -DOPENSSL_ROOT_DIR="$u" -DOPENSSL_INCLUDE_DIR="$u/include"
+  -DOPENSSL_SSL_LIBRARY="$libdir/libssl.so" -DOPENSSL_CRYPTO_LIBRARY="$libdir/libcrypto.so"
+  -DZLIB_INCLUDE_DIR="$u/include" -DZLIB_LIBRARY="$libdir/libz.so"
+  -DDTF_WITH_MPI=OFF -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON -DCMAKE_DISABLE_FIND_PACKAGE_Gloo=ON
+  -DCMAKE_DISABLE_FIND_PACKAGE_Doxygen=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+  -DCMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES="$extra_includes"
+)
+if [[ $mode == gpu ]]; then
+  config=(-DDTF_CUDA=ON -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch"
+          -DCMAKE_CUDA_FLAGS=-allow-unsupported-compiler  # a host g++ newer than nvcc lists
+          -DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES="$extra_includes" "${cublas_args[@]}" "${nccl_args[@]}")
+  targets=(dtf_tests non_distributed ring_allreduce sync_sgd dtfrun bench_gpu)
+  [[ ${#nccl_args[@]} -gt 0 || -f $cuda_root/include/nccl.h ]] && targets+=(dtf_nccl_backend_check)
+else
+  config=(-DDTF_CUDA=OFF -DBLAS_LIBRARIES="$libdir/openblas-pthread/libopenblas.so"
+          -DDTF_CBLAS_INCLUDE_DIR="$u/include/x86_64-linux-gnu/openblas-pthread")
+  read -r -a targets <<<"${DTF_GPU_TARGETS:-non_distributed dtfrun}"
+fi
+note_configure() { grep -E "^-- (Found|dtf)|CMake Error" "$1" | head -12 | sed 's/^-- //' | paste -sd ';' | cut -c1-400; }
+part configure 120 cmake -S "$root" -B "$build" "${generator[@]}" "${common[@]}" "${config[@]}" ||
+  { say "The configure step failed: nothing can be built."; finish; }
+# Every dependency the configure step found must be the bundle's, none the machine's own copy.
+deps_from_bundle() {
+  local entries foreign
+  entries=$(grep -E '^(OPENSSL|ZLIB|DTF_ASIO|DTF_CBLAS|BLAS|xtensor|xtl|cereal|nlohmann_json|Catch2)[A-Za-z_]*:[A-Z]+=.' \
+    "$build/CMakeCache.txt" | grep -v NOTFOUND)
+  echo "$entries"
+  foreign=$(echo "$entries" | grep -v "=$prefix")
+  [[ -z $foreign ]] || { echo "found outside the bundle: $foreign"; return 1; }
+}
+note_deps_from_bundle() { grep -c "=$prefix" "$1" | sed 's/$/ dependency paths, all in the bundle'"'"'s prefix/'; grep "outside" "$1"; }
+part deps_from_bundle 10 deps_from_bundle
+((configure_only)) && finish
+
+# ---- 4. build ------------------------------------------------------------------------------
+keep_going=(-k)
+[[ ${#generator[@]} -gt 0 ]] && keep_going=(-k 0)
+note_build() { grep -cE "error:|Error [0-9]" "$1" | sed 's/^/errors: /'; grep -m3 -E "error:" "$1" | cut -c1-160; }
+part build 330 cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}"
+has() { [[ -x $1 ]]; }
+data=$u/share/datasets/fashion-mnist
+acc() { python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('accuracy %.4f, global_step %s, %.1f s' % (m['accuracy'], m.get('global_step'), m.get('wall_s', 0)))" "$1" 2>/dev/null || echo "no metrics"; }
+
+if [[ $mode == dry ]]; then
+  if has "$build/examples/non_distributed"; then
+    part dry_run_example 600 "$build/examples/non_distributed" --epochs 1 --train_examples 6000 --data "$data" \
+      --metrics_file "$logs/dry.json" --target_accuracy 0.75
+    say "non_distributed from the bundle: $(acc "$logs/dry.json"); linked against: $(ldd "$build/examples/non_distributed" | grep -E 'ssl|crypto|libz|openblas' | awk '{print $3}' | paste -sd ' ')"
+  fi
+  finish
+fi
+
+# ---- 5. the GPU parts -------------------------------------------------------------------------
+t=$build/tests/dtf_tests
+e=$build/examples
+dtfrun=$build/tools/dtfrun
+note_tests() { grep -E "^(All tests passed|test cases:)" "$1" | tail -1; grep -m3 -E "FAILED:|failed with|^/.*: FAILED" -A2 "$1" | grep -v '^--' | head -6 | cut -c1-200; }
+note_ctest() { grep -E "tests passed|Not Run|\*\*\*Skipped|Failed " "$1" | head -6 | cut -c1-160; }
+note_sanitizer() { grep -E "ERROR SUMMARY|All tests passed|test cases:" "$1" | tail -2; }
+if want tests && has "$t"; then
+  say "GPUs visible: $gpus. With one GPU, mirrored's replicas share it (its NCCL reduction across GPUs needs 2 or more) and nccl_backend_check skips itself (exit 77)."
+  part tests 120 "$t" --order rand --rng-seed 1 --warn NoAssertions
+  part ctest 90 ctest --test-dir "$build" -E '^(dtf_tests|install_and_consume)$' -j 8 --timeout 60 --output-on-failure
+fi
+if want examples; then
+  note_non_distributed() { acc "$logs/nd.json"; }
+  note_ring_allreduce() { acc "$logs/ring.json"; }
+  note_sync_sgd() { acc "$logs/sync.json"; }
+  has "$e/non_distributed" && part non_distributed 90 "$e/non_distributed" --epochs 2 --data "$data" \
+    --metrics_file "$logs/nd.json" --save_checkpoints_secs 0
+  if has "$dtfrun"; then
+    has "$e/ring_allreduce" && part ring_allreduce 90 "$dtfrun" --workers 2 --timeout_s 85 -- "$e/ring_allreduce" \
+      --epochs 2 --data "$data" --metrics_file "$logs/ring.json"
+    has "$e/sync_sgd" && part sync_sgd 90 "$dtfrun" --ps 1 --workers 2 --timeout_s 85 -- "$e/sync_sgd" --epochs 2 \
+      --data "$data" --metrics_file "$logs/sync.json"
+  fi
+fi
+if want bench; then
+  note_bench_gpu() { grep -E "^device:" "$1"; }
+  note_bench_torch() { grep -E "^device:" "$1"; }
+  has "$build/benchmarks/bench_gpu" && part bench_gpu 120 "$build/benchmarks/bench_gpu" --data "$data"
+  part bench_torch 90 python3 "$root/benchmarks/gpu_step_time_torch.py"
+  # Side by side: dtf's and PyTorch's step, nn::dense against cuBLAS, staging against plain.
+  python3 - "$logs/bench_gpu.log" "$logs/bench_torch.log" <<'PY' | tee -a "$summary"
+import sys
+rows = {}
+for path in sys.argv[1:]:
+    try:
+        for line in open(path):
+            if line.startswith("csv,"):
+                f = line.strip().split(",")
+                rows.setdefault(f[1], []).append(f[2:])
+    except OSError:
+        pass
+step = {}
+for r in rows.get("step", []):
+    step.setdefault((r[1], r[2]), {})[r[0]] = float(r[3])
+if step:
+    print("\n| MLP step (Adam) | batch | dtf ms | PyTorch ms | PyTorch / dtf |\n| --- | --- | --- | --- | --- |")
+    for (w, b), v in step.items():
+        d, t = v.get("dtf"), v.get("torch")
+        ratio = f"{t / d:.2f}" if d and t else "-"
+        print(f"| {w} | {b} | {d if d else '-'} | {t if t else '-'} | {ratio} |")
+if rows.get("gemm"):
+    print("\n| GEMM rows x in x out | nn::dense GF/s | cublasSgemm GF/s | dense / cuBLAS |\n| --- | --- | --- | --- |")
+    for r in rows["gemm"]:
+        print(f"| {r[0]} x {r[1]} x {r[2]} | {r[3]} | {r[4]} | {float(r[3]) / float(r[4]):.2f} |")
+if rows.get("staging"):
+    print("\n| ps variable MiB | pull staged GB/s | pull plain GB/s | push staged GB/s | push plain GB/s |\n| --- | --- | --- | --- | --- |")
+    for r in rows["staging"]:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} |")
+PY
+fi
+if want sanitizer && has "$t"; then
+  san=$(command -v compute-sanitizer || echo "$cuda_root/bin/compute-sanitizer")
+  part sanitizer 100 "$san" --tool memcheck --error-exitcode 9 --leak-check no "$t" "[tensor],[nn]" --warn NoAssertions
+fi
+finish
