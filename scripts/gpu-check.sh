@@ -22,21 +22,24 @@
 #     --dry-run         no GPU: the CPU configuration from the bundle alone (DTF_CUDA=OFF), built
 #                       (non_distributed, dtfrun, or $DTF_GPU_TARGETS) and one short run
 #     --configure-only  stop after the configure step (scripts/gpu-rehearse.sh)
+#     --no-build        run the parts on the build already there (a second call on the same machine)
 #     --parts LIST      comma-separated subset of tests,sanitizer,examples,bench
-# Environment: DTF_GPU_BUNDLE (default .gpu-bundle), DTF_GPU_PREFIX (default a fresh temporary
-# directory), DTF_GPU_BUILD (default build-gpu, or build-gpu-dry), DTF_GPU_JOBS (default nproc).
+# Environment: DTF_GPU_BUNDLE (default .gpu-bundle), DTF_GPU_PREFIX (default
+# /tmp/dtf-gpu-prefix-UID, emptied first), DTF_GPU_BUILD (default build-gpu, or build-gpu-dry), DTF_GPU_JOBS (default nproc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 budget=510
 mode=gpu
 configure_only=0
+no_build=0
 parts=tests,sanitizer,examples,bench
 while (($#)); do
   case $1 in
     --budget) budget=$2; shift 2 ;;
     --dry-run) mode=dry; shift ;;
     --configure-only) configure_only=1; shift ;;
+    --no-build) no_build=1; shift ;;
     --parts) parts=$2; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
@@ -44,7 +47,7 @@ while (($#)); do
 done
 deadline=$((SECONDS + budget))
 bundle=${DTF_GPU_BUNDLE:-$root/.gpu-bundle}
-prefix=${DTF_GPU_PREFIX:-$(mktemp -d /tmp/dtf-gpu-prefix.XXXXXX)}
+prefix=${DTF_GPU_PREFIX:-${TMPDIR:-/tmp}/dtf-gpu-prefix-$(id -u)}
 if [[ $mode == dry ]]; then build=${DTF_GPU_BUILD:-$root/build-gpu-dry}; else build=${DTF_GPU_BUILD:-$root/build-gpu}; fi
 jobs=${DTF_GPU_JOBS:-$(nproc)}
 out=${OUT:-$root/gpu-results}
@@ -108,6 +111,7 @@ echo "$title"
 # ---- 1. unpack the bundle into the private prefix -----------------------------------------
 unpack() {
   [[ -f $bundle/MANIFEST ]] || { echo "no bundle at $bundle: run scripts/gpu-bundle.sh on a machine with the registry"; return 1; }
+  rm -rf "$prefix"  # the same bundle unpacks to the same files: builds made earlier keep working
   mkdir -p "$prefix"
   local deb
   for deb in "$bundle"/*.deb; do
@@ -227,7 +231,7 @@ else
   read -r -a targets <<<"${DTF_GPU_TARGETS:-non_distributed dtfrun}"
 fi
 note_configure() { grep -E "^-- (Found|dtf)|CMake Error" "$1" | head -12 | sed 's/^-- //' | paste -sd ';' | cut -c1-400; }
-part configure 120 cmake -S "$root" -B "$build" "${generator[@]}" "${common[@]}" "${config[@]}" ||
+((no_build)) || part configure 120 cmake -S "$root" -B "$build" "${generator[@]}" "${common[@]}" "${config[@]}" ||
   { say "The configure step failed: nothing can be built."; finish; }
 # Every dependency the configure step found must be the bundle's, none the machine's own copy.
 deps_from_bundle() {
@@ -246,8 +250,14 @@ part deps_from_bundle 10 deps_from_bundle
 keep_going=(-k)
 [[ ${#generator[@]} -gt 0 ]] && keep_going=(-k 0)
 note_build() { grep -cE "error:|Error [0-9]" "$1" | sed 's/^/errors: /'; grep -m3 -E "error:" "$1" | cut -c1-160; }
-part build 330 cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}"
-has() { [[ -x $1 ]]; }
+((no_build)) || part build 330 cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}"
+# has PROGRAM PART: whether the build made PROGRAM; if not, PART is recorded as not built.
+has() {
+  [[ -x $1 ]] && return 0
+  say "| ${2:-$(basename "$1")} | not built | 0 | $1 is missing (see build) |"
+  failures=$((failures + 1))
+  return 1
+}
 data=$u/share/datasets/fashion-mnist
 acc() { python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('accuracy %.4f, global_step %s, %.1f s' % (m['accuracy'], m.get('global_step'), m.get('wall_s', 0)))" "$1" 2>/dev/null || echo "no metrics"; }
 
@@ -267,7 +277,7 @@ dtfrun=$build/tools/dtfrun
 note_tests() { grep -E "^(All tests passed|test cases:)" "$1" | tail -1; grep -m3 -E "FAILED:|failed with|^/.*: FAILED" -A2 "$1" | grep -v '^--' | head -6 | cut -c1-200; }
 note_ctest() { grep -E "tests passed|Not Run|\*\*\*Skipped|Failed " "$1" | head -6 | cut -c1-160; }
 note_sanitizer() { grep -E "ERROR SUMMARY|All tests passed|test cases:" "$1" | tail -2; }
-if want tests && has "$t"; then
+if want tests && has "$t" tests; then
   say "GPUs visible: $gpus. With one GPU, mirrored's replicas share it (its NCCL reduction across GPUs needs 2 or more) and nccl_backend_check skips itself (exit 77)."
   part tests 120 "$t" --order rand --rng-seed 1 --warn NoAssertions
   part ctest 90 ctest --test-dir "$build" -E '^(dtf_tests|install_and_consume)$' -j 8 --timeout 60 --output-on-failure
@@ -278,7 +288,7 @@ if want examples; then
   note_sync_sgd() { acc "$logs/sync.json"; }
   has "$e/non_distributed" && part non_distributed 90 "$e/non_distributed" --epochs 2 --data "$data" \
     --metrics_file "$logs/nd.json" --save_checkpoints_secs 0
-  if has "$dtfrun"; then
+  if has "$dtfrun" "ring_allreduce and sync_sgd (dtfrun)"; then
     has "$e/ring_allreduce" && part ring_allreduce 90 "$dtfrun" --workers 2 --timeout_s 85 -- "$e/ring_allreduce" \
       --epochs 2 --data "$data" --metrics_file "$logs/ring.json"
     has "$e/sync_sgd" && part sync_sgd 90 "$dtfrun" --ps 1 --workers 2 --timeout_s 85 -- "$e/sync_sgd" --epochs 2 \
@@ -321,7 +331,7 @@ if rows.get("staging"):
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} |")
 PY
 fi
-if want sanitizer && has "$t"; then
+if want sanitizer && has "$t" sanitizer; then
   san=$(command -v compute-sanitizer || echo "$cuda_root/bin/compute-sanitizer")
   part sanitizer 100 "$san" --tool memcheck --error-exitcode 9 --leak-check no "$t" "[tensor],[nn]" --warn NoAssertions
 fi
