@@ -87,7 +87,8 @@ void section_step(const std::string& data_dir, int repeats, int steps) {
           },
           repeats, steps);
       if (!std::isfinite(loss)) throw error(errc::internal, "non-finite loss in the step benchmark");
-      const std::string widths = "784-" + hidden + "-10";
+      std::string widths = "784-" + hidden + "-10";
+      std::replace(widths.begin(), widths.end(), ',', '-');
       std::printf("%-18s %6zu %10.4f %12.0f\n", widths.c_str(), batch, 1e3 * t, double(batch) / t);
       std::printf("csv,step,dtf,%s,%zu,%.5f\n", widths.c_str(), batch, 1e3 * t);
     }

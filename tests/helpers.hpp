@@ -4,7 +4,11 @@
 
 #include <dtf/tensor.hpp>
 
+#include <thrust/copy.h>
+#include <thrust/device_ptr.h>
+
 #include <filesystem>
+#include <span>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -14,6 +18,15 @@ namespace dtf::test {
 inline std::vector<float> get(const tensor& t) { return t.to_vector<float>(); }
 
 inline void set(tensor& t, const std::vector<float>& v) { t.copy_from_host<float>(std::span<const float>(v)); }
+
+/// A host copy of floats in device memory (what a strategy hands to o.evaluate): device memory
+/// on CUDA builds, where reading the span on the host would fault; a plain copy on CPU builds.
+inline std::vector<float> host_copy(std::span<const float> device) {
+  std::vector<float> out(device.size());
+  thrust::copy(thrust::device_pointer_cast(device.data()), thrust::device_pointer_cast(device.data() + device.size()),
+               out.begin());
+  return out;
+}
 
 /// A fresh directory under the system temp dir, removed when the object goes away.
 class temp_dir {

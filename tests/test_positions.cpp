@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include "checkpoint_helpers.hpp"
+#include "helpers.hpp"
 #include "train_helpers.hpp"
 
 #include <algorithm>
@@ -56,7 +57,7 @@ struct recording_net {
 // The parameters a run ends with: its evaluation's argument (called last at the end).
 void keep_final_parameters(dtf::train_options& o, std::vector<float>& out) {
   o.evaluate = [&out](std::span<const float> p) {
-    out.assign(p.begin(), p.end());
+    out = dtf::test::host_copy(p);
     return dtf::nn::evaluation{};
   };
 }

@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "helpers.hpp"
 #include "train_helpers.hpp"
 
 namespace {
@@ -128,7 +129,7 @@ TEST_CASE("train: one rank of ring_allreduce matches a plain SGD loop, with the 
   std::int64_t hook_runs = 0;
   dtf::train_options o{.name = "test", .epochs = 3, .batch = 32, .seed = 11, .log_every = 0};
   o.evaluate = [&](std::span<const float> p) {
-    final_params.assign(p.begin(), p.end());
+    final_params = dtf::test::host_copy(p);
     return dtf::nn::evaluate(net, p, dtf::test::synthetic(200, 8, dtf::test::labels::argmax).batch(100));
   };
   const auto r = dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>({.rule = dtf::optim::sgd{0.1f}}), o,

@@ -54,8 +54,9 @@ check '{"ps": 1, "worker": 3}' --ps=1 --workers=3 --host 127.0.0.1
 "$dtfrun" --port-base 0 -- true >/dev/null 2>&1 && fail "--port-base 0 accepted"
 # Fixed ports are only race-free where nobody else can hold them: a network namespace of this
 # test's own (a user namespace makes it unprivileged). Where the machine refuses one, the case
-# is skipped (a base picked on the shared loopback could be taken meanwhile).
-if unshare -rn true 2>/dev/null; then
+# is skipped (a base picked on the shared loopback could be taken meanwhile), and so where
+# iproute2's ip is missing (it brings the namespace's loopback up).
+if unshare -rn true 2>/dev/null && command -v ip >/dev/null; then
   base=2222
   unshare -rn bash -c 'ip link set lo up && exec "$@"' netns \
     "$dtfrun" --ps 1 --workers 2 --port-base "$base" -- bash "$work/task.sh" >"$work/base.out" 2>"$work/base.err"
@@ -63,7 +64,7 @@ if unshare -rn true 2>/dev/null; then
   grep -qF "\"worker\": [\"127.0.0.1:$((base + 1))\", \"127.0.0.1:$((base + 2))\"], \"ps\": [\"127.0.0.1:$base\"]" \
     "$work/base.out" || fail "--port-base $base: ports not consecutive: $(head -n1 "$work/base.out")"
 else
-  echo "SKIP (this case): no private network namespace for --port-base"
+  echo "SKIP (this case): no private network namespace (or no ip command) for --port-base"
 fi
 
 # --print-tf-config: a line per task (name, tab, TF_CONFIG) for tasks spread over hosts.
