@@ -278,7 +278,7 @@ fi
 
 # ---- 5. the GPU parts -------------------------------------------------------------------------
 t=$build/tests/dtf_tests
-export t
+export t DTF_TEST_FASHION_MNIST=$data  # the tests that read Fashion-MNIST find the bundle's
 e=$build/examples
 dtfrun=$build/tools/dtfrun
 note_tests() {

@@ -211,8 +211,8 @@ TEST_CASE("prefetch yields the same batches as the synchronous pipeline", "[data
 }
 
 TEST_CASE("Fashion-MNIST from the Debian package: counts, shape, labels", "[data][fashion-mnist]") {
-  const auto train = data::load_fashion_mnist(data::split::train);
-  const auto test = data::load_fashion_mnist(data::split::test);
+  const auto train = data::load_fashion_mnist(data::split::train, test::fashion_mnist_dir());
+  const auto test = data::load_fashion_mnist(data::split::test, test::fashion_mnist_dir());
   CHECK(train.size() == 60000);
   CHECK(test.size() == 10000);
   CHECK(train.num_features() == 784);

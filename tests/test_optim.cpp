@@ -6,6 +6,7 @@
 #include "helpers.hpp"
 
 #include <cmath>
+#include <limits>
 
 using namespace dtf;
 using Catch::Detail::Approx;
@@ -154,7 +155,14 @@ TEST_CASE("adam's fused pass over a long buffer matches the per-element formula 
     }
     const auto got = test::get(pt);
     std::size_t differ = 0;
+#if DTF_CUDA
+    // On the GPU nvcc contracts a * b + c into one rounding (FMA) and its sqrt and division
+    // round differently from the host's: within 4 units in the last place, not bitwise.
+    for (std::size_t i = 0; i < n; ++i)
+      differ += std::abs(got[i] - p[i]) > 4 * std::numeric_limits<float>::epsilon() * std::abs(p[i]);
+#else
     for (std::size_t i = 0; i < n; ++i) differ += got[i] != p[i];
+#endif
     INFO("step " << t);
     CHECK(differ == 0);
   }

@@ -9,6 +9,7 @@
 #include <dtf/strategies/hogwild.hpp>
 #include <dtf/strategies/sync.hpp>
 
+#include "helpers.hpp"
 #include "ps_helpers.hpp"
 #include "train_helpers.hpp"
 
@@ -69,14 +70,14 @@ TEST_CASE("embedding_sequential's gradients equal a dense model on one-hot input
     CAPTURE(int(combine));
     auto net = make_net(combine);
     const auto b = id_batch(3);
-    std::vector<float> p(net.num_parameters()), g(p.size());
-    net.initialize(p, 11);
+    std::vector<float> p = test::initial_parameters(net, 11), g(net.num_parameters());
     const auto table = initial_table(net.embeddings()[0], V);
     local_rows rows(net, b, table);
     tensor x, y;
     assign_from_host(x, b.features);
     assign_from_host(y, b.labels);
-    const float loss = net.loss_and_gradients(p, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
+    const float loss =
+        test::loss_and_gradients_on_host(net, p, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
 
     // Reference: inputs one-hot (concat: one block of V per position; sum/mean: counts, / L for
     // mean) through a linear dense layer whose kernel holds the table (concat: L diagonal
@@ -97,7 +98,7 @@ TEST_CASE("embedding_sequential's gradients equal a dense model on one-hot input
             combine == nn::embedding_combine::mean ? 1.0f / float(L) : 1.0f;
     tensor rx;
     assign_from_host(rx, onehot);
-    const float ref_loss = ref.loss_and_gradients(rp, rx, y, rg);
+    const float ref_loss = test::loss_and_gradients_on_host(ref, rp, rx, y, rg);
     CHECK(loss == Approx(ref_loss).epsilon(1e-6));
     for (std::size_t i = 0; i < p.size(); ++i) CHECK(g[i] == Approx(rg[first + i]).margin(1e-6));
     // A row's gradient: the kernel gradient of its one-hot input, summed over the blocks.
@@ -142,8 +143,7 @@ TEST_CASE("hogwild with an embedding model: dense and table updates equal a loca
   w.initialize_ps(17);
   w.begin();
 
-  std::vector<float> theta(net.num_parameters()), g(theta.size());
-  ref_net.initialize(theta, 17);
+  std::vector<float> theta = test::initial_parameters(ref_net, 17), g(theta.size());
   auto table = initial_table(spec, V);
   const auto initial = table;
   std::vector<bool> touched(V, false);
@@ -154,7 +154,8 @@ TEST_CASE("hogwild with an embedding model: dense and table updates equal a loca
     tensor x, y;
     assign_from_host(x, b.features);
     assign_from_host(y, b.labels);
-    const float ref_loss = ref_net.loss_and_gradients(theta, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
+    const float ref_loss =
+        test::loss_and_gradients_on_host(ref_net, theta, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
     for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * g[i];
     for (std::size_t u = 0; u < rows.ids.unique.size(); ++u) {
       touched[rows.ids.unique[u]] = true;
@@ -217,8 +218,7 @@ TEST_CASE("sync_sgd with an embedding model: 2 workers' dense and row averages e
   });
 
   // Reference: both workers' gradients at the same θ and table, averaged.
-  std::vector<float> theta(ref_net.num_parameters()), g0(theta.size()), g1(theta.size());
-  ref_net.initialize(theta, 17);
+  std::vector<float> theta = test::initial_parameters(ref_net, 17), g0(theta.size()), g1(theta.size());
   auto table = initial_table(spec, V);
   const auto initial = table;
   std::vector<bool> touched(V, false);
@@ -231,7 +231,8 @@ TEST_CASE("sync_sgd with an embedding model: 2 workers' dense and row averages e
       assign_from_host(x, b.features);
       assign_from_host(y, b.labels);
       auto& g = k == 0 ? g0 : g1;
-      const float loss = ref_net.loss_and_gradients(theta, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
+      const float loss =
+          test::loss_and_gradients_on_host(ref_net, theta, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
       CHECK(losses[k][s] == Approx(loss).epsilon(1e-6));
       for (std::size_t u = 0; u < rows.ids.unique.size(); ++u) {
         touched[rows.ids.unique[u]] = true;
@@ -266,15 +267,15 @@ TEST_CASE("sync_sgd with an embedding model: 2 workers' dense and row averages e
 
 TEST_CASE("nn::evaluate of an embedding classifier reads rows through the reader", "[sparse][nn][train]") {
   auto net = make_net(nn::embedding_combine::mean);
-  std::vector<float> p(net.num_parameters()), g(p.size());
-  net.initialize(p, 2);
+  std::vector<float> p = test::initial_parameters(net, 2), g(net.num_parameters());
   const auto table = initial_table(net.embeddings()[0], V);
   const auto b = id_batch(9);
   local_rows rows(net, b, table);
   tensor x, y;
   assign_from_host(x, b.features);
   assign_from_host(y, b.labels);
-  const float loss = net.loss_and_gradients(p, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
+  const float loss =
+      test::loss_and_gradients_on_host(net, p, std::span<const embedding_rows>(&rows.view, 1), x, y, g);
   std::size_t reads = 0;
   row_reader reader = [&](std::size_t t, std::span<const std::uint64_t> ids, std::span<float> out) {
     REQUIRE(t == 0);
@@ -282,7 +283,9 @@ TEST_CASE("nn::evaluate of an embedding classifier reads rows through the reader
     for (std::size_t i = 0; i < ids.size(); ++i) std::copy_n(table.begin() + ids[i] * D, D, out.begin() + i * D);
     reads += ids.size();
   };
-  const auto e = nn::evaluate(net, p, reader, data::dataset(b.features, b.labels, 0.0f, float(V)).batch(B));
+  tensor pt = tensor::from_host<float>({p.size()}, p);  // parameters are device memory
+  const auto e =
+      nn::evaluate(net, pt.span<float>(), reader, data::dataset(b.features, b.labels, 0.0f, float(V)).batch(B));
   CHECK(e.examples == B);
   CHECK(e.loss == Approx(loss).epsilon(1e-6));
   CHECK(reads == rows.ids.unique.size());  // each distinct id read once

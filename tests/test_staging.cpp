@@ -8,6 +8,7 @@
 #include <dtf/device_span.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
+#include <dtf/tensor.hpp>
 
 #include "ps_helpers.hpp"
 
@@ -258,16 +259,17 @@ TEST_CASE("ps client: device buffers staged in segments give what the host path 
     CHECK(host[i] == Approx(init[i] - 0.5f * grads[i] + deltas[i] - 0.125f * grads[i]));
 }
 
-TEST_CASE("ps client: the device forms on a CPU build read and write in place", "[staging][ps][transport]") {
+TEST_CASE("ps client: the device forms read and write a device tensor's memory", "[staging][ps][transport]") {
+  // CPU builds: in place (device memory is host memory); CUDA builds: through the pinned
+  // staging buffer and the CUDA copy engine.
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::fixed_size{2}.place({{"w", {5}, 0}}, 1);
   ps_client c({ps0.address()}, layout, opts("worker.0"));
   c.connect();
   const std::vector<float> init{1, 2, 3, 4, 5};
   c.initialize(init, {optim::sgd{1.0f}});
-  const std::vector<float> g{1, 1, 1, 1, 1};
-  c.push_gradients(device_span<const float>{g});
-  std::vector<float> out(5);
-  c.pull(device_span<float>{out});
-  CHECK(out == std::vector<float>{0, 1, 2, 3, 4});
+  tensor g = tensor::from_host<float>({5}, std::vector<float>{1, 1, 1, 1, 1}), out({5});
+  c.push_gradients(device_span<const float>{g.span<float>()});
+  c.pull(device_span<float>{out.span<float>()});
+  CHECK(out.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4});
 }

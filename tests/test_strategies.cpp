@@ -49,7 +49,7 @@ TEST_CASE("AGN with window 1, one worker and local SGD equals SGD on the ps", "[
   while (auto b = s.next()) {
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
-    reference_net.loss_and_gradients(p, x, y, g);
+    test::loss_and_gradients_on_host(reference_net, p, x, y, g);
     for (std::size_t i = 0; i < p.size(); ++i) p[i] -= 0.1f * g[i];
     w.step(*b);
   }
@@ -87,7 +87,7 @@ TEST_CASE("AGN divides a partial last window by the steps it took, not by lambda
   while (auto b = s.next()) {
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
-    reference_net.loss_and_gradients(p, x, y, g);
+    test::loss_and_gradients_on_host(reference_net, p, x, y, g);
     for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
     if (++in_window == lambda) commit();
     w.step(*b);
@@ -131,7 +131,7 @@ TEST_CASE("DOWNPOUR re-pulls after a recovery (begin) instead of training on its
   tensor x, y;
   assign_from_host(x, b->features);
   assign_from_host(y, b->labels);
-  reference_net.loss_and_gradients(centre, x, y, g);
+  test::loss_and_gradients_on_host(reference_net, centre, x, y, g);
   for (std::size_t i = 0; i < centre.size(); ++i)
     REQUIRE(w.params()[i] == Catch::Detail::Approx(centre[i] - 0.1f * g[i]).margin(1e-6));
 }
@@ -161,7 +161,7 @@ TEST_CASE("DynSGD, two workers in a scripted interleaving: each commit scaled by
     for (const auto& bt : bs) {
       assign_from_host(x, bt.features);
       assign_from_host(y, bt.labels);
-      ref_net.loss_and_gradients(p, x, y, g);
+      test::loss_and_gradients_on_host(ref_net, p, x, y, g);
       for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
     }
     return p;
@@ -235,7 +235,7 @@ TEST_CASE("AEASGD's elastic step moves worker and centre by the same E", "[strat
   tensor x, y;
   assign_from_host(x, b->features);
   assign_from_host(y, b->labels);
-  reference_net.loss_and_gradients(theta1, x, y, g);
+  test::loss_and_gradients_on_host(reference_net, theta1, x, y, g);
   for (std::size_t i = 0; i < theta1.size(); ++i) theta1[i] -= 0.1f * g[i];
   w.step(*b);  // local step, then the elastic step (window 1)
   client.pull(c1);
@@ -273,7 +273,7 @@ TEST_CASE("EAMSGD equals the paper's update: gradient at the look-ahead theta + 
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
     for (std::size_t i = 0; i < theta.size(); ++i) ahead[i] = theta[i] + c.momentum * v[i];
-    ref_net.loss_and_gradients(ahead, x, y, g);
+    test::loss_and_gradients_on_host(ref_net, ahead, x, y, g);
     for (std::size_t i = 0; i < theta.size(); ++i) {
       v[i] = c.momentum * v[i] - c.learning_rate * g[i];
       theta[i] += v[i];
@@ -309,8 +309,8 @@ std::pair<double, double> two_workers(const std::function<S()>& make) {
   running_ps ps0(opts("ps.0"));
   auto eval_net = nn::sequential{nn::dense(784, 64), nn::relu(), nn::dense(64, 10)};
   const auto layout = partitioners::greedy_load_balancing{}.place(eval_net.variables(), 1);
-  const auto train = data::load_fashion_mnist(data::split::train).take(2000).normalize();
-  const auto test = data::load_fashion_mnist(data::split::test).take(1000).normalize().batch(500);
+  const auto train = data::load_fashion_mnist(data::split::train, test::fashion_mnist_dir()).take(2000).normalize();
+  const auto test = data::load_fashion_mnist(data::split::test, test::fashion_mnist_dir()).take(1000).normalize().batch(500);
   const std::size_t n = eval_net.num_parameters();
   tensor init({n});
   eval_net.initialize(init.span<float>(), 11);

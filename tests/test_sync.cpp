@@ -57,15 +57,14 @@ TEST_CASE("2 workers at batch B with N = 2 equal one process at batch 2B (plain 
   });
   // One process, batch 32 over the same examples.
   auto net = net3();
-  std::vector<float> p(net.num_parameters()), g(p.size());
-  net.initialize(p, 8);
+  std::vector<float> p = test::initial_parameters(net, 8), g(p.size());
   tensor x, y;
   auto s = data.batch(32).stream();
   for (int i = 0; i < k_steps; ++i) {
     auto b = s.next();
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
-    net.loss_and_gradients(p, x, y, g);
+    test::loss_and_gradients_on_host(net, p, x, y, g);
     for (std::size_t j = 0; j < p.size(); ++j) p[j] -= 0.1f * g[j];
   }
   ps_client reader({ps0.address()}, layout, opts("evaluator.0"));
@@ -185,9 +184,8 @@ TEST_CASE("per-worker rates scale contributions and SAGN averages window updates
   assign_from_host(x, b->features);
   assign_from_host(y, b->labels);
   auto eval = net3();
-  std::vector<float> p0(eval.num_parameters());
-  eval.initialize(p0, 2);
-  const float before = eval.loss(p0, x, y);
+  const std::vector<float> p0 = test::initial_parameters(eval, 2);
+  const float before = test::loss_on_host(eval, p0, x, y);
   run_threads(2, [&](std::size_t k) {
     auto net = net3();
     ps_client c({ps0.address()}, layout, opts("worker." + std::to_string(k)));
@@ -204,7 +202,7 @@ TEST_CASE("per-worker rates scale contributions and SAGN averages window updates
   reader.connect();
   std::vector<float> centre(p0.size());
   CHECK(reader.pull(centre) == 40);
-  CHECK(eval.loss(centre, x, y) < 0.95f * before);  // random labels: learnable only by memorising
+  CHECK(test::loss_on_host(eval, centre, x, y) < 0.95f * before);  // random labels: learnable only by memorising
 
   // Per-worker rates: worker k's gradient is multiplied by its rate before averaging.
   strategies::sync_sgd_config rates{.replicas_to_aggregate = 2, .rule = optim::sgd{1.0f}, .worker_rates = {0.1f, 0.3f}};
@@ -240,15 +238,14 @@ TEST_CASE("per-worker rates: the ps applies the mean of rate-scaled gradients", 
   });
   // Expected: p0 − (0.1 g0 + 0.3 g1) / 2, g_k the gradient of worker k's batch at p0.
   auto net = net3();
-  std::vector<float> p(net.num_parameters()), g0(p.size()), g1(p.size());
-  net.initialize(p, 3);
+  std::vector<float> p = test::initial_parameters(net, 3), g0(p.size()), g1(p.size());
   tensor x, y;
   for (std::size_t k = 0; k < 2; ++k) {
     auto s = data.shard(2, k).batch(16).stream();
     auto b = s.next();
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
-    net.loss_and_gradients(p, x, y, k == 0 ? std::span<float>(g0) : std::span<float>(g1));
+    test::loss_and_gradients_on_host(net, p, x, y, k == 0 ? g0 : g1);
   }
   ps_client reader({ps0.address()}, layout, opts("evaluator.0"));
   reader.connect();

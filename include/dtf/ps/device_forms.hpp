@@ -6,8 +6,8 @@
 // The forms taking a connection_staging run any copy engine (tests drive the schedule with
 // detail::host_copy_engine).
 //
-// NOT YET RUN on GPUs: the CUDA engine compiles in dtf's CUDA build, but no GPU was available
-// while it was written.
+// On GPUs: the CUDA engine ran on one H100 (benchmarks/gpu_bench.cpp's staging section, whose
+// staged pull checks every value it brings); docs/guides/gpu.md says what else has run.
 #pragma once
 
 #include <dtf/config.hpp>
