@@ -366,3 +366,20 @@ TEST_CASE("fused dense+relu step matches an independent layer-by-layer reference
     }
   }
 }
+
+#if DTF_CUDA
+TEST_CASE("nn::sequential on a CUDA build refuses host memory as parameters, naming the buffer", "[nn][errors]") {
+  nn::sequential net{nn::dense(3, 2)};
+  std::vector<float> host_p(net.num_parameters()), host_g(net.num_parameters());
+  tensor p({net.num_parameters()}), g({net.num_parameters()});
+  tensor x = tensor::from_host<float>({1, 3}, std::vector<float>{1, 2, 3});
+  tensor y = tensor::from_host<std::int32_t>({1}, std::vector<std::int32_t>{1});
+  CHECK_THROWS_WITH(net.initialize(host_p, 1),
+                    Catch::Contains("nn::sequential: the parameter buffer is host memory"));
+  net.initialize(p.span<float>(), 1);
+  CHECK_THROWS_WITH(net.loss_and_gradients(p.span<float>(), x, y, host_g),
+                    Catch::Contains("the gradient buffer is host memory"));
+  // The device context is still usable: the refused calls launched nothing.
+  CHECK(std::isfinite(net.loss_and_gradients(p.span<float>(), x, y, g.span<float>())));
+}
+#endif

@@ -15,6 +15,7 @@
 
 #include <dtf/concepts.hpp>
 #include <dtf/config.hpp>
+#include <dtf/detail/device_memory.hpp>
 #include <dtf/nn/init.hpp>
 #include <dtf/nn/layers.hpp>
 #include <dtf/nn/loss.hpp>
@@ -87,7 +88,7 @@ class sequential {
   /// Fills p (device memory, num_parameters() floats): kernels by each layer's initializer
   /// with a per-layer seed derived from `seed`, biases zero.
   void initialize(std::span<float> p, std::uint64_t seed) const {
-    check_size(p.size(), "parameter");
+    check_size(p, "parameter");
     splitmix64 seeds(seed);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const std::uint64_t layer_seed = seeds();
@@ -117,13 +118,13 @@ class sequential {
 
   /// Logits [batch, classes] of the batch into out.
   void logits(std::span<const float> p, const tensor& x, tensor& out) {
-    check_size(p.size(), "parameter");
+    check_size(p, "parameter");
     forward(p.data(), x, out);
   }
 
   /// Mean loss of a batch without gradients.
   float loss(std::span<const float> p, const tensor& x, const tensor& y) {
-    check_size(p.size(), "parameter");
+    check_size(p, "parameter");
     forward(p.data(), x, acts_.back());
     return loss_(acts_.back(), y, nullptr);
   }
@@ -133,8 +134,8 @@ class sequential {
   // as it is written.
   float backprop(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g, tensor* input_grad,
                  const gradient_ready_fn* ready) {
-    check_size(p.size(), "parameter");
-    check_size(g.size(), "gradient");
+    check_size(p, "parameter");
+    check_size(g, "gradient");
     forward(p.data(), x, acts_.back());
     const float loss = loss_(acts_.back(), y, &grads_.back());
     // grads_[i] holds d loss / d (output of layer i); each keeps its size from step to step.
@@ -164,10 +165,13 @@ class sequential {
     return loss;
   }
 
-  void check_size(std::size_t n, const char* what) const {
-    if (n != num_parameters_)
-      throw error(errc::shape_mismatch, std::string("nn::sequential: ") + what + " buffer has " + std::to_string(n) +
-                                            " floats, the model has " + std::to_string(num_parameters_));
+  // The buffer's size, and on CUDA builds that it is device memory (dtf/detail/device_memory.hpp).
+  void check_size(std::span<const float> b, const char* what) const {
+    if (b.size() != num_parameters_)
+      throw error(errc::shape_mismatch, std::string("nn::sequential: ") + what + " buffer has " +
+                                            std::to_string(b.size()) + " floats, the model has " +
+                                            std::to_string(num_parameters_));
+    dtf::detail::require_device_memory(b.data(), "nn::sequential", what);
   }
 
   // True when layer i is Dense and layer i + 1 a ReLU: the pair runs as one fused layer
