@@ -38,4 +38,21 @@ done
 wait "$job" || fail "the job with per-task keys failed (status $?)"
 grep -q "worker.1 .*done after" "$work/job.log" || fail "worker.1 did not finish with its task key"
 grep -q "refused\|disconnected" "$work/job.log" && fail "a connection was refused under per-task keys"
+
+# The view, the state file and `dtfrun status` mask a secret-bearing argument; `dtfrun status`
+# believes only a state directory of this user's that no one else may write.
+mkdir -m 700 "$work/run"
+XDG_RUNTIME_DIR=$work/run "$dtfrun" --workers 1 -- bash -c 'sleep 5' prog --secret hunter2-hunter2-hunter2 \
+  --api_token=tok-tok-tok-tok >"$work/masked.log" 2>&1 &
+masked=$!
+pids+=("$masked")
+wait_until 20 bash -c "ls '$work/run/dtfrun/'*.json >/dev/null 2>&1" || fail "no state file"
+XDG_RUNTIME_DIR=$work/run "$dtfrun" status >"$work/status.txt" 2>&1 || fail "dtfrun status failed"
+grep -q -- "--secret \*\*\* --api_token=\*\*\*" "$work/status.txt" || fail "dtfrun status does not mask the secrets"
+grep -q "hunter2\|tok-tok" "$work/status.txt" "$work/run/dtfrun/"*.json && fail "a secret is in the state file or status"
+chmod 755 "$work/run/dtfrun"
+XDG_RUNTIME_DIR=$work/run "$dtfrun" status >"$work/status2.txt" 2>&1 && fail "dtfrun status trusted a directory open to others"
+grep -q "mode must be 0700" "$work/status2.txt" || fail "the refusal of the state directory does not say why"
+chmod 700 "$work/run/dtfrun"
+wait "$masked" || fail "the masked job failed"
 echo "PASS"
