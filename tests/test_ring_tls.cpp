@@ -196,7 +196,9 @@ TEST_CASE("ring TLS: the bytes on the wire are not the plaintext (which a plain 
   proxy.join();  // both ranks have closed their connections
   CHECK(proxy.to_server.size() > payload.size());
   CHECK(contains(proxy.to_server, "PLAINTEXT-PATTERN") == !tls);
-  CHECK(contains(proxy.to_server, "worker.0") == !tls);  // the dtf hello's identity
+  // The dtf hello's identity; under TLS only as the ClientHello's PSK identity (which key).
+  CHECK(contains(proxy.to_server, "worker.0"));
+  CHECK(contains(proxy.to_server, "dtf-psk-v2:worker.0") == tls);
   CHECK(contains(proxy.to_server, "pattern") == !tls);   // the collective's descriptor
   CHECK(contains(proxy.to_client, "worker.1") == !tls);
   if (tls) {
@@ -251,8 +253,8 @@ TEST_CASE("ring TLS: the accepting side names a peer in the other mode too", "[c
   INFO("accepting side with TLS: " << server_tls);
   ring_listener listener("127.0.0.1:0");
   const std::string address = "127.0.0.1:" + std::to_string(listener.port());
-  const auto server_ctx = detail::make_tls_context(server_tls, detail::tls_role::server, "s", "c1");
-  const auto client_ctx = detail::make_tls_context(!server_tls, detail::tls_role::client, "s", "c1");
+  const auto server_ctx = detail::make_tls_context(server_tls, detail::tls_role::server, {"s", {}}, "rank 1", "c1");
+  const auto client_ctx = detail::make_tls_context(!server_tls, detail::tls_role::client, {"s", {}}, "rank 0", "c1");
   const auto deadline = detail::ring_clock::now() + std::chrono::milliseconds(1500);
   std::string client_error;
   std::thread client([&] {

@@ -194,10 +194,13 @@ TEST_CASE("TLS: the bytes on the wire are not the plaintext (which a plain conne
     proxy.join();
     CHECK(proxy.to_server.size() > payload.size());
     CHECK(proxy.to_client.size() > payload.size());
-    // The payload, and the identities of the dtf handshake, in clear only without TLS.
+    // The payload, and the identities of the dtf handshake, in clear only without TLS; under TLS
+    // the client's task name appears as the PSK identity of its ClientHello (whose key the
+    // server derives), and the server's not at all.
     CHECK(contains(proxy.to_server, "PLAINTEXT-PATTERN") == !tls);
     CHECK(contains(proxy.to_client, "PLAINTEXT-PATTERN") == !tls);
-    CHECK(contains(proxy.to_server, "worker.0") == !tls);
+    CHECK(contains(proxy.to_server, "worker.0"));
+    CHECK(contains(proxy.to_server, "dtf-psk-v2:worker.0") == tls);
     CHECK(contains(proxy.to_client, "ps.0") == !tls);
     if (tls) CHECK(proxy.to_server[0] == std::byte{detail::tls_handshake_record});
   }
@@ -206,6 +209,7 @@ TEST_CASE("TLS: the bytes on the wire are not the plaintext (which a plain conne
 TEST_CASE("TLS: the key is HKDF of the secret bound to the cluster id, handshakes TLS 1.3 PSK with (EC)DHE",
           "[transport][tls]") {
   const auto k = detail::derive_tls_key("s3cret", "c1");
+  const dtf::credentials master{"s3cret-0123456789", {}};
   CHECK(k == detail::derive_tls_key("s3cret", "c1"));
   CHECK(k != detail::derive_tls_key("s3cret", "c2"));
   CHECK(k != detail::derive_tls_key("s3cret2", "c1"));
@@ -213,8 +217,8 @@ TEST_CASE("TLS: the key is HKDF of the secret bound to the cluster id, handshake
   // A client and a server context as the transport makes them, driven over a BIO pair.
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> cctx(SSL_CTX_new(TLS_client_method()), &SSL_CTX_free),
       sctx(SSL_CTX_new(TLS_server_method()), &SSL_CTX_free);
-  detail::configure_tls(cctx.get(), detail::tls_role::client, "s3cret", "c1");
-  detail::configure_tls(sctx.get(), detail::tls_role::server, "s3cret", "c1");
+  detail::configure_tls(cctx.get(), detail::tls_role::client, master, "worker.0", "c1");
+  detail::configure_tls(sctx.get(), detail::tls_role::server, master, "ps.0", "c1");
   CHECK((SSL_CTX_get_options(cctx.get()) & SSL_OP_ALLOW_NO_DHE_KEX) == 0);
   CHECK((SSL_CTX_get_options(sctx.get()) & SSL_OP_ALLOW_NO_DHE_KEX) == 0);
   std::unique_ptr<SSL, decltype(&SSL_free)> client(SSL_new(cctx.get()), &SSL_free), server(SSL_new(sctx.get()), &SSL_free);

@@ -11,7 +11,7 @@
 // Flags (the set: ps = parameter-server strategies, collective = no ps):
 //   cluster        --job_name --task_index --ps_hosts --worker_hosts --chief_host --num_ps
 //                  --base_port --rendezvous (dtf/cluster.hpp; also TF_CONFIG, Slurm, MPI)
-//   every set      --epochs --batch --seed --secret --tls --timeout_ms --log_every --blas_threads
+//   every set      --epochs --batch --seed --secret_file --tls --timeout_ms --log_every --blas_threads
 //                  --model_dir --save_checkpoints_steps --save_checkpoints_secs --keep_checkpoints
 //                  --last_step --num_steps --summary_every --nan_policy fail|stop
 //                  --metrics_file --target_accuracy
@@ -27,8 +27,10 @@
 #include <dtf/partitioners.hpp>
 #include <dtf/runtime.hpp>
 #include <dtf/train.hpp>
+#include <dtf/transport/credentials.hpp>
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,14 @@ struct train_flags {
   ///@{
   int slow_worker = -1, slow_ms = 0;
   ///@}
+  /// --secret_file: a file holding the master secret (dtf::read_secret_file). A secret is never a
+  /// flag's value: command lines are readable by every local user.
+  std::string secret_file;
+  /// Credentials taken from the environment (credentials_from_environment()).
+  struct environment_credentials {
+    std::string secret, task_key, ring_key;
+  };
+  mutable std::optional<environment_credentials> taken_;  // credentials_from_environment()
   /// --segment_kib: the allreduce segment size in KiB.
   int segment_kib = 256;
   /// Which flags the program offers.
@@ -92,8 +102,10 @@ struct train_flags {
     f.add("epochs", train.epochs, "passes over each training task's shard of the training set")
         .add("batch", train.batch, "examples per local step")
         .add("seed", train.seed, "seed for initialisation and shuffling")
-        .add("secret", train.secret, "cluster secret (default: $DTF_CLUSTER_SECRET; empty: no authentication)")
-        .add("tls", train.tls, "encrypt every connection between tasks with TLS 1.3 keyed by the secret (default: $DTF_TLS=1)")
+        .add("secret_file", secret_file,
+             "file holding the cluster's master secret, mode 0600 and yours (default: $DTF_CLUSTER_SECRET, or "
+             "$DTF_TASK_KEY from dtfrun; none: no authentication)")
+        .add("tls", train.tls, "encrypt every connection between tasks with TLS 1.3 keyed by the credentials (default: $DTF_TLS=1)")
         .add("timeout_ms", train.timeout_ms,
              s == train_flag_set::ps ? "deadline of every request to a ps" : "longest wait without progress inside a collective")
         .add("log_every", train.log_every, "iterations (local steps) between progress lines")
@@ -146,8 +158,11 @@ struct train_flags {
     o.name = std::move(name);
     o.nan_policy = nan_policy == "stop" ? hooks::nan_policy::stop : hooks::nan_policy::fail;
     o.segment_bytes = std::size_t(segment_kib) * 1024;
-    if (o.secret.empty())
-      if (const char* s = std::getenv("DTF_CLUSTER_SECRET")) o.secret = s;
+    const auto& env = credentials_from_environment();
+    if (o.secret.empty()) o.secret = secret_file.empty() ? env.secret : read_secret_file(secret_file);
+    if (o.task_key.empty()) o.task_key = env.task_key;
+    if (o.ring_key.empty()) o.ring_key = env.ring_key;
+    check_secret_length(o.secret, secret_file.empty() ? "$DTF_CLUSTER_SECRET" : "--secret_file " + secret_file);
     if (!o.tls)
       if (const char* t = std::getenv("DTF_TLS")) {
         const std::string v = t;
@@ -157,6 +172,24 @@ struct train_flags {
     if (slow_worker >= 0 && c.self.job != "ps" && trainer_index(c) == std::size_t(slow_worker))
       o.compute_delay = std::chrono::milliseconds(slow_ms);
     return o;
+  }
+
+  /// The credentials in this process's environment ($DTF_CLUSTER_SECRET, $DTF_TASK_KEY,
+  /// $DTF_RING_KEY), read by this object's first options() and then removed from the
+  /// environment, so that nothing this task starts inherits them. Not thread-safe (setenv's rule).
+  const environment_credentials& credentials_from_environment() const {
+    if (!taken_) {
+      environment_credentials c;
+      const auto take = [](const char* name, std::string& into) {
+        if (const char* v = std::getenv(name)) into = v;
+        ::unsetenv(name);
+      };
+      take("DTF_CLUSTER_SECRET", c.secret);
+      take("DTF_TASK_KEY", c.task_key);
+      take("DTF_RING_KEY", c.ring_key);
+      taken_ = std::move(c);
+    }
+    return *taken_;
   }
 
   /// The partitioner --partitioner and --num_shards name.

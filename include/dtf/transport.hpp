@@ -115,7 +115,8 @@ class rpc_client {
   /// Errors: errc::invalid_config for options.tls without a secret.
   explicit rpc_client(transport_options options)
       : options_(std::move(options)),
-        tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::client, options_.secret,
+        tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::client,
+                                              {options_.secret, options_.task_key}, options_.identity,
                                               options_.cluster_id)) {}
   rpc_client(const rpc_client&) = delete;
   rpc_client& operator=(const rpc_client&) = delete;

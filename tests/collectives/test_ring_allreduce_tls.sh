@@ -14,18 +14,19 @@ ring=(--epochs 1 --train_examples 3000 --log_every 20 --batch 32 --timeout_ms 20
   >"$work/nosecret.log" 2>&1 && fail "--tls without a secret was accepted"
 grep -q "TLS needs a cluster secret" "$work/nosecret.log" || fail "--tls without a secret: the error does not say why"
 
-DTF_CLUSTER_SECRET=s3cret DTF_TLS=1 "$dtfrun" --workers 2 --timeout_s 200 -- "$dir/ring_allreduce" "${ring[@]}" \
+DTF_CLUSTER_SECRET=s3cret-0123456789abcdef DTF_TLS=1 "$dtfrun" --workers 2 --timeout_s 200 -- "$dir/ring_allreduce" "${ring[@]}" \
   >"$work/env.log" 2>&1 || fail "dtfrun ring_allreduce with DTF_TLS=1 failed (status $?)"
 grep -q "RESULT scheme=ring_allreduce workers=2" "$work/env.log" || fail "no RESULT line with DTF_TLS=1"
 grep -q "ring inside TLS 1.3" "$work/env.log" || fail "DTF_TLS=1 did not turn TLS on for the ring"
 grep -q "refused\|closed the connection" "$work/env.log" && fail "a ring connection was refused or dropped under TLS"
 
-"$dtfrun" --workers 3 --timeout_s 200 -- "$dir/ring_allreduce" "${ring[@]}" --secret s3cret --tls \
+(umask 077 && echo s3cret-0123456789abcdef >"$work/secret")
+"$dtfrun" --workers 3 --timeout_s 200 -- "$dir/ring_allreduce" "${ring[@]}" --secret_file "$work/secret" --tls \
   >"$work/flags.log" 2>&1 || fail "dtfrun ring_allreduce --tls (3 workers) failed (status $?)"
 grep -q "RESULT scheme=ring_allreduce workers=3" "$work/flags.log" || fail "no RESULT line with --tls"
 grep -q "ring inside TLS 1.3" "$work/flags.log" || fail "--tls did not turn TLS on for the ring"
 
-DTF_CLUSTER_SECRET=s3cret DTF_TLS=1 "$dtfrun" --workers 2 --timeout_s 200 -- "$dir/mirrored" --replicas 2 \
+DTF_CLUSTER_SECRET=s3cret-0123456789abcdef DTF_TLS=1 "$dtfrun" --workers 2 --timeout_s 200 -- "$dir/mirrored" --replicas 2 \
   "${ring[@]}" >"$work/mirrored.log" 2>&1 || fail "dtfrun mirrored (2 processes x 2 replicas) with TLS failed (status $?)"
 grep -q "RESULT scheme=mirrored workers=2 replicas=2" "$work/mirrored.log" || fail "no RESULT line from mirrored with TLS"
 grep -q "ring inside TLS 1.3" "$work/mirrored.log" || fail "DTF_TLS=1 did not turn TLS on for mirrored's ring"
@@ -33,9 +34,8 @@ grep -q "ring inside TLS 1.3" "$work/mirrored.log" || fail "DTF_TLS=1 did not tu
 # worker.0 without TLS (--tls=0), worker.1 with it (--tls=1); their ports are bound and listening
 # before they start and handed down (tests/launch_with_ports.py).
 start=$SECONDS
-timeout 60 python3 "$(dirname "$0")/../launch_with_ports.py" "$work" 2 --log "$work/mixed.{i}.log" \
-  "$dir/ring_allreduce" --job_name worker --task_index "{i}" --worker_hosts "{hosts}" "${ring[@]}" --secret s3cret \
-  --tls="{i}" || fail "the mixed-mode workers did not end within 60 s"
+DTF_CLUSTER_SECRET=s3cret-0123456789abcdef timeout 60 python3 "$(dirname "$0")/../launch_with_ports.py" "$work" 2 --log "$work/mixed.{i}.log" \
+  "$dir/ring_allreduce" --job_name worker --task_index "{i}" --worker_hosts "{hosts}" "${ring[@]}" --tls="{i}" || fail "the mixed-mode workers did not end within 60 s"
 for i in 0 1; do
   read -r status <"$work/status.$i"
   ((status != 0)) || fail "worker.$i exited 0 in a ring where only one worker has TLS"
@@ -52,7 +52,7 @@ if command -v mpirun >/dev/null; then
   elif unshare -rn true 2>/dev/null; then netns=(unshare -rn); fi
   if ((${#netns[@]})); then
     timeout 200 "${netns[@]}" bash -c 'ip link set lo up && exec "$@"' netns mpirun -np 2 --oversubscribe \
-      --mca btl self,tcp -x DTF_TLS=1 -x DTF_CLUSTER_SECRET=s3cret "$dir/ring_allreduce" \
+      --mca btl self,tcp -x DTF_TLS=1 -x DTF_CLUSTER_SECRET=s3cret-0123456789abcdef-0123456789abcdef "$dir/ring_allreduce" \
       --rendezvous 127.0.0.1:29500 "${ring[@]}" >"$work/mpi.log" 2>&1 || fail "ring_allreduce under mpirun with TLS failed"
     grep -q "source mpi" "$work/mpi.log" || fail "the ranks did not resolve the cluster from mpirun's variables"
     grep -q "RESULT scheme=ring_allreduce workers=2" "$work/mpi.log" || fail "no RESULT line under mpirun with TLS"

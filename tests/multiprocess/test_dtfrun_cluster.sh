@@ -17,7 +17,7 @@ grep -q "final test accuracy .* global_step [0-9]" "$work/one.log" || fail "no f
 grep -q "SIGTERM\|SIGKILL\|killed" "$work/one.log" && fail "dtfrun had to terminate a task"
 
 # 2 ps, 2 workers, sharded variables, an authenticated cluster.
-DTF_CLUSTER_SECRET=correct-horse run two --ps 2 --workers 2 --grace_ms 20000 -- "$example" "${small[@]}" \
+DTF_CLUSTER_SECRET=correct-horse-battery-staple run two --ps 2 --workers 2 --grace_ms 20000 -- "$example" "${small[@]}" \
   --partitioner fixed_size --num_shards 3 --target_accuracy 0.65 || fail "2 ps / 2 workers run failed (status $?)"
 for t in ps.0 ps.1; do
   grep -q "^$t .*shut down by the chief" "$work/two.log" || fail "$t did not exit by itself"

@@ -25,15 +25,43 @@ namespace dtfrun {
 // How often the state file is rewritten and CPU/memory figures are sampled.
 inline constexpr std::chrono::milliseconds refresh_interval{1000};
 
+// Whether a flag's value is a secret to keep out of the view, the state file and `dtfrun
+// status`: its name says secret, password, passwd or token, and it does not name a file.
+inline bool secret_bearing_flag(std::string_view name) {
+  while (name.starts_with('-')) name.remove_prefix(1);
+  if (name.ends_with("_file") || name.ends_with("-file")) return false;
+  for (const std::string_view word : {"secret", "password", "passwd", "token"})
+    if (name.find(word) != std::string_view::npos) return true;
+  return false;
+}
+
+// The command line as the view shows it: the values of secret-bearing flags (--secret X,
+// --secret=X) replaced by "***".
+inline std::string masked_command_line(const std::vector<std::string>& command) {
+  std::string out;
+  bool mask_next = false;
+  for (const std::string& word : command) {
+    std::string shown = word;
+    if (mask_next) {
+      shown = "***";
+      mask_next = false;
+    } else if (word.starts_with("-")) {
+      const auto eq = word.find('=');
+      if (secret_bearing_flag(std::string_view(word).substr(0, eq)))
+        eq == std::string::npos ? void(mask_next = true) : void(shown = word.substr(0, eq + 1) + "***");
+    }
+    out += (out.empty() ? "" : " ") + shown;
+  }
+  return out;
+}
+
 // Reads the launcher's tasks and is told the job's phase; it writes only the tasks' CPU and
 // memory figures. Not thread-safe (the launcher is single-threaded).
 class job_monitor {
  public:
   // `tasks` (never resized) and `chief` are the launcher's and outlive the monitor.
   job_monitor(const std::vector<std::string>& command, std::vector<task>& tasks, const task& chief)
-      : tasks_(tasks), chief_(chief) {
-    for (const std::string& word : command) command_ += (command_.empty() ? "" : " ") + word;
-  }
+      : tasks_(tasks), chief_(chief), command_(masked_command_line(command)) {}
 
   // At the job's start: the clock starts, the live view is on when `live` says so (unset: when
   // stdout is a terminal that is not "dumb") and the state file is chosen.
@@ -159,7 +187,9 @@ class job_monitor {
     // Only this user may read the job's table (it holds the command line).
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return;
     struct stat info {};
-    if (::lstat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != ::getuid()) return;
+    if (::lstat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) || info.st_uid != ::getuid() ||
+        (info.st_mode & 077) != 0)
+      return;
     state_path_ = dir + "/" + std::to_string(::getpid()) + ".json";
   }
 

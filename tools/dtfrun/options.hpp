@@ -71,7 +71,14 @@ chief's step towards its last step, redrawn in place while the tasks' lines scro
 it. Steps, losses and rates are read from key=value tokens in any line a task prints:
 step=, last_step=, loss=, steps_per_sec=. The same table goes to a state file about once
 a second ($XDG_RUNTIME_DIR/dtfrun/<pid>.json, else /tmp/dtfrun-<uid>/<pid>.json; removed
-at exit), which `dtfrun status` prints from another shell.
+at exit), which `dtfrun status` prints from another shell (only from a directory of
+yours with mode 0700). The values of flags named *secret*, *password* or *token* are
+shown as ***.
+
+credentials: with DTF_CLUSTER_SECRET in dtfrun's environment (at least 16 bytes), only
+the ps tasks get it; every other task gets its own key (DTF_TASK_KEY, HMAC-SHA256 of the
+secret and its name) and the ring key (DTF_RING_KEY) instead, so it can connect under
+no other name. Pass the secret in the environment, never on a command line.
 
 --print-tf-config: prints one line per task, its name, a tab and its TF_CONFIG, for a
 cluster spread over the hosts given (nothing is started). A host list of plain names

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <dtf/transport/credentials.hpp>
+
 #include "cluster.hpp"
 #include "common.hpp"
 #include "process.hpp"
@@ -34,18 +36,29 @@ class task_starter {
     if (dev_null_ >= 0) ::close(dev_null_);
   }
 
-  // Takes dtfrun's environment (less the variables each task gets its own value of) and
-  // opens /dev/null; the tasks get `original_mask`, dtfrun's signal mask from before it
-  // blocked the signals it reads. False, after a message, when /dev/null cannot be opened.
+  // Takes dtfrun's environment (less the variables each task gets its own value of, and the
+  // credentials) and opens /dev/null; the tasks get `original_mask`, dtfrun's signal mask from
+  // before it blocked the signals it reads. False, after a message, when /dev/null cannot be
+  // opened or the master secret is too short.
   bool open(const sigset_t& original_mask) {
     original_mask_ = original_mask;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string_view entry = *e;
+      if (entry.starts_with("DTF_CLUSTER_SECRET=")) {
+        master_ = std::string(entry.substr(entry.find('=') + 1));
+        continue;
+      }
       if (entry.starts_with("TF_CONFIG=") || entry.starts_with("DTF_TASK=") ||
-          entry.starts_with("DTF_RESTART_COUNT=") || entry.starts_with("DTF_LISTEN_FD=")) {
+          entry.starts_with("DTF_RESTART_COUNT=") || entry.starts_with("DTF_LISTEN_FD=") ||
+          entry.starts_with("DTF_TASK_KEY=") || entry.starts_with("DTF_RING_KEY=")) {
         continue;
       }
       base_env_.emplace_back(entry);
+    }
+    if (!master_.empty() && master_.size() < dtf::min_secret_bytes) {
+      say("$DTF_CLUSTER_SECRET has " + std::to_string(master_.size()) + " bytes; at least " +
+          std::to_string(dtf::min_secret_bytes) + " are required (e.g. openssl rand -hex 32)");
+      return false;
     }
     dev_null_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (dev_null_ < 0) {
@@ -64,6 +77,16 @@ class task_starter {
     env.push_back("DTF_TASK=" + t.name);
     env.push_back("DTF_RESTART_COUNT=" + std::to_string(t.restarts));
     if (t.listen_fd >= 0) env.push_back("DTF_LISTEN_FD=" + std::to_string(t.listen_fd));
+    // Each task gets only the credential it needs (docs/design/identity.md): a ps the master
+    // secret, any other task its own key and the ring key, so that it can present no other name.
+    if (!master_.empty()) {
+      if (t.name.starts_with("ps.")) {
+        env.push_back("DTF_CLUSTER_SECRET=" + master_);
+      } else {
+        env.push_back("DTF_TASK_KEY=" + dtf::derive_task_key(master_, t.name));
+        env.push_back("DTF_RING_KEY=" + dtf::derive_ring_key(master_));
+      }
+    }
 
     int out_pipe[2];
     int err_pipe[2];
@@ -109,6 +132,7 @@ class task_starter {
   std::string program_;
   std::vector<std::string> command_;
   std::vector<std::string> base_env_;
+  std::string master_;  // $DTF_CLUSTER_SECRET, given to ps tasks only
   int dev_null_ = -1;
   sigset_t original_mask_{};
 };

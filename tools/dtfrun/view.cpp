@@ -337,6 +337,16 @@ int status_main(int argc, char** argv) {
     wanted = static_cast<pid_t>(*pid);
   }
   const std::string dir = state_directory();
+  // Only a directory of this user's that no one else may write holds state files to believe.
+  if (struct stat info {}; ::lstat(dir.c_str(), &info) == 0) {
+    if (!S_ISDIR(info.st_mode) || info.st_uid != ::getuid() || (info.st_mode & 077) != 0) {
+      say("refusing " + dir + ": " +
+          (!S_ISDIR(info.st_mode) ? std::string("not a directory")
+           : info.st_uid != ::getuid() ? "owned by uid " + std::to_string(info.st_uid) + ", not by this user"
+                                       : std::string("open to other users (its mode must be 0700)")));
+      return exit_failure;
+    }
+  }
   std::vector<pid_t> pids;
   if (wanted) {
     pids.push_back(*wanted);

@@ -57,9 +57,11 @@ inline communicator make_communicator(cluster& c, collective_options options) {
   const auto deadline = detail::ring_clock::now() + std::chrono::milliseconds(options.connect_timeout_ms);
   // The rendezvous connections are TLS too when the ring is (same key, same refusals).
   const auto tls_server =
-      detail::make_tls_context(options.tls, detail::tls_role::server, options.secret, options.cluster_id);
+      detail::make_tls_context(options.tls, detail::tls_role::server, {options.secret, {}}, names[rank],
+                               options.cluster_id);
   const auto tls_client =
-      detail::make_tls_context(options.tls, detail::tls_role::client, options.secret, options.cluster_id);
+      detail::make_tls_context(options.tls, detail::tls_role::client, {options.secret, {}}, names[rank],
+                               options.cluster_id);
 
   if (c.source == "mpi" && !c.rendezvous.empty()) {
     std::vector<std::string> addresses(n);

@@ -32,7 +32,10 @@ namespace dtf {
 /// and hypercube (a difference is detected and reported); the others may differ.
 struct collective_options {
   std::string cluster_id;  ///< peers must present the same id in the handshake (empty: not checked)
-  std::string secret;      ///< shared secret; empty disables authentication
+  /// The ranks' shared key (dtf::train passes the ring key R of docs/design/identity.md): every
+  /// rank holds it, so a rank can present any rank's name to another rank, but not reach a ps.
+  /// Empty disables authentication.
+  std::string secret;
   std::uint32_t timeout_ms = 30000;          ///< longest wait without progress inside a collective
   std::uint32_t connect_timeout_ms = 60000;  ///< setup: how long to wait for the neighbours to appear
   std::size_t segment_bytes = 256 * 1024;    ///< reduction and forwarding granularity

@@ -19,10 +19,10 @@ namespace dtf {
 inline void tcp_backend::connect() {
   // Both contexts first: TLS without a secret is a configuration error even for one rank. The
   // connections' SSL objects hold references: the contexts live as long as they do.
-  const auto tls_server = detail::make_tls_context(options_.tls, detail::tls_role::server, options_.secret,
-                                                   options_.cluster_id);
-  const auto tls_client = detail::make_tls_context(options_.tls, detail::tls_role::client, options_.secret,
-                                                   options_.cluster_id);
+  const auto tls_server = detail::make_tls_context(options_.tls, detail::tls_role::server, {options_.secret, {}},
+                                                   names_[rank_], options_.cluster_id);
+  const auto tls_client = detail::make_tls_context(options_.tls, detail::tls_role::client, {options_.secret, {}},
+                                                   names_[rank_], options_.cluster_id);
   if (size_ == 1) return;
   using namespace std::chrono;
   const auto deadline = detail::ring_clock::now() + milliseconds(options_.connect_timeout_ms);

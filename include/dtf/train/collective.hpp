@@ -15,6 +15,7 @@
 #include <dtf/session.hpp>
 #include <dtf/train/buffers.hpp>
 #include <dtf/train/report.hpp>
+#include <dtf/transport/credentials.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -64,7 +65,7 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   if (o.max_recoveries > 0)
     throw error(errc::invalid_config, "max_recoveries: a collective strategy has no parameter server");
   collective_options options;
-  options.secret = o.secret;
+  options.secret = !o.ring_key.empty() ? o.ring_key : o.secret.empty() ? std::string() : derive_ring_key(o.secret);
   options.tls = o.tls;  // every ring connection inside TLS 1.3 (errc::invalid_config without a secret)
   options.timeout_ms = o.timeout_ms;
   options.segment_bytes = o.segment_bytes;

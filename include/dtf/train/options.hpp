@@ -43,7 +43,14 @@ struct train_options {
   /// with every checkpoint), where a restarted task resumes its shard (0: no reports; a
   /// restarted task then starts its shard over). See dtf/ps/positions.hpp.
   int position_every = 1;
-  std::string secret;       ///< cluster secret (empty: no authentication; train_flags reads $DTF_CLUSTER_SECRET)
+  /// Credentials (docs/design/identity.md; train_flags reads $DTF_CLUSTER_SECRET, $DTF_TASK_KEY,
+  /// $DTF_RING_KEY and --secret_file). `secret`: the master secret (a ps needs it; a worker or
+  /// chief that holds it can present any identity). `task_key`: this task's own key, the only
+  /// identity it can present to a ps. `ring_key`: the collective ranks' shared key (derived from
+  /// `secret` when empty). All empty: no authentication.
+  std::string secret;
+  std::string task_key;
+  std::string ring_key;
   /// Every connection between tasks inside TLS 1.3 keyed by the secret (dtf/transport/tls.hpp;
   /// train_flags: --tls or DTF_TLS=1): the ps transport of ps strategies, the ring sockets
   /// (collective_options::tls) of collective ones. Needs a secret.

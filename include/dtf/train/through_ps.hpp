@@ -87,12 +87,16 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   transport.cluster_id = c.id();
   transport.identity = me;
   transport.secret = o.secret;
+  transport.task_key = o.task_key;
   transport.tls = o.tls;
   transport.timeout_ms = o.timeout_ms;
   if (c.num_ps() == 0)
     throw error(errc::invalid_config, o.name + ": a parameter-server strategy needs ps tasks in the cluster");
   const placement layout = partitioner.place(vars, c.num_ps());
   if (c.self.job == "ps") {
+    if (o.secret.empty() && !o.task_key.empty())
+      throw error(errc::invalid_config, o.name + ": " + me + " holds only a task key; a ps needs the master secret "
+                                        "($DTF_CLUSTER_SECRET or --secret_file) to authenticate its peers");
     int threads = o.ps_threads;
     if constexpr (!sync)
       if (strategy.lock_free()) threads = std::max(threads, int(num_trainers(c)));

@@ -5,13 +5,19 @@
 //   client                                   server
 //   hello {protocol, cluster id, identity, nonce_c, authenticate}  ->
 //                     <-  refused {reason}  |  welcome {identity}  |  challenge {nonce_s}
-//   auth {HMAC(secret, "dtf-client" nonce_s nonce_c cluster_id "|" identity)}  ->
-//                     <-  refused {reason}  |  welcome {identity, HMAC(secret, "dtf-server" nonce_c nonce_s cluster_id)}
+//   auth {HMAC(K, "dtf-client v2" nonce_s nonce_c ‖cluster_id‖ ‖client id‖)}  ->
+//                     <-  refused {reason}  |  welcome {server id, HMAC(K, "dtf-server v2" nonce_c nonce_s
+//                                                        ‖cluster_id‖ ‖client id‖ ‖server id‖)}
 //
-// With a secret both sides prove they know it (mutual authentication) with fresh nonces, so a
-// recorded handshake cannot be replayed. Without a secret the handshake only checks the
-// protocol version and the cluster id. The handshake authenticates who connects; it does not
-// protect the bytes that follow (see docs/guides/security.md).
+// K is the client's task key K(client id) (dtf/transport/credentials.hpp): the client holds it
+// (or the master secret it is derived from), the server derives it from the master secret and
+// the identity presented. So only a holder of that identity's key can complete the handshake
+// under that identity, and the identity a server acts on is the authenticated one. Both sides
+// prove the key with fresh nonces (a recorded handshake cannot be replayed); the labels differ
+// by direction and the server's proof names both identities and the cluster id (‖x‖: x with its
+// length). Without credentials the handshake only checks the protocol version and the cluster
+// id, and identities are self-declared. The handshake authenticates who connects; it does not
+// protect the bytes that follow (see docs/guides/security.md, docs/design/identity.md).
 //
 // The machine never reads past its own frames: bytes_wanted() says exactly how many bytes the
 // next step needs, so the data that follows the handshake stays in the socket. Handshake frames
@@ -29,6 +35,7 @@
 #include <dtf/detail/hmac.hpp>
 #include <dtf/detail/messages.hpp>
 #include <dtf/error.hpp>
+#include <dtf/transport/credentials.hpp>
 
 #include <algorithm>
 #include <array>
@@ -83,7 +90,8 @@ inline std::vector<std::byte> refusal_frame(const std::string& reason) {
 struct handshake_config {
   std::string cluster_id;  ///< server: empty accepts any cluster id
   std::string identity;    ///< "worker.0"
-  std::string secret;      ///< empty: no authentication
+  std::string secret;      ///< the master secret (a server needs it to authenticate clients)
+  std::string task_key;    ///< client: this identity's own key, used when `secret` is empty
 };
 
 /// One side of the handshake. Feed it exactly bytes_wanted() bytes at a time from the socket
@@ -102,7 +110,8 @@ class handshake {
       hello_.cluster_id = config_.cluster_id;
       hello_.identity = config_.identity;
       hello_.nonce = random_nonce();
-      hello_.authenticate = !config_.secret.empty();
+      key_ = client_key({config_.secret, config_.task_key}, config_.identity);
+      hello_.authenticate = !key_.empty();
       emit(message_kind::hello, encode_message(hello_));
     }
   }
@@ -176,24 +185,19 @@ class handshake {
     if (header_.kind == message_kind::refused)
       return fail("refused the connection: " + printable(decode_message<refused_msg>(meta, "refusal").reason, 512), {});
     if (header_.kind == message_kind::challenge && !challenged_) {
-      if (config_.secret.empty()) return fail("challenged but no secret is set", {});
+      if (key_.empty()) return fail("challenged but no secret is set", {});
       challenged_ = true;
       server_nonce_ = decode_message<challenge_msg>(meta, "challenge").nonce;
-      emit(message_kind::auth,
-           encode_message(auth_msg{hmac_sha256(config_.secret, {"dtf-client", as_view(server_nonce_),
-                                                                as_view(hello_.nonce), config_.cluster_id, "|",
-                                                                config_.identity})}));
+      emit(message_kind::auth, encode_message(auth_msg{client_proof(hello_.cluster_id, hello_.identity)}));
       return;
     }
     if (header_.kind != message_kind::welcome) return fail("unexpected handshake message", {});
     const auto welcome = decode_message<welcome_msg>(meta, "welcome");
     peer_identity_raw_ = welcome.identity;
     peer_identity_ = printable(welcome.identity);
-    if (!config_.secret.empty()) {
+    if (!key_.empty()) {
       if (!challenged_) return fail("the server did not authenticate (it has no secret)", {});
-      const auto expected = hmac_sha256(config_.secret, {"dtf-server", as_view(hello_.nonce), as_view(server_nonce_),
-                                                         config_.cluster_id});
-      if (!digests_equal(welcome.mac, expected))
+      if (!digests_equal(welcome.mac, server_proof(hello_.cluster_id, hello_.identity, welcome.identity)))
         return fail("the server failed to prove it knows the cluster secret", {});
     }
     state_ = state::done;
@@ -212,12 +216,15 @@ class handshake {
       if (!config_.cluster_id.empty() && hello_.cluster_id != config_.cluster_id)
         return refuse("cluster id '" + printable(hello_.cluster_id) + "' is not this cluster's");
       if (config_.secret.empty()) {
+        if (!config_.task_key.empty())
+          return fail("this task holds only its own key, not the master secret that authenticates peers", {});
         if (hello_.authenticate) return refuse("this task has no cluster secret configured");
         emit(message_kind::welcome, encode_message(welcome_msg{config_.identity, {}}));
         state_ = state::done;
         return;
       }
       if (!hello_.authenticate) return refuse("authentication required: the peer presented no cluster secret");
+      key_ = derive_task_key(config_.secret, hello_.identity);
       server_nonce_ = random_nonce();
       challenged_ = true;
       emit(message_kind::challenge, encode_message(challenge_msg{server_nonce_}));
@@ -225,14 +232,24 @@ class handshake {
     }
     if (header_.kind != message_kind::auth) return fail("expected the authentication reply", {});
     const auto auth = decode_message<auth_msg>(meta, "auth");
-    const auto expected = hmac_sha256(config_.secret, {"dtf-client", as_view(server_nonce_), as_view(hello_.nonce),
-                                                       hello_.cluster_id, "|", hello_.identity});
-    if (!digests_equal(auth.mac, expected)) return refuse("wrong cluster secret");
-    emit(message_kind::welcome,
-         encode_message(welcome_msg{config_.identity, hmac_sha256(config_.secret, {"dtf-server", as_view(hello_.nonce),
-                                                                                   as_view(server_nonce_),
-                                                                                   config_.cluster_id})}));
+    // Another secret, or a key that is not this identity's: the peer may present only the
+    // identity its key names.
+    if (!digests_equal(auth.mac, client_proof(hello_.cluster_id, hello_.identity)))
+      return refuse("wrong cluster secret, or a key that is not '" + printable(hello_.identity) + "''s");
+    emit(message_kind::welcome, encode_message(welcome_msg{config_.identity, server_proof(hello_.cluster_id, hello_.identity,
+                                                                                         config_.identity)}));
     state_ = state::done;
+  }
+
+  // Both proofs over K(client): the client's binds the cluster id and its identity; the
+  // server's, the other direction, adds the server's identity.
+  digest client_proof(const std::string& cluster_id, const std::string& client) const {
+    return hmac_sha256(key_, {"dtf-client v2", as_view(server_nonce_), as_view(hello_.nonce), framed(cluster_id),
+                              framed(client)});
+  }
+  digest server_proof(const std::string& cluster_id, const std::string& client, const std::string& server) const {
+    return hmac_sha256(key_, {"dtf-server v2", as_view(hello_.nonce), as_view(server_nonce_), framed(cluster_id),
+                              framed(client), framed(server)});
   }
 
   role role_;
@@ -244,6 +261,7 @@ class handshake {
   hello_msg hello_;
   digest server_nonce_{};
   std::string failure_, peer_identity_, peer_identity_raw_;
+  std::string key_;  // K(client identity); empty without credentials
 };
 
 }  // namespace dtf::detail

@@ -20,7 +20,12 @@ namespace dtf {
 struct transport_options {
   std::string cluster_id;  ///< peers must present the same id (empty: not checked by a server)
   std::string identity;    ///< this task, e.g. "worker.0"
-  std::string secret;      ///< shared secret; empty disables authentication
+  /// The master secret (docs/design/identity.md): a server needs it to authenticate clients;
+  /// a client derives its own key from it. Empty (with no task_key): no authentication.
+  std::string secret;
+  /// A client's own key K(identity) (dtf::derive_task_key), used when `secret` is empty: it
+  /// can connect as `identity` only.
+  std::string task_key;
   /// Every byte of every connection inside TLS 1.3 keyed by the secret (dtf/transport/tls.hpp);
   /// needs a secret. Both ends must agree: a peer in the other mode is refused with the reason.
   bool tls = false;

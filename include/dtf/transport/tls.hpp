@@ -13,15 +13,18 @@
 //   encrypted and authenticated; the record sequence numbers make a replayed, dropped,
 //   reordered or modified record fail the connection).
 // - No certificates: an external pre-shared key (RFC 8446 §2.2, OpenSSL's TLS 1.3 PSK session
-//   callbacks) derived from the cluster secret every task already has, with HKDF-SHA256
-//   (RFC 5869; salt "dtf tls psk v1", info the cluster id): the trust model is today's HMAC
-//   handshake (whoever has the secret belongs to the cluster), with nothing new to issue,
-//   distribute, rotate or revoke. Both ends prove knowledge of the key in the handshake (the
-//   PSK binder and the Finished messages), so there is no unauthenticated key exchange: an
-//   active attacker without the secret can neither complete a handshake nor sit in the middle.
-//   The key is bound to the cluster id: a task of another cluster with the same secret fails the
-//   TLS handshake. The secret and the key never cross the wire; the PSK identity on the wire is
-//   the constant "dtf-psk-v1" (it reveals neither the cluster id nor the task).
+//   callbacks) derived with HKDF-SHA256 (RFC 5869; salt "dtf tls psk v2", info the cluster id)
+//   from the client's task key K(client) (dtf/transport/credentials.hpp, docs/design/identity.md):
+//   the trust model is the HMAC handshake's. The PSK identity on the wire is "dtf-psk-v2:" and
+//   the client's task name (not secret); a server derives that name's key from the master
+//   secret. Both ends prove knowledge of the key in the handshake (the PSK binder and the
+//   Finished messages), so there is no unauthenticated key exchange: an active attacker without
+//   the key can neither complete a handshake nor sit in the middle. A client refuses a server
+//   that completes the handshake any other way (a certificate fails verification against an
+//   empty trust store; tls_channel checks that the PSK was used), so an impostor at a task's
+//   address learns nothing inside TLS. The key is bound to the cluster id: a task of another
+//   cluster with the same secret fails the TLS handshake. The secret and keys never cross the
+//   wire.
 // - Forward secrecy: psk_dhe_ke only (SSL_OP_ALLOW_NO_DHE_KEX is cleared): every connection
 //   also runs an ephemeral (EC)DHE exchange (X25519 by default), so a secret that leaks later
 //   does not decrypt recorded traffic (it does let its holder join the cluster, as today).
@@ -51,6 +54,7 @@
 #pragma once
 
 #include <dtf/error.hpp>
+#include <dtf/transport/credentials.hpp>
 
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -68,14 +72,18 @@
 
 namespace dtf::detail {
 
-/// The label that salts the key derivation, and the PSK identity sent in the ClientHello.
-inline constexpr std::string_view tls_psk_label = "dtf tls psk v1";
-inline constexpr std::string_view tls_psk_identity = "dtf-psk-v1";
+/// The label that salts the key derivation, and the prefix of the PSK identity sent in the
+/// ClientHello (followed by the client's task name, whose key K(name) the PSK is derived from).
+inline constexpr std::string_view tls_psk_label = "dtf tls psk v2";
+inline constexpr std::string_view tls_psk_identity = "dtf-psk-v2:";
 inline constexpr const char* tls_ciphersuite = "TLS_AES_128_GCM_SHA256";
 /// The first byte of a TLS record carrying a handshake message (a ClientHello starts so).
 inline constexpr unsigned char tls_handshake_record = 0x16;
 
 using tls_key = std::array<unsigned char, 32>;
+
+/// dtf's own reason code (outside OpenSSL's): the server finished the handshake without the PSK.
+inline constexpr int tls_reason_server_without_psk = 0x7ff001;
 
 /// HKDF-SHA256 of the cluster secret, salt tls_psk_label, info the cluster id. Errors:
 /// errc::invalid_config for an empty secret; errc::internal when OpenSSL fails.
@@ -101,12 +109,21 @@ enum class tls_role { client, server };
 
 namespace tls_impl {
 
-// The key lives in the SSL_CTX's extra data (its own index), freed and wiped with the context.
-inline void free_key(void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
-  if (!ptr) return;
-  OPENSSL_cleanse(ptr, sizeof(tls_key));
-  delete static_cast<tls_key*>(ptr);
-}
+// What a context keys connections with, in the SSL_CTX's extra data (its own index), freed and
+// wiped with the context. A client holds the PSK of its own identity; a server the master secret,
+// from which it derives the PSK of the identity a client names.
+struct keys {
+  tls_key client_psk{};
+  std::string psk_identity;  // client: tls_psk_identity + its name
+  std::string master;        // server
+  std::string cluster_id;    // server
+  ~keys() {
+    OPENSSL_cleanse(client_psk.data(), client_psk.size());
+    if (!master.empty()) OPENSSL_cleanse(master.data(), master.size());
+  }
+};
+
+inline void free_key(void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) { delete static_cast<keys*>(ptr); }
 
 inline int key_index() {
   static const int index = SSL_CTX_get_ex_new_index(0, nullptr, nullptr, nullptr, &free_key);
@@ -115,13 +132,16 @@ inline int key_index() {
 
 // A PSK is presented to OpenSSL as a TLS 1.3 session holding the key as its master key.
 // OpenSSL takes ownership of the returned session.
-inline SSL_SESSION* psk_session(SSL* ssl) {
-  const auto* key = static_cast<const tls_key*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), key_index()));
+inline const keys* keys_of(SSL* ssl) {
+  return static_cast<const keys*>(SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), key_index()));
+}
+
+inline SSL_SESSION* psk_session(SSL* ssl, const tls_key& key) {
   static constexpr unsigned char aes128gcm_sha256[] = {0x13, 0x01};
   const SSL_CIPHER* cipher = SSL_CIPHER_find(ssl, aes128gcm_sha256);
-  if (!key || !cipher) return nullptr;
+  if (!cipher) return nullptr;
   SSL_SESSION* s = SSL_SESSION_new();
-  if (s && SSL_SESSION_set1_master_key(s, key->data(), key->size()) == 1 && SSL_SESSION_set_cipher(s, cipher) == 1 &&
+  if (s && SSL_SESSION_set1_master_key(s, key.data(), key.size()) == 1 && SSL_SESSION_set_cipher(s, cipher) == 1 &&
       SSL_SESSION_set_protocol_version(s, TLS1_3_VERSION) == 1)
     return s;
   SSL_SESSION_free(s);
@@ -133,27 +153,50 @@ inline int use_session(SSL* ssl, const EVP_MD* md, const unsigned char** id, std
   *session = nullptr;
   // A second call (after a HelloRetryRequest) names the hash the server chose: ours is SHA-256.
   if (md && EVP_MD_get_type(md) != NID_sha256) return 1;
-  *session = psk_session(ssl);
-  *id = reinterpret_cast<const unsigned char*>(tls_psk_identity.data());
-  *id_length = tls_psk_identity.size();
+  const keys* k = keys_of(ssl);
+  if (!k) return 0;
+  *session = psk_session(ssl, k->client_psk);
+  *id = reinterpret_cast<const unsigned char*>(k->psk_identity.data());
+  *id_length = k->psk_identity.size();
   return *session ? 1 : 0;
 }
 
 inline int find_session(SSL* ssl, const unsigned char* id, std::size_t id_length, SSL_SESSION** session) {
   *session = nullptr;
+  const keys* k = keys_of(ssl);
+  const std::string_view presented(reinterpret_cast<const char*>(id), id_length);
   // An unknown identity: no PSK, and with no certificate the handshake then fails.
-  if (std::string_view(reinterpret_cast<const char*>(id), id_length) != tls_psk_identity) return 1;
-  *session = psk_session(ssl);
+  if (!k || !presented.starts_with(tls_psk_identity) || presented.size() > 4096) return 1;
+  try {
+    const auto name = presented.substr(tls_psk_identity.size());
+    *session = psk_session(ssl, derive_tls_key(derive_task_key(k->master, name), k->cluster_id));
+  } catch (const error&) {
+    return 0;
+  }
   return *session ? 1 : 0;
 }
 
 }  // namespace tls_impl
 
-/// Sets up `ctx` for dtf's TLS as `role` (see the design above) with the key of `secret` and
-/// `cluster_id`. Errors: errc::invalid_config for an empty secret; errc::internal when OpenSSL
-/// refuses a setting.
-inline void configure_tls(SSL_CTX* ctx, tls_role role, std::string_view secret, std::string_view cluster_id) {
-  auto key = std::make_unique<tls_key>(derive_tls_key(secret, cluster_id));
+/// Sets up `ctx` for dtf's TLS as `role` (see the design above) for the task named `identity`
+/// with credentials `creds` in cluster `cluster_id`: a client keys its connections with its own
+/// K(identity) (docs/design/identity.md); a server derives the key of the identity each client
+/// names from the master secret. Errors: errc::invalid_config without credentials, or for a
+/// server without the master secret; errc::internal when OpenSSL refuses a setting.
+inline void configure_tls(SSL_CTX* ctx, tls_role role, const credentials& creds, std::string_view identity,
+                          std::string_view cluster_id) {
+  auto key = std::make_unique<tls_impl::keys>();
+  if (role == tls_role::client) {
+    key->client_psk = derive_tls_key(client_key(creds, identity), cluster_id);
+    key->psk_identity = std::string(tls_psk_identity) + std::string(identity);
+  } else {
+    if (creds.secret.empty() && !creds.task_key.empty())
+      throw error(errc::invalid_config, "a TLS server needs the cluster's master secret: this task holds only its "
+                                        "own key");
+    (void)derive_tls_key(creds.secret, cluster_id);  // the same error as a client's for no secret
+    key->master = creds.secret;
+    key->cluster_id = std::string(cluster_id);
+  }
   const int index = tls_impl::key_index();
   if (index < 0 || SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION) != 1 ||
       SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION) != 1 || SSL_CTX_set_ciphersuites(ctx, tls_ciphersuite) != 1 ||
@@ -163,11 +206,16 @@ inline void configure_tls(SSL_CTX* ctx, tls_role role, std::string_view secret, 
   SSL_CTX_clear_options(ctx, SSL_OP_ALLOW_NO_DHE_KEX);  // (EC)DHE on every connection: forward secrecy
   SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
   SSL_CTX_set_max_early_data(ctx, 0);
-  SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);  // the PSK authenticates both ends; no certificates
-  if (role == tls_role::client)
+  if (role == tls_role::client) {
+    // The PSK authenticates both ends. A server that answers with a certificate instead has not
+    // proven the key: verified against an empty trust store, every certificate fails (and
+    // tls_channel checks after the handshake that the PSK was used).
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, nullptr);
     SSL_CTX_set_psk_use_session_callback(ctx, &tls_impl::use_session);
-  else
+  } else {
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);
     SSL_CTX_set_psk_find_session_callback(ctx, &tls_impl::find_session);
+  }
 }
 
 /// Why a TLS handshake failed, for a log line or an error: `reason` is OpenSSL's reason code
@@ -194,6 +242,12 @@ inline std::string tls_failure_reason(int reason, const std::string& detail) {
     case SSL_R_TLSV1_ALERT_PROTOCOL_VERSION:
       why = "the peer does not offer TLS 1.3";
       break;
+    case SSL_R_CERTIFICATE_VERIFY_FAILED:
+    case SSL_R_PEER_DID_NOT_RETURN_A_CERTIFICATE:
+    case tls_reason_server_without_psk:
+      why = "the server did not prove the cluster key (it answered without dtf's pre-shared key: not a dtf task, "
+            "or an impostor at its address)";
+      break;
     case SSL_R_NO_SHARED_CIPHER:
     case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
       why = "no dtf pre-shared key was offered or accepted (not a dtf TLS peer, or another dtf version)";
@@ -218,11 +272,12 @@ using tls_context = std::unique_ptr<SSL_CTX, ssl_ctx_free>;
 
 /// The context of one end of dtf's TLS, or null when `on` is false. Errors: those of
 /// configure_tls.
-inline tls_context make_tls_context(bool on, tls_role role, std::string_view secret, std::string_view cluster_id) {
+inline tls_context make_tls_context(bool on, tls_role role, const credentials& creds, std::string_view identity,
+                                   std::string_view cluster_id) {
   if (!on) return nullptr;
   tls_context ctx(SSL_CTX_new(role == tls_role::client ? TLS_client_method() : TLS_server_method()));
   if (!ctx) throw error(errc::internal, "SSL_CTX_new failed in OpenSSL");
-  configure_tls(ctx.get(), role, secret, cluster_id);
+  configure_tls(ctx.get(), role, creds, identity, cluster_id);
   return ctx;
 }
 
@@ -256,7 +311,7 @@ class tls_channel {
  public:
   enum class status { done, want_read, closed, failed };
 
-  tls_channel(SSL_CTX* ctx, tls_role role) : ssl_(SSL_new(ctx)) {
+  tls_channel(SSL_CTX* ctx, tls_role role) : ssl_(SSL_new(ctx)), client_(role == tls_role::client) {
     BIO* in = BIO_new(BIO_s_mem());
     BIO* out = BIO_new(BIO_s_mem());
     if (!ssl_ || !in || !out) {
@@ -275,7 +330,14 @@ class tls_channel {
   status handshake() {
     ERR_clear_error();
     const int rc = SSL_do_handshake(ssl_.get());
-    return rc == 1 ? status::done : classify(rc);
+    if (rc != 1) return classify(rc);
+    // A client trusts only a server that proved the pre-shared key (TLS 1.3 reports an accepted
+    // external PSK as a resumption); anything else is an impostor, refused before a byte is sent.
+    if (client_ && SSL_session_reused(ssl_.get()) != 1) {
+      error_ = ERR_PACK(ERR_LIB_USER, 0, tls_reason_server_without_psk);
+      return status::failed;
+    }
+    return status::done;
   }
   /// Ciphertext that arrived.
   void feed(const void* data, std::size_t n) {
@@ -328,6 +390,7 @@ class tls_channel {
   std::unique_ptr<SSL, ssl_free> ssl_;
   BIO* in_ = nullptr;   // owned by ssl_
   BIO* out_ = nullptr;  // owned by ssl_
+  bool client_ = false;
   unsigned long error_ = 0;
 };
 

@@ -292,7 +292,8 @@ inline void rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point
     p.socket.async_tls_handshake([&](std::error_code ec) { result = ec; });
     wait(p, deadline, result, "in the TLS handshake", true);
   }
-  detail::handshake h(detail::handshake::role::client, {options_.cluster_id, options_.identity, options_.secret});
+  detail::handshake h(detail::handshake::role::client, {options_.cluster_id, options_.identity, options_.secret,
+                                                                   options_.task_key});
   std::vector<std::byte> in;
   for (;;) {
     const auto out = h.take_output();

@@ -21,11 +21,16 @@ rpc_server<Handler>::rpc_server(Handler& handler, transport_options options, con
                                 int threads)
     : handler_(handler),
       options_(std::move(options)),
-      tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::server, options_.secret,
+      tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::server,
+                                            {options_.secret, options_.task_key}, options_.identity,
                                             options_.cluster_id)),
       acceptor_(io_),
       accept_backoff_(io_),
       threads_(std::max(1, threads)) {
+  // A server derives each client's key from the master secret (docs/design/identity.md).
+  if (options_.secret.empty() && !options_.task_key.empty())
+    throw error(errc::invalid_config, options_.identity + " holds only its own task key: a server needs the "
+                                      "cluster's master secret to authenticate its peers");
   const auto endpoint = detail::resolve_endpoint(io_, bind_address, transport::address_use::bind);
   // The launcher's socket for this address when it handed one down (no port released between
   // its choice and this listen; dtf/transport/inherited.hpp).

@@ -26,7 +26,7 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
         strand_(socket_.get_executor()),
         timer_(strand_),
         handshake_(detail::handshake::role::server,
-                   {s.options_.cluster_id, s.options_.identity, s.options_.secret}) {
+                   {s.options_.cluster_id, s.options_.identity, s.options_.secret, s.options_.task_key}) {
     std::error_code ec;
     const auto ep = socket_.remote_endpoint(ec);
     remote_ = ec ? "unknown" : transport::format_address(ep.address().to_string(), ep.port());
