@@ -86,9 +86,9 @@ struct train_flags {
   std::string secret_file;
   /// Credentials taken from the environment (credentials_from_environment()).
   struct environment_credentials {
-    std::string secret, task_key, ring_key;
+    std::string secret /**< DTF_CLUSTER_SECRET */, task_key /**< DTF_TASK_KEY */, ring_key /**< DTF_RING_KEY */;
   };
-  mutable std::optional<environment_credentials> taken_;  // credentials_from_environment()
+  mutable std::optional<environment_credentials> taken_;  ///< what credentials_from_environment() took
   /// --segment_kib: the allreduce segment size in KiB.
   int segment_kib = 256;
   /// Which flags the program offers.

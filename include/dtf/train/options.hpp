@@ -49,8 +49,8 @@ struct train_options {
   /// identity it can present to a ps. `ring_key`: the collective ranks' shared key (derived from
   /// `secret` when empty). All empty: no authentication.
   std::string secret;
-  std::string task_key;
-  std::string ring_key;
+  std::string task_key;  ///< this task's own key K(identity) (see `secret`)
+  std::string ring_key;  ///< the collective ranks' shared key R (see `secret`)
   /// Every connection between tasks inside TLS 1.3 keyed by the secret (dtf/transport/tls.hpp;
   /// train_flags: --tls or DTF_TLS=1): the ps transport of ps strategies, the ring sockets
   /// (collective_options::tls) of collective ones. Needs a secret.

@@ -37,7 +37,7 @@ struct credentials {
   std::string secret;
   /// This task's own key K(identity) (64 hex digits), used when `secret` is empty.
   std::string task_key;
-  bool empty() const noexcept { return secret.empty() && task_key.empty(); }
+  bool empty() const noexcept { return secret.empty() && task_key.empty(); }  ///< no credential: no authentication
 };
 
 namespace detail {
