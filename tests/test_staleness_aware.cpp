@@ -210,7 +210,7 @@ TEST_CASE("DOWNPOUR, staleness-aware: the accumulated gradient is applied by Ada
   require_equal(c.centre(), centre);
 }
 
-TEST_CASE("AGN normalises a commit by its window's steps; with staleness_aware off it commits the raw residual",
+TEST_CASE("AGN normalises a commit by its window's steps, and with staleness_aware off commits the raw residual",
           "[strategies][staleness][agn]") {
   const bool aware = GENERATE(true, false);
   two_clients c;
@@ -232,7 +232,7 @@ TEST_CASE("AGN normalises a commit by its window's steps; with staleness_aware o
   require_equal(s.params, centre);  // re-pulled after the commit
 }
 
-TEST_CASE("DynSGD scales an overtaken commit by 1 / (tau + 1); with staleness_aware off it adds it whole",
+TEST_CASE("DynSGD scales an overtaken commit by 1 / (tau + 1), and with staleness_aware off adds it whole",
           "[strategies][staleness][dyn_sgd]") {
   const bool aware = GENERATE(true, false);
   two_clients c;
