@@ -18,7 +18,9 @@ int main(int argc, char** argv) try {
   data.add_to(flags);
   flags.add("window", window, "τ: local steps between elastic updates")
       .add("lr", c.learning_rate, "η: local SGD rate")
-      .add("rho", c.rho, "ρ: elasticity (α = η ρ)");
+      .add("rho", c.rho, "ρ: elasticity (α = η ρ)")
+      .add("beta", c.beta, "β: with staleness_aware, α = min(η ρ, β / workers)")
+      .add("staleness_aware", c.staleness_aware, "α = min(η ρ, β / workers) (false: α = η ρ at any worker count)");
   if (!flags.parse(argc, argv)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();

@@ -15,18 +15,20 @@ int main(int argc, char** argv) try {
   int window = 10;
   float lr = 1e-3f;
   std::string optimizer = "adam";
+  bool staleness_aware = true;
   dtf::flag_parser flags("Trains the Fashion-MNIST MLP with agn through parameter servers (one process per task).");
   tf.add_to(flags);
   data.add_to(flags);
   flags.add("window", window, "λ: local steps per commit")
       .add("lr", lr, "local learning rate")
-      .add("optimizer", optimizer, "local optimiser: sgd, momentum, nesterov, adagrad or adam");
+      .add("optimizer", optimizer, "local optimiser: sgd, momentum, nesterov, adagrad or adam")
+      .add("staleness_aware", staleness_aware, "normalise each commit by its window's steps (false: the raw residual)");
   if (!flags.parse(argc, argv)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();
   const auto train = data.train();
   auto net = examples::make_mlp();
-  dtf::strategies::agn strategy({std::size_t(window), dtf::optim::make_rule(optimizer, lr)});
+  dtf::strategies::agn strategy({std::size_t(window), dtf::optim::make_rule(optimizer, lr), staleness_aware});
   auto options = tf.options(cluster, "agn");
   options.evaluate = dtf::evaluate_on(net, data.test());
   options.learning_rate = [&](std::int64_t, std::size_t) { return double(lr); };

@@ -15,13 +15,15 @@ int main(int argc, char** argv) try {
   examples::fashion_mnist data;
   int fetch_every = 5, push_every = 5;
   float local_lr = 0.01f, ps_lr = 0.05f;
+  bool staleness_aware = true;
   dtf::flag_parser flags("Trains the Fashion-MNIST MLP with downpour through parameter servers (one process per task).");
   tf.add_to(flags);
   data.add_to(flags);
   flags.add("fetch_every", fetch_every, "steps between pulls")
       .add("push_every", push_every, "steps between pushes")
       .add("local_lr", local_lr, "rate of the worker's local SGD steps")
-      .add("ps_lr", ps_lr, "rate of the Adagrad the ps applies");
+      .add("ps_lr", ps_lr, "rate of the Adagrad the ps applies")
+      .add("staleness_aware", staleness_aware, "divide each push's rate by its staleness + 1 (false: the plain scheme)");
   if (!flags.parse(argc, argv)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();
@@ -30,7 +32,8 @@ int main(int argc, char** argv) try {
   dtf::strategies::downpour strategy({.fetch_every = std::size_t(fetch_every),
                                             .push_every = std::size_t(push_every),
                                             .local_rule = dtf::optim::sgd{local_lr},
-                                            .ps_rule = dtf::optim::adagrad{ps_lr}});
+                                            .ps_rule = dtf::optim::adagrad{ps_lr},
+                                            .staleness_aware = staleness_aware});
   auto options = tf.options(cluster, "downpour");
   options.evaluate = dtf::evaluate_on(net, data.test());
   options.learning_rate = [&](std::int64_t, std::size_t) { return double(local_lr); };

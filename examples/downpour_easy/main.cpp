@@ -15,12 +15,14 @@ int main(int argc, char** argv) try {
   std::string rates = "0.02,0.01";
   float ps_lr = 0.05f;
   int window = 5;
+  bool staleness_aware = true;
   dtf::flag_parser flags("Trains the Fashion-MNIST MLP with downpour_easy through parameter servers (one process per task).");
   tf.add_to(flags);
   data.add_to(flags);
   flags.add("local_rates", rates, "comma-separated local SGD rates; worker k uses the k-th (cycled)")
       .add("ps_lr", ps_lr, "rate of the Adagrad the ps applies")
-      .add("window", window, "steps between pulls and between pushes");
+      .add("window", window, "steps between pulls and between pushes")
+      .add("staleness_aware", staleness_aware, "divide each push's rate by its staleness + 1 (false: the plain scheme)");
   if (!flags.parse(argc, argv)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();
@@ -28,6 +30,7 @@ int main(int argc, char** argv) try {
   auto net = examples::make_mlp();
   auto config = dtf::strategies::downpour_easy_config(examples::parse_floats(rates, "local_rates"), ps_lr);
   config.fetch_every = config.push_every = std::size_t(window);
+  config.staleness_aware = staleness_aware;
   dtf::strategies::downpour strategy(config);
   auto options = tf.options(cluster, "downpour_easy");
   options.evaluate = dtf::evaluate_on(net, data.test());

@@ -15,18 +15,20 @@ int main(int argc, char** argv) try {
   int window = 5;
   float lr = 1e-3f;
   std::string optimizer = "adam";
+  bool staleness_aware = true;
   dtf::flag_parser flags("Trains the Fashion-MNIST MLP with dyn_sgd through parameter servers (one process per task).");
   tf.add_to(flags);
   data.add_to(flags);
   flags.add("window", window, "local steps per commit")
       .add("lr", lr, "local learning rate")
-      .add("optimizer", optimizer, "local optimiser: sgd, momentum, nesterov, adagrad or adam");
+      .add("optimizer", optimizer, "local optimiser: sgd, momentum, nesterov, adagrad or adam")
+      .add("staleness_aware", staleness_aware, "scale each commit by 1 / (staleness + 1) on the ps (false: add it whole)");
   if (!flags.parse(argc, argv)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();
   const auto train = data.train();
   auto net = examples::make_mlp();
-  dtf::strategies::dyn_sgd strategy({std::size_t(window), dtf::optim::make_rule(optimizer, lr)});
+  dtf::strategies::dyn_sgd strategy({std::size_t(window), dtf::optim::make_rule(optimizer, lr), staleness_aware});
   auto options = tf.options(cluster, "dyn_sgd");
   options.evaluate = dtf::evaluate_on(net, data.test());
   options.learning_rate = [&](std::int64_t, std::size_t) { return double(lr); };

@@ -18,7 +18,8 @@ int main(int argc, char** argv) try {
   tf.add_to(flags);
   data.add_to(flags);
   flags.add("lr", c.learning_rate, "SGD step size the ps applies")
-      .add("epoch_decay", c.epoch_decay, "per-epoch step-size factor");
+      .add("epoch_decay", c.epoch_decay, "per-epoch step-size factor")
+      .add("staleness_aware", c.staleness_aware, "divide each push's rate by its staleness + 1 (false: the plain scheme)");
   if (!flags.parse(argc, argv)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();

@@ -101,6 +101,7 @@ enum class update_kind : std::uint8_t {
   gradient,      ///< the ps applies its update rule (at the message's learning rate, if any)
   delta,         ///< the ps adds the values
   scaled_delta,  ///< DynSGD: the ps adds the values times 1 / (staleness + 1)
+  scaled_gradient,  ///< staleness-aware: the ps applies its rule at its rate times 1 / (staleness + 1)
 };
 template <class A>
 std::uint8_t save_minimal(const A&, const update_kind& k) {
@@ -108,8 +109,13 @@ std::uint8_t save_minimal(const A&, const update_kind& k) {
 }
 template <class A>
 void load_minimal(const A&, update_kind& k, const std::uint8_t& v) {
-  if (v > std::uint8_t(update_kind::scaled_delta)) throw error(errc::corrupt_data, "unknown update kind " + std::to_string(v));
+  if (v > std::uint8_t(update_kind::scaled_gradient)) throw error(errc::corrupt_data, "unknown update kind " + std::to_string(v));
   k = update_kind(v);
+}
+
+/// The kind of a gradient push: scaled by its staleness or not.
+inline update_kind gradient_kind(bool scale_by_staleness) noexcept {
+  return scale_by_staleness ? update_kind::scaled_gradient : update_kind::gradient;
 }
 
 struct ps_init_msg {

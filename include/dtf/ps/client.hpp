@@ -214,12 +214,13 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
     m.num_workers = config.num_workers;
   }
 
-  /// Sends gradients; each ps applies its update rule (with `learning_rate` when given).
-  /// Advances the global step when increment_step.
+  /// Sends gradients; each ps applies its update rule (with `learning_rate` when given; with
+  /// scale_by_staleness at that rate times 1 / (staleness + 1)). Advances the global step when
+  /// increment_step.
   push_result push_gradients(std::span<const float> grads, std::optional<float> learning_rate = std::nullopt,
-                             bool increment_step = true) {
-    return push(grads.size(), host_payload{*this, grads}, detail::update_kind::gradient, learning_rate, increment_step,
-                grads);
+                             bool increment_step = true, bool scale_by_staleness = false) {
+    return push(grads.size(), host_payload{*this, grads}, detail::gradient_kind(scale_by_staleness), learning_rate,
+                increment_step, grads);
   }
 
   /// Sends deltas that each ps adds to its values; with scale_by_staleness (DynSGD) each ps

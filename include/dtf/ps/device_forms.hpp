@@ -51,15 +51,16 @@ class device_forms {
 
   /// push_gradients from device memory (directly, or through the given staging).
   push_result push_gradients(device_span<const float> grads, std::optional<float> learning_rate = std::nullopt,
-                             bool increment_step = true) {
+                             bool increment_step = true, bool scale_by_staleness = false) {
     return on_device(grads, [&](auto attach) {
-      return self().push(grads.size(), attach, detail::update_kind::gradient, learning_rate, increment_step);
+      return self().push(grads.size(), attach, detail::gradient_kind(scale_by_staleness), learning_rate, increment_step);
     });
   }
   template <detail::staging_copy_engine Engine>
   push_result push_gradients(device_span<const float> grads, detail::connection_staging<Engine>& staging,
-                             std::optional<float> learning_rate = std::nullopt, bool increment_step = true) {
-    return self().push(grads.size(), staged(grads, staging), detail::update_kind::gradient, learning_rate,
+                             std::optional<float> learning_rate = std::nullopt, bool increment_step = true,
+                             bool scale_by_staleness = false) {
+    return self().push(grads.size(), staged(grads, staging), detail::gradient_kind(scale_by_staleness), learning_rate,
                        increment_step);
   }
 

@@ -2,7 +2,8 @@
 //
 // A shard is a flat float32 range of a variable (placed by a partitioner) with its update
 // rule's optimiser state. apply(shard, update) is the only code that changes a shard's values:
-// gradients go through the rule (dtf::optim), deltas are added (scaled for DynSGD).
+// gradients go through the rule (dtf::optim; at the rate / (staleness + 1) for a staleness-aware
+// push), deltas are added (scaled for DynSGD).
 //
 // Modes: locked (the shard's mutex is held for the whole update, and a pull leases the values
 // under it, so a pull never sees an update half-applied; the reply is written from the leased
@@ -43,7 +44,7 @@ struct update {
   detail::update_kind kind = detail::update_kind::gradient;
   std::span<const float> values;
   std::optional<float> learning_rate;  ///< gradient: none = the rule's own rate
-  float scale = 1.0f;                  ///< scaled_delta: the factor (1 / (staleness + 1))
+  float scale = 1.0f;  ///< scaled_delta, scaled_gradient: the factor (1 / (staleness + 1))
 };
 
 /// A shard's values, shared with the pulls whose replies are still being written (copy on
@@ -300,6 +301,10 @@ class shard_store {
         else
           s.opt->apply(values, u.values);
         break;
+      case detail::update_kind::scaled_gradient:  // the rate is scaled, not g (Adagrad's and Adam's slots see g)
+        s.opt->apply(values, u.values,
+                     u.scale * u.learning_rate.value_or(optim::detail::base_learning_rate(s.opt->update_rule())));
+        break;
     }
   }
 
@@ -339,8 +344,9 @@ class shard_store {
  private:
   void apply_lock_free(shard& s, const update& u) {
     float scale = 1.0f;
-    if (u.kind == detail::update_kind::gradient) {
+    if (u.kind == detail::update_kind::gradient || u.kind == detail::update_kind::scaled_gradient) {
       scale = -(u.learning_rate ? *u.learning_rate : std::get<optim::sgd>(s.opt->update_rule()).learning_rate);
+      if (u.kind == detail::update_kind::scaled_gradient) scale *= u.scale;
       s.lock_free_iterations.fetch_add(1);
     } else if (u.kind == detail::update_kind::scaled_delta) {
       scale = u.scale;

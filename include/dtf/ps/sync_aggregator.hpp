@@ -97,7 +97,7 @@ class sync_aggregator {
                                               " but the ps is at step " + std::to_string(step_));
     if (contributors_.count(who))
       throw error(errc::invalid_argument, who + " already contributed to step " + std::to_string(step_));
-    if (m.kind == detail::update_kind::scaled_delta)
+    if (m.kind == detail::update_kind::scaled_delta || m.kind == detail::update_kind::scaled_gradient)
       throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
     // Exactly this ps's shards, each once: the average is over whole contributions.
     if (m.ids.size() != acc_.size() || store.bytes_of(m.ids) != payload.size())

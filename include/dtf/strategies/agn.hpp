@@ -3,7 +3,9 @@
 //
 // After pulling θ̃ into θₖ the worker takes λ steps with its local optimiser, then commits
 // (θₖ − θ_pulled) / λ — the mean of its window's updates — which the ps adds to θ̃, and pulls
-// again. With λ = 1 and plain SGD locally, one worker's AGN is SGD on the ps.
+// again. With λ = 1 and plain SGD locally, one worker's AGN is SGD on the ps. The normalisation
+// by λ is AGN's staleness rule (a commit carries one mean step, however many local steps it
+// took); staleness_aware = false commits the raw residual θₖ − θ_pulled instead.
 // Communication per window: one push and one pull of the whole model every λ steps.
 #pragma once
 
@@ -15,6 +17,7 @@ namespace dtf::strategies {
 struct agn_config {
   std::size_t window = 10;                      ///< λ: local steps per commit (dist-keras 5–12)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser (Hermans used Adam)
+  bool staleness_aware = true;  ///< commits normalised by the window's steps (false: the raw residual)
 };
 
 /// Accumulated Gradient Normalization (Hermans et al. 2017, dist-keras's ADAG): λ local steps,
@@ -45,6 +48,12 @@ class agn {
     if (win_.count() == c_.window) commit(w);
     return loss;
   }
+  /// The setting to change when the update is unstable at the measured staleness
+  /// (dtf/strategies/staleness_watch.hpp).
+  const char* stability_setting() const noexcept {
+    return c_.staleness_aware ? "--lr (the rate of agn_config::local_rule): lower it, or lengthen --window"
+                              : "--staleness_aware (agn_config::staleness_aware): turn it on, or lower --lr";
+  }
   /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state& w) {
     if (win_.count() > 0) commit(w);
@@ -53,7 +62,8 @@ class agn {
  private:
   void commit(worker_state& w) {
     // ÷ the steps taken: λ for a full window, fewer for the partial last one (end()).
-    w.pushed(w.ps.push_deltas(win_.residual(w, 1.0f / float(win_.count()))));
+    const float scale = c_.staleness_aware ? 1.0f / float(win_.count()) : 1.0f;
+    w.pushed(w.ps.push_deltas(win_.residual(w, scale)));
     win_.repull(w);
   }
 

@@ -6,6 +6,8 @@
 // pushes the accumulated gradient, which the ps applies with its own optimiser (Adagrad by
 // default, per coordinate, as in the paper), and resets the accumulator.
 // DOWNPOUR-Easy: plain local SGD whose rate differs per worker (local_rates[k] for worker k).
+// Staleness-aware (the default, Zhang et al. 2016): the ps applies each push at its rule's rate
+// / (τ + 1), τ being the updates it applied since this worker's pull (measured at the push).
 // Communication per window: one pull every fetch_every steps, one push every push_every.
 #pragma once
 
@@ -21,6 +23,7 @@ struct downpour_config {
   optim::rule ps_rule = optim::adagrad{0.05f};     ///< what the ps applies to the pushes
   std::vector<float> local_rates{};                ///< DOWNPOUR-Easy: worker k uses local SGD
                                                    ///< at local_rates[k % size()] when non-empty
+  bool staleness_aware = true;  ///< the ps divides each push's rate by its staleness + 1
 };
 
 /// DOWNPOUR-Easy's configuration: local SGD at per-worker rates, Adagrad on the ps.
@@ -78,6 +81,12 @@ class downpour {
     return loss;
   }
 
+  /// The setting to change when the update is unstable at the measured staleness
+  /// (dtf/strategies/staleness_watch.hpp).
+  const char* stability_setting() const noexcept {
+    return c_.staleness_aware ? "--ps_lr (the rate of downpour_config::ps_rule): lower it, or push more often (--push_every)"
+                              : "--staleness_aware (downpour_config::staleness_aware): turn it on, or lower --ps_lr";
+  }
   /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state& w) {
     if (pending_ > 0) flush(w);
@@ -88,7 +97,7 @@ class downpour {
 
  private:
   void flush(worker_state& w) {
-    w.pushed(w.ps.push_gradients(acc_));
+    w.pushed(w.ps.push_gradients(acc_, std::nullopt, true, c_.staleness_aware));
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     pending_ = 0;
   }

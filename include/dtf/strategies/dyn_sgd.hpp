@@ -4,6 +4,7 @@
 // As AGN's window, but the worker commits the unnormalised residual r = θₖ − θ_pulled, and the
 // ps scales it by 1 / (τ + 1), τ being the number of updates it applied since this worker's
 // pull: stale commits count less. With one worker τ = 0 and commits are added whole.
+// staleness_aware = false adds every residual whole (no scaling).
 // Communication per window: one push and one pull of the whole model every `window` steps.
 #pragma once
 
@@ -15,6 +16,7 @@ namespace dtf::strategies {
 struct dyn_sgd_config {
   std::size_t window = 5;                       ///< local steps per commit (dist-keras: 5)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser
+  bool staleness_aware = true;  ///< the ps scales each commit by 1 / (τ + 1) (false: adds it whole)
 };
 
 /// DynSGD (Jiang et al. 2017): as agn's window, but the worker commits the residual θₖ − θ_pulled
@@ -45,6 +47,12 @@ class dyn_sgd {
     if (win_.count() == c_.window) commit(w);
     return loss;
   }
+  /// The setting to change when the update is unstable at the measured staleness
+  /// (dtf/strategies/staleness_watch.hpp).
+  const char* stability_setting() const noexcept {
+    return c_.staleness_aware ? "--lr (the rate of dyn_sgd_config::local_rule): lower it"
+                              : "--staleness_aware (dyn_sgd_config::staleness_aware): turn it on, or lower --lr";
+  }
   /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state& w) {
     if (win_.count() > 0) commit(w);
@@ -52,7 +60,7 @@ class dyn_sgd {
 
  private:
   void commit(worker_state& w) {
-    w.pushed(w.ps.push_deltas(win_.residual(w, 1.0f), true, /*scale_by_staleness=*/true));
+    w.pushed(w.ps.push_deltas(win_.residual(w, 1.0f), true, c_.staleness_aware));
     win_.repull(w);
   }
 

@@ -3,6 +3,8 @@
 // Through parameter servers: every step a worker pulls θ̃, computes a minibatch gradient g and
 // pushes it; the ps applies θ̃ −= η g without locks (updates from concurrent pushes race, as
 // in the paper). The step size shrinks by `epoch_decay` each epoch (the paper's β < 1).
+// Staleness-aware (the default, Zhang et al. 2016): the ps applies each push at η / (τ + 1),
+// τ being the updates it applied since this worker's pull (measured by the ps at the push).
 // In one process: hogwild_threads() runs several threads that update one shared parameter
 // buffer without locks.
 // Communication per step: one pull and one push of the whole model.
@@ -20,6 +22,8 @@ namespace dtf::strategies {
 struct hogwild_config {
   float learning_rate = 0.05f;  ///< η of the plain SGD the ps applies
   float epoch_decay = 0.9f;     ///< η is multiplied by this once per epoch (1: constant)
+  /// Whether the ps divides the rate of each push by its staleness + 1 (staleness-aware SGD).
+  bool staleness_aware = true;
 };
 
 /// Hogwild (Niu et al. 2011) through parameter servers: every step the worker pulls θ̃ and pushes
@@ -47,8 +51,14 @@ class hogwild {
     w.ps.pull(w.params);
     const float loss = grad(w.params, w.grads);
     const float lr = c_.learning_rate * std::pow(c_.epoch_decay, float(w.epoch));
-    w.pushed(w.ps.push_gradients(w.grads, lr));
+    w.pushed(w.ps.push_gradients(w.grads, lr, true, c_.staleness_aware));
     return loss;
+  }
+  /// The setting to change when the update is unstable at the measured staleness
+  /// (dtf/strategies/staleness_watch.hpp).
+  const char* stability_setting() const noexcept {
+    return c_.staleness_aware ? "--lr (hogwild_config::learning_rate): lower it"
+                              : "--staleness_aware (hogwild_config::staleness_aware): turn it on, or lower --lr";
   }
   /// dtf::strategy: the job's end for this worker: flushes what is pending.
   void end(worker_state&) {}

@@ -22,6 +22,7 @@
 #include <dtf/recovery.hpp>
 #include <dtf/session.hpp>
 #include <dtf/strategies/async.hpp>
+#include <dtf/strategies/staleness_watch.hpp>
 #include <dtf/strategies/sync.hpp>
 #include <dtf/train/report.hpp>
 
@@ -340,6 +341,9 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
                 train.size(), o.epochs);
     std::fflush(stdout);
     const auto& st = w.staleness();
+    // The chief says once when its loss rises while staleness grows, naming what to change.
+    std::optional<strategies::staleness_watch> watch;
+    if (is_chief) watch.emplace(strategies::stability_setting_of(w.strategy()));
     // The epochs done before a restart count: the stream goes on from the position.
     auto stream = train.stream(at);
     while (!session.should_stop()) {
@@ -349,6 +353,10 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
         v.scalars["staleness_mean"] = st.mean();
         v.scalars["staleness_max"] = double(st.max);
       });
+      if (const auto why = watch ? watch->record(last_loss, st) : std::nullopt) {
+        std::printf("%s: warning: %s\n", me.c_str(), why->c_str());
+        std::fflush(stdout);
+      }
       if (is_chief && b->index + 1 == train.batches_per_epoch()) recoverable([&] { log_epoch(b->epoch + 1); });
     }
     session.close();
