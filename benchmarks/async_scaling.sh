@@ -10,7 +10,8 @@
 #   SCHEMES="hogwild downpour downpour_easy agn dyn_sgd aeasgd eamsgd adam_ps sync_sgd
 #            sync_sgd_backup ring_allreduce"
 # A scheme name ending in ":plain" runs with --nostaleness_aware (the scheme without its
-# staleness-aware rule). adam_ps is examples/distributed_setup (Adam applied by the ps);
+# staleness-aware rule), one ending in ":aware" with --staleness_aware; a bare name runs with
+# the scheme's defaults (the rule on, except for hogwild). adam_ps is examples/distributed_setup (Adam applied by the ps);
 # sync_sgd_backup aggregates workers - 1 gradients per step (one backup worker); ring_allreduce
 # and the single-process baseline (non_distributed, one row per seed) use no ps.
 # Writes OUT_DIR/async_scaling.csv (one row per run, appended as runs finish), and then, with
@@ -59,9 +60,12 @@ for seed in $seeds; do
   run non_distributed 1 0 "$seed" -- "$build/examples/non_distributed" --seed "$seed" "${common[@]}"
 done
 for scheme in $schemes; do
-  base=${scheme%:plain}
+  base=${scheme%:*}
   extra=()
-  [ "$base" != "$scheme" ] && extra=(--nostaleness_aware)
+  case $scheme in
+    *:plain) extra=(--nostaleness_aware) ;;
+    *:aware) extra=(--staleness_aware) ;;
+  esac
   for w in $counts; do
     for seed in $seeds; do
       case $base in

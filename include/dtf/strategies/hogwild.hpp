@@ -23,7 +23,9 @@ struct hogwild_config {
   float learning_rate = 0.05f;  ///< η of the plain SGD the ps applies
   float epoch_decay = 0.9f;     ///< η is multiplied by this once per epoch (1: constant)
   /// Whether the ps divides the rate of each push by its staleness + 1 (staleness-aware SGD).
-  bool staleness_aware = true;
+  /// Off by default: a Hogwild push is only a few updates stale (a pull and a push around every
+  /// gradient), and the rule cost it accuracy at 4 and 16 workers (docs/benchmarks.md).
+  bool staleness_aware = false;
 };
 
 /// Hogwild (Niu et al. 2011) through parameter servers: every step the worker pulls θ̃ and pushes
