@@ -24,7 +24,7 @@ cmake --build "$build" -j "$jobs"
 #   - the NCCL backend instantiated (dtf_nccl_backend_check);
 #   - the examples that instantiate each family of strategies on device memory: mirrored
 #     (linked with NCCL: the in-process reduction across GPUs), ring_allreduce, sync_sgd,
-#     downpour, next_word (embedding tables) and custom_model.
+#     downpour, next_word (embedding tables) and custom_model, in one unit (dtf_cuda_examples).
 # Skipped when the build above is already the CUDA build. Build directory: $DTF_CUDA_BUILD_DIR
 # or build-cuda/.
 nvcc=$(command -v nvcc || echo "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")

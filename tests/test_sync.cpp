@@ -26,7 +26,7 @@ using dtf::test::running_ps;
 
 namespace {
 nn::sequential net3() { return test::small_net(); }
-data::dataset synthetic(std::size_t n, std::uint64_t seed) { return test::synthetic(n, seed, test::labels::random); }
+data::dataset random_labels(std::size_t n, std::uint64_t seed) { return test::synthetic(n, seed, test::labels::random); }
 using test::run_threads;
 }  // namespace
 
@@ -34,7 +34,7 @@ TEST_CASE("2 workers at batch B with N = 2 equal one process at batch 2B (plain 
   running_ps ps0(opts("ps.0"));
   auto proto = net3();
   const auto layout = partitioners::greedy_load_balancing{}.place(proto.variables(), 1);
-  const auto data = synthetic(160, 4);
+  const auto data = random_labels(160, 4);
   const int k_steps = 5;
   {
     ps_client chief({ps0.address()}, layout, opts("worker.0"));
@@ -79,7 +79,7 @@ TEST_CASE("a slowed worker with one backup does not hold the steps and its stale
   running_ps ps0(opts("ps.0"));
   auto proto = net3();
   const auto layout = partitioners::round_robin{}.place(proto.variables(), 1);
-  const auto data = synthetic(3000, 5);
+  const auto data = random_labels(3000, 5);
   const std::int64_t last_step = 30;
   const strategies::sync_sgd_config cfg{.replicas_to_aggregate = 2, .rule = optim::sgd{0.05f}};
   {
@@ -170,7 +170,7 @@ TEST_CASE("per-worker rates scale contributions and SAGN averages window updates
   running_ps ps0(opts("ps.0"));
   auto proto = net3();
   const auto layout = partitioners::round_robin{}.place(proto.variables(), 1);
-  const auto data = synthetic(960, 6);
+  const auto data = random_labels(960, 6);
   {
     ps_client chief({ps0.address()}, layout, opts("worker.0"));
     chief.connect();
@@ -218,7 +218,7 @@ TEST_CASE("per-worker rates: the ps applies the mean of rate-scaled gradients", 
   running_ps ps0(opts("ps.0"));
   auto proto = net3();
   const auto layout = partitioners::round_robin{}.place(proto.variables(), 1);
-  const auto data = synthetic(32, 7);
+  const auto data = random_labels(32, 7);
   const strategies::sync_sgd_config cfg{.replicas_to_aggregate = 2, .rule = optim::sgd{1.0f}, .worker_rates = {0.1f, 0.3f}};
   {
     ps_client chief({ps0.address()}, layout, opts("worker.0"));

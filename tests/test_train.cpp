@@ -18,6 +18,10 @@
 #include "helpers.hpp"
 #include "train_helpers.hpp"
 
+// The file's code in a namespace of its own: its using-directive for dtf::strategies would
+// otherwise reach every source compiled after this one in its unity batch (tests/CMakeLists.txt).
+namespace train_tests {
+
 namespace {
 
 // Minimal archetypes of the contract, one per kind: exactly the required expressions.
@@ -202,3 +206,5 @@ TEST_CASE("train_flags: flags become options, and bad values name the flag", "[t
   CHECK_THROWS_WITH(tf.options(c, "scheme"), Catch::Contains("--nan_policy"));
   CHECK_THROWS_WITH((dtf::named_partitioner{"nope", 1}.place(vars, 2)), Catch::Contains("--partitioner"));
 }
+
+}  // namespace train_tests
