@@ -109,6 +109,18 @@ inline ps_config config_of(const detail::ps_init_msg& m) {
     throw error(errc::invalid_config, "synchronous training applies one average per step: lock-free is meaningless");
   return c;
 }
+
+/// Empty when `asked` trains as a ps already does (held_n contributions per step, 0:
+/// asynchronous; held_mode); otherwise what differs, for the error a second init gets.
+inline std::string training_change(std::size_t held_n, apply_mode held_mode, const ps_config& asked) {
+  const auto how = [](std::size_t n, apply_mode mode) {
+    return n > 0 ? "synchronously (replicas_to_aggregate " + std::to_string(n) + ")"
+                 : std::string(mode == apply_mode::lock_free ? "asynchronously, lock-free" : "asynchronously, locked");
+  };
+  const std::string held = how(held_n, held_mode), wanted = how(asked.replicas_to_aggregate, asked.mode);
+  if (held == wanted) return {};
+  return "this ps trains its model " + held + ", the init asks for " + wanted + " (restart the ps to change it)";
+}
 }  // namespace ps_detail
 
 }  // namespace dtf

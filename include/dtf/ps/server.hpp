@@ -1,10 +1,10 @@
 // dtf/ps/server.hpp — the parameter server task: request dispatch and the checks that keep a
-// connected peer from breaking it. Storage and apply are shard_store's, synchronous steps the
-// sync_aggregator's.
+// connected peer from breaking it. Storage and apply: shard_store; synchronous steps: sync_aggregator.
 //
 // Requests (see dtf/detail/messages.hpp):
 //   init      the chief's initial values and ps_config (rule, apply mode, replicas); a second
-//             init of the same model is ignored (a restarted chief), of another model an error
+//             init of the same model trained the same way is ignored (a restarted chief), else
+//             an error naming what differs
 //   ready     whether init has happened, so workers wait for it instead of racing it
 //   pull      current values of the requested shards (distinct, held here: the reply is bounded)
 //   push      gradients (the ps applies its rule) or deltas (added; DynSGD scales them by
@@ -58,7 +58,6 @@
 #include <string>
 
 namespace dtf {
-
 /// A parameter server task. Construct it on its address, then run() until the chief's shutdown.
 class parameter_server {
  public:
@@ -67,8 +66,7 @@ class parameter_server {
   parameter_server(const std::string& bind_address, ps_options options)
       : options_(std::move(options)), server_(*this, options_.transport, bind_address, options_.threads) {}
 
-  /// Releases deferred replies before the transport (which they reference) goes away.
-  ~parameter_server() { sync_.clear_waiting(); }
+  ~parameter_server() { sync_.clear_waiting(); }  ///< releases deferred replies before the transport goes
   parameter_server(const parameter_server&) = delete;
   parameter_server& operator=(const parameter_server&) = delete;
 
@@ -222,11 +220,13 @@ class parameter_server {
     const ps_config cfg = ps_detail::config_of(m);
     std::unique_lock lock(shards_mu_);
     if (initialized_) {
-      // A restarted chief initialises again: the values already here win (as in TensorFlow,
-      // where only an uninitialised variable is initialised) — when it is the same model.
+      // A restarted chief initialises again: the values already here win (as in TensorFlow, where
+      // only an uninitialised variable is initialised) if it is the same model trained the same way.
       if (!store_.same_model(m.ids, m.sizes, m.rule.name))
         throw error(errc::invalid_argument, "init from " + peer.identity + ": this ps already holds another model "
                                             "(other shards, sizes or update rule)");
+      if (const auto change = ps_detail::training_change(sync_.replicas(), store_.mode(), cfg); !change.empty())
+        throw error(errc::invalid_argument, "init from " + peer.identity + ": " + change);
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": init from " + peer.identity +
                                                " ignored: already initialised");
       return status(reply);

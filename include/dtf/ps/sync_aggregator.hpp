@@ -198,6 +198,12 @@ class sync_aggregator {
     return dropped_;
   }
 
+  /// N, the contributions a step aggregates (0: asynchronous training).
+  std::size_t replicas() const {
+    std::lock_guard g(mu_);
+    return n_;
+  }
+
   void clear_waiting() {
     std::lock_guard g(mu_);
     waiting_.clear();
