@@ -13,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <chrono>
 #include <thread>
 
 using namespace dtf;
@@ -193,6 +194,33 @@ TEST_CASE("a second init with another model is an error, and with the same model
   CHECK(v == iota(40, 1.0f));
 }
 
+TEST_CASE("a second init that trains the model another way is an error naming the difference", "[ps][hostile]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(iota(40, 1.0f), {optim::sgd{}, apply_mode::locked, 2, 3});
+  chief.initialize(iota(40, 5.0f), {optim::sgd{}, apply_mode::locked, 2, 3});  // the same: ignored
+  const auto refused = [&](const ps_config& c, const std::string& asked) {
+    CHECK_THROWS_WITH(chief.initialize(iota(40, 5.0f), c),
+                      Catch::Contains("trains its model synchronously (replicas_to_aggregate 2), the init asks for " + asked));
+    chief.connect();  // an error reply closes the client's connections
+  };
+  refused({optim::sgd{}}, "asynchronously, locked");
+  refused({optim::sgd{}, apply_mode::lock_free}, "asynchronously, lock-free");
+  refused({optim::sgd{}, apply_mode::locked, 3, 3}, "synchronously (replicas_to_aggregate 3)");
+  std::vector<float> v(40);
+  chief.pull(v);
+  CHECK(v == iota(40, 1.0f));
+
+  running_ps ps1(opts("ps.0"));
+  ps_client async_chief({ps1.address()}, layout, opts("chief.0"));
+  async_chief.connect();
+  async_chief.initialize(iota(40, 1.0f), {optim::sgd{}, apply_mode::lock_free});
+  CHECK_THROWS_WITH(async_chief.initialize(iota(40, 1.0f), {optim::sgd{}, apply_mode::locked, 1, 3}),
+                    Catch::Contains("trains its model asynchronously, lock-free, the init asks for synchronously"));
+}
+
 TEST_CASE("init refuses replicas_to_aggregate above the workers, and lock-free with a stateful rule", "[ps][hostile]") {
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
@@ -271,6 +299,78 @@ TEST_CASE("the done-task set holds only known workers, or a bounded number of na
     CHECK(ps.ps->done_tasks().size() <= 3);
     CHECK_THAT(bad.call(detail::message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{std::string(300, 'x')}}),
                Catch::Contains("not a worker"));
+  }
+}
+
+TEST_CASE("a ps destroyed while the chief waits for done reports releases the wait before its transport",
+          "[ps][hostile]") {
+  // The waiting request's responder holds its connection; were it released after the transport
+  // (as it was), the connection would be destroyed on a freed server: AddressSanitizer's
+  // heap-use-after-free (tests/CMakeLists.txt builds this file with it, test dtf_asan_tests).
+  running_ps ps(opts("ps.0"));
+  rpc_client chief(opts("chief.0"));
+  chief.add_peer("ps.0", ps.address());
+  chief.connect_all();
+  std::vector<rpc_call> c(1);
+  c[0].kind = detail::message_kind::ps_done_tasks;
+  c[0].meta = detail::encode_message(detail::ps_done_tasks_msg{{}, 1, 60000});
+  std::string answer = "none yet";
+  std::thread waiter([&] {
+    try {
+      chief.call_all(c);
+      answer = "a reply";
+    } catch (const error& e) {
+      answer = e.what();
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ps.ps->done_waiters() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(ps.ps->done_waiters() == 1);
+  ps.kill();  // stop, join and destroy the ps while the request waits
+  waiter.join();
+  CHECK(answer != "a reply");  // the connection closed unanswered: the chief sees an error
+  CHECK(answer != "none yet");
+}
+
+TEST_CASE("a synchronous step's per-worker tables take only known workers, or a bounded number of names",
+          "[ps][hostile][sync]") {
+  const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);
+  const auto contribute = [&](running_ps& ps, const std::string& who, std::int64_t step) -> std::string {
+    try {
+      ps_client w({ps.address()}, layout, opts(who));
+      w.connect();
+      w.push_sync(std::vector<float>(40, 1.0f), step);
+      return "";
+    } catch (const error& e) {
+      return e.what();
+    }
+  };
+  const auto started = [&](ps_options o) {
+    auto ps = std::make_unique<running_ps>(std::move(o));
+    ps_client chief({ps->address()}, layout, opts("chief.0"));
+    chief.connect();
+    chief.initialize(iota(40, 0.0f), {optim::sgd{1.0f}, apply_mode::locked, 1});  // each push completes a step
+    return ps;
+  };
+  SECTION("known workers") {
+    ps_options o{opts("ps.0")};
+    o.known_workers = {"worker.1"};
+    auto ps = started(o);
+    CHECK(contribute(*ps, "worker.1", 0) == "");
+    CHECK_THAT(contribute(*ps, "intruder.7", 1), Catch::Contains("intruder.7") && Catch::Contains("not a worker"));
+    CHECK(ps->ps->global_step() == 1);  // the refused contribution completed no step
+  }
+  SECTION("bounded") {
+    ps_options o{opts("ps.0")};
+    o.max_done_tasks = 2;
+    auto ps = started(o);
+    // A contribution that arrives for a finished step is dropped, and its sender's name is kept
+    // (dropped_contributions): two names fill the table, a third is refused.
+    CHECK(contribute(*ps, "worker.1", 0) == "");  // completes step 0 (then disconnects: not kept)
+    CHECK(contribute(*ps, "worker.2", 0) == "");  // dropped: step 0 is over
+    CHECK(contribute(*ps, "worker.3", 0) == "");  // dropped
+    CHECK_THAT(contribute(*ps, "worker.4", 0), Catch::Contains("worker.4") && Catch::Contains("full"));
+    CHECK(ps->ps->dropped_contributions() == std::map<std::string, std::uint64_t>{{"worker.2", 1}, {"worker.3", 1}});
   }
 }
 

@@ -94,6 +94,17 @@ class done_registry {
     std::lock_guard g(mu_);
     return done_.size();
   }
+  /// Requests waiting for the set to grow.
+  std::size_t waiting() const {
+    std::lock_guard g(mu_);
+    return waiting_.size();
+  }
+  /// Drops the waiting requests unanswered: their responders hold the connections, which must
+  /// go before the transport does (the ps's destructor).
+  void clear_waiting() {
+    std::lock_guard g(mu_);
+    waiting_.clear();
+  }
   std::set<std::string> names() const {
     std::lock_guard g(mu_);
     return done_;

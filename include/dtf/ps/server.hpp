@@ -15,7 +15,6 @@
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
 //   step, shutdown, save, restore, done, done tasks, positions   see ps_client, dtf/ps/checkpointing.hpp,
 //   dtf/ps/done_tasks.hpp and dtf/ps/position_table.hpp
-//
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
 //   make it allocate beyond the model: a request's announced payload is checked before the
 //   transport allocates for it (payload_limit: init and restore exactly what their meta names,
@@ -26,8 +25,9 @@
 //   worker); advance the global step with an empty push on a ps that holds shards; count in
 //   another worker's name in a synchronous step (contributions are the connection's); corrupt a
 //   step with a malformed contribution (validated before it is recorded); grow the done-task set
-//   beyond the known workers (ps_options::known_workers) or max_done_tasks; re-initialise a
-//   different model by a second init; init, restore, save or shut down the ps when
+//   or the synchronous tables' names beyond the known workers (ps_options::known_workers) or
+//   max_done_tasks; re-initialise a different model, or one trained another way, by a second
+//   init; init, restore, save or shut down the ps when
 //   ps_options::chief names another task; choose where checkpoints are written or read
 //   (ps_options::checkpoint_dir; names are confined to it, the writer never follows a symlink).
 // What a peer can do: everything an authenticated worker may — push finite garbage, push to
@@ -61,12 +61,11 @@ namespace dtf {
 /// A parameter server task. Construct it on its address, then run() until the chief's shutdown.
 class parameter_server {
  public:
-  /// Listens on bind_address ("host:port"; port 0 picks one). Errors: errc::io_error when the
-  /// address cannot be bound.
+  /// Listens on bind_address ("host:port"; port 0 picks one). Errors: errc::io_error if unbound.
   parameter_server(const std::string& bind_address, ps_options options)
       : options_(std::move(options)), server_(*this, options_.transport, bind_address, options_.threads) {}
-
-  ~parameter_server() { sync_.clear_waiting(); }  ///< releases deferred replies before the transport goes
+  /// Releases the deferred replies (they hold connections) before the transport goes.
+  ~parameter_server() { sync_.clear_waiting(), done_.clear_waiting(); }
   parameter_server(const parameter_server&) = delete;
   parameter_server& operator=(const parameter_server&) = delete;
 
@@ -85,8 +84,8 @@ class parameter_server {
   std::map<std::string, std::uint64_t> dropped_contributions() const { return sync_.dropped(); }
   /// Pushes applied a piece at a time as they arrived (dtf/ps/push_pieces.hpp), whole or not.
   std::uint64_t pushes_applied_as_received() const noexcept { return pieced_.load(); }
-  /// The tasks that reported done.
-  std::set<std::string> done_tasks() const { return done_.names(); }
+  std::set<std::string> done_tasks() const { return done_.names(); }  ///< the tasks that reported done
+  std::size_t done_waiters() const { return done_.waiting(); }  ///< requests waiting for more of them
 
   /// The request handler (called by the transport on its I/O threads).
   void operator()(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta,
@@ -220,8 +219,7 @@ class parameter_server {
     const ps_config cfg = ps_detail::config_of(m);
     std::unique_lock lock(shards_mu_);
     if (initialized_) {
-      // A restarted chief initialises again: the values already here win (as in TensorFlow, where
-      // only an uninitialised variable is initialised) if it is the same model trained the same way.
+      // A restarted chief's init: the values here win (TensorFlow's rule) if the model and its training are the same.
       if (!store_.same_model(m.ids, m.sizes, m.rule.name))
         throw error(errc::invalid_argument, "init from " + peer.identity + ": this ps already holds another model "
                                             "(other shards, sizes or update rule)");
@@ -253,6 +251,8 @@ class parameter_server {
     const std::size_t dense = std::min(payload.size(), store_.bytes_of(m.ids));
     const auto rows = sparse_.sync_rows(peer, m.rows, payload.subspan(dense));
     if (m.position) positions_.admit(peer.identity);  // recorded with the step (position_table)
+    if (const auto [known, held] = sync_.named(peer.identity); !known)  // the tables' names are bounded
+      ps_detail::admit_task_name(options_, peer.identity, held, "synchronous push");
     // A step's apply, from its first shard to the new step number, under step_mu_ (exclusive):
     // a pull sees every shard of one step and that step's number (see pull).
     std::unique_lock step_lock(step_mu_, std::defer_lock);

@@ -27,6 +27,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -196,6 +197,13 @@ class sync_aggregator {
   std::map<std::string, std::uint64_t> dropped() const {
     std::lock_guard g(mu_);
     return dropped_;
+  }
+
+  /// Whether `who` is in the per-worker tables already, and how many names they hold (the ps
+  /// admits a new name as it admits a done report: ps_detail::admit_task_name).
+  std::pair<bool, std::size_t> named(const std::string& who) const {
+    std::lock_guard g(mu_);
+    return {dropped_.count(who) > 0 || alive_.count(who) > 0, dropped_.size() + alive_.size()};
   }
 
   /// N, the contributions a step aggregates (0: asynchronous training).
