@@ -41,7 +41,10 @@ make_netns_hosts
 agent="$work/netns_ssh"
 cat >"$agent" <<EOF
 #!/usr/bin/env bash
-{ printf 'call:'; printf ' %q' "\$@"; echo; } >>'$work/agent.log'
+# One write per line: the agent runs once per host at the same time, and lines written in
+# pieces interleave.
+line="call:\$(printf ' %q' "\$@")"
+echo "\$line" >>'$work/agent.log'
 while [[ \$1 == -* ]]; do shift; done
 case \$1 in
   10.0.0.1) ns=${hosts[0]} ;;
@@ -59,8 +62,12 @@ fwd=()
 
 log="$work/run.log"
 : >"$log"
+# mpirun starts each daemon itself and every daemon talks to it directly: the "hosts" share one
+# hostname (namespaces keep the machine's), and ORTE's tree spawn and radix routing then failed
+# now and then to start or reach a daemon.
 timeout 200 ip netns exec "${hosts[0]}" mpirun -np 3 --host 10.0.0.1,10.0.0.2,10.0.0.3 --map-by node \
   --oversubscribe --mca plm_rsh_agent "$agent" --mca oob_tcp_if_include 10.0.0.0/24 \
+  --mca plm_rsh_no_tree_spawn 1 --mca routed direct \
   --mca btl self,tcp --mca btl_tcp_if_include 10.0.0.0/24 "${fwd[@]}" \
   "$dir/ring_allreduce" --rendezvous 10.0.0.1:29500 --log_every 200 --target_accuracy 0.87 >"$log" 2>&1 &
 run=$!
