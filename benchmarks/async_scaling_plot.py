@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Summarises benchmarks/async_scaling.sh's CSV: a markdown table (median test accuracy over
-the seeds with its spread, median wall time and samples/s, mean and largest staleness) and a
-PNG plot of median accuracy against workers, one line per scheme and ps count.
+"""Summarises benchmarks/async_scaling.sh's CSV (and benchmarks/async_peer_tf.sh's rows in it):
+a markdown table (median test accuracy over the seeds with its spread, median wall time and
+samples/s, mean and largest staleness), a PNG plot of median accuracy against workers, one line
+per scheme over 2 ps (or none), and a second PNG (PNG with "_ps" before its suffix) of the
+median accuracy over 1, 2 and 4 ps at each worker count measured with more than one ps count.
 
     async_scaling_plot.py CSV PNG MD
 """
@@ -27,6 +29,7 @@ def main(csv_path, png_path, md_path):
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     series = defaultdict(list)
+    by_ps = defaultdict(dict)  # (scheme, workers) -> {ps: median accuracy}
     for (scheme, w, p), rows in sorted(groups.items(), key=lambda kv: (kv[0][0] != "non_distributed", kv[0])):
         acc, wall, sps = floats(rows, "accuracy"), floats(rows, "wall_s"), floats(rows, "samples_per_s")
         sm, sx = floats(rows, "staleness_mean"), floats(rows, "staleness_max")
@@ -44,6 +47,7 @@ def main(csv_path, png_path, md_path):
             cell(max(sx) if sx else None, "%.0f")))
         if med is not None and scheme != "non_distributed":
             series[(scheme, p)].append((w, med))
+            by_ps[(scheme, w)][p] = med
     with open(md_path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -52,7 +56,10 @@ def main(csv_path, png_path, md_path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 5.5))
     colours = plt.get_cmap("tab20")
-    for k, ((scheme, p), pts) in enumerate(sorted(series.items())):
+    # The main plot: 2 ps (the study's default) and the schemes without ps; the ps counts are
+    # compared in the second plot.
+    shown = {key: pts for key, pts in series.items() if key[1] in (0, 2)}
+    for k, ((scheme, p), pts) in enumerate(sorted(shown.items())):
         pts.sort()
         label = scheme + (" (%d ps)" % p if p else "")
         style = "--" if scheme.endswith(":plain") else (":" if scheme.startswith(("sync", "ring")) else "-")
@@ -68,6 +75,27 @@ def main(csv_path, png_path, md_path):
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
+
+    cells = sorted((key, ps) for key, ps in by_ps.items() if len(ps) > 1)
+    if not cells:
+        return
+    fig, ax = plt.subplots(figsize=(11, 5))
+    counts = sorted({p for _, ps in cells for p in ps})
+    width = 0.8 / len(counts)
+    for j, p in enumerate(counts):
+        xs = [i + (j - (len(counts) - 1) / 2) * width for i in range(len(cells))]
+        ax.bar(xs, [ps.get(p, 0) for _, ps in cells], width, label="%d ps" % p)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels(["%s\n%d w" % key for key, _ in cells], rotation=90, fontsize=7)
+    if base is not None:
+        ax.axhline(base, color="black", linestyle="--", linewidth=1, label="one process")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("test accuracy (median over seeds)")
+    ax.set_title("Fashion-MNIST MLP, fixed epochs: accuracy over 1, 2 and 4 ps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    root, dot, suffix = png_path.rpartition(".")
+    fig.savefig(root + "_ps." + suffix if dot else png_path + "_ps", dpi=110)
 
 
 if __name__ == "__main__":
