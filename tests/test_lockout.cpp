@@ -154,6 +154,35 @@ struct lockout_any_payload_handler {
                   rpc_reply&) {}
 };
 
+// A connection's handshake by hand (no secret), as any program could do it.
+void lockout_raw_hello(detail::tcp_socket& s, const std::string& identity) {
+  detail::hello_msg m;
+  m.cluster_id = "test-cluster";
+  m.identity = identity;
+  const auto meta = detail::encode_message(m);
+  detail::frame_header h;
+  h.kind = detail::message_kind::hello;
+  h.meta_size = std::uint32_t(meta.size());
+  const auto hb = detail::encode_header(h);
+  asio::write(s, std::array<asio::const_buffer, 2>{asio::buffer(hb), asio::buffer(meta)});
+  std::array<std::byte, detail::frame_header_size> reply{};
+  asio::read(s, asio::buffer(reply));
+  const auto rh = detail::decode_header(reply, {});
+  std::vector<std::byte> rm(rh.meta_size);
+  asio::read(s, asio::buffer(rm));
+  REQUIRE(rh.kind == detail::message_kind::welcome);
+}
+
+// A request header announcing `payload` bytes, followed by `first` of them.
+void lockout_raw_request(detail::tcp_socket& s, detail::message_kind kind, std::uint64_t payload, std::size_t first) {
+  detail::frame_header h;
+  h.kind = kind;
+  h.payload_size = payload;
+  const auto hb = detail::encode_header(h);
+  const std::vector<std::byte> bytes(first, std::byte{1});
+  asio::write(s, std::array<asio::const_buffer, 2>{asio::buffer(hb), asio::buffer(bytes)});
+}
+
 }  // namespace
 
 TEST_CASE("1,100 silent connections from a stranger do not keep a worker out: it connects and trains",
@@ -166,6 +195,7 @@ TEST_CASE("1,100 silent connections from a stranger do not keep a worker out: it
   log_sink log;
   auto o = opts("ps.0", "a cluster secret of some length", &log);
   o.handshake_timeout_ms = 60000;  // the strangers' slots are not freed by their deadline here
+  o.refusal_log_interval_ms = 1000;  // the default (the tests' helper logs every refusal)
   running_ps ps0(o);
   lockout_strangers strangers;
   strangers.open("127.0.0.2", ps0.ps->port(), n);
@@ -240,27 +270,8 @@ TEST_CASE("200 peers announcing 256 MiB payloads and stalling cost the server wh
     for (int i = 0; i < peers; ++i) {
       detail::tcp_socket s(io);
       s.connect({asio::ip::make_address("127.0.0.1"), server.port()});
-      detail::hello_msg m;
-      m.cluster_id = "test-cluster";
-      m.identity = "worker." + std::to_string(i);
-      const auto meta = detail::encode_message(m);
-      detail::frame_header h;
-      h.kind = detail::message_kind::hello;
-      h.meta_size = std::uint32_t(meta.size());
-      auto hb = detail::encode_header(h);
-      asio::write(s, std::array{asio::buffer(hb), asio::buffer(meta)});
-      std::array<std::byte, detail::frame_header_size> reply{};
-      asio::read(s, asio::buffer(reply));
-      const auto rh = detail::decode_header(reply, {});
-      std::vector<std::byte> rm(rh.meta_size);
-      asio::read(s, asio::buffer(rm));
-      REQUIRE(rh.kind == detail::message_kind::welcome);
-      detail::frame_header req;
-      req.kind = detail::message_kind::ps_push;
-      req.payload_size = announced;
-      hb = detail::encode_header(req);
-      const std::vector<std::byte> first_bytes(1024, std::byte{1});
-      asio::write(s, std::array{asio::buffer(hb), asio::buffer(first_bytes)});
+      lockout_raw_hello(s, "worker." + std::to_string(i));
+      lockout_raw_request(s, detail::message_kind::ps_push, announced, 1024);
       raw.push_back(std::move(s));
     }
     // Every one of them is dropped for stalling (no byte for frame_timeout_ms): by then the
@@ -286,24 +297,9 @@ TEST_CASE("a peer that stops reading its reply is disconnected after write_timeo
   asio::io_context io;
   detail::tcp_socket s(io);
   s.connect({asio::ip::make_address("127.0.0.1"), server.port()});
-  detail::hello_msg m;
-  m.cluster_id = "test-cluster";
-  m.identity = "worker.0";
-  const auto meta = detail::encode_message(m);
-  detail::frame_header h;
-  h.kind = detail::message_kind::hello;
-  h.meta_size = std::uint32_t(meta.size());
-  auto hb = detail::encode_header(h);
-  asio::write(s, std::array{asio::buffer(hb), asio::buffer(meta)});
-  std::array<std::byte, detail::frame_header_size> reply{};
-  asio::read(s, asio::buffer(reply));
-  std::vector<std::byte> rm(detail::decode_header(reply, {}).meta_size);
-  asio::read(s, asio::buffer(rm));
+  lockout_raw_hello(s, "worker.0");
   // A request whose 64 MiB reply this peer never reads (far more than the sockets' buffers).
-  detail::frame_header req;
-  req.kind = detail::message_kind::ps_pull;
-  hb = detail::encode_header(req);
-  asio::write(s, asio::buffer(hb));
+  lockout_raw_request(s, detail::message_kind::ps_pull, 0, 0);
   REQUIRE(log.wait_for("'worker.0' from 127.0.0.1:"));
   CHECK(log.contains("did not read its reply within 500 ms"));
   // The connection is gone and so is the hold (a shard lease, for a ps's pull): released when

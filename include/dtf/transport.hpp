@@ -310,7 +310,7 @@ class rpc_server {
   detail::tcp_acceptor acceptor_;
   detail::steady_timer_on<detail::io_executor> accept_backoff_;
   std::chrono::milliseconds accept_pause_{0};
-  detail::log_limiter accept_log_, cap_log_;
+  detail::log_limiter accept_log_, cap_log_;  // accept failures; refusals at accept
   int threads_;
 };
 

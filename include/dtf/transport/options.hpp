@@ -55,6 +55,9 @@ struct transport_options {
   /// Server: at most this many of them from one IP address, so that one stranger's silent
   /// connections cannot take the whole handshake budget from the tasks.
   std::size_t max_handshakes_per_source = 32;
+  /// Server: refusals at accept, and drops of peers that never authenticated, are logged at
+  /// most once per this interval, with the count of those not logged (0: every one).
+  std::uint32_t refusal_log_interval_ms = 1000;
   /// Server: the largest frame parts (control message, payload) a peer may send.
   detail::frame_limits limits{};
   /// Server: a request payload of at least this many bytes may be handed to a handler that

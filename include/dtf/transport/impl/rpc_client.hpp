@@ -284,6 +284,7 @@ inline void rpc_client::connect(peer& p) {
 // the server closed the connection, or the deadline passed. A refusal with a reason throws.
 inline bool rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point deadline, std::string& closed) {
   p.socket.reset_tls();
+  bool answered = false;  // the server sent a byte of the handshake: a close then is its refusal
   const auto finish = [&](std::error_code& result, const char* what, bool tls) {
     if (!detail::run_until(io_, deadline, [&] { return result != asio::error::would_block; })) {
       p.socket.close();
@@ -294,8 +295,9 @@ inline bool rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point
     }
     if (!result) return true;
     p.socket.close();
-    if (result == asio::error::eof || result == asio::error::connection_reset ||
-        result == asio::error::broken_pipe || result == asio::error::connection_aborted) {
+    if (tls) answered = p.socket.handshake_bytes_in() > 0;
+    if (!answered && (result == asio::error::eof || result == asio::error::connection_reset ||
+                      result == asio::error::broken_pipe || result == asio::error::connection_aborted)) {
       closed = tls ? detail::tls_error_text(result) : "connection closed " + std::string(what);
       return false;
     }
@@ -337,6 +339,7 @@ inline bool rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point
     std::error_code result = asio::error::would_block;
     asio::async_read(p.socket, asio::buffer(in), [&](std::error_code ec, std::size_t) { result = ec; });
     if (!finish(result, "waiting for the handshake", false)) return false;
+    answered = true;
     h.receive(in);
   }
 }

@@ -26,8 +26,10 @@ rpc_server<Handler>::rpc_server(Handler& handler, transport_options options, con
       tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::server,
                                             {options_.secret, options_.task_key}, options_.identity,
                                             options_.cluster_id)),
+      stranger_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
       acceptor_(io_),
       accept_backoff_(io_),
+      cap_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
       threads_(std::max(1, threads)) {
   // A server derives each client's key from the master secret (docs/design/identity.md).
   if (options_.secret.empty() && !options_.task_key.empty())
