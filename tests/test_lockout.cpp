@@ -233,7 +233,7 @@ TEST_CASE("with the handshake budget taken, a worker retries until a slot frees 
   lockout_train_and_check(c);
 }
 
-TEST_CASE("past max_connections an authenticated peer is disconnected with the reason; the others go on",
+TEST_CASE("past max_connections an authenticated peer is disconnected with the reason, and the others go on",
           "[transport][hostile][lockout]") {
   log_sink log;
   auto o = opts("ps.0", "a cluster secret of some length", &log);
