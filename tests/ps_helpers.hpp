@@ -71,6 +71,7 @@ inline transport_options opts(std::string identity, std::string secret = "", log
   o.connect_timeout_ms = 5000;
   o.handshake_timeout_ms = 2000;
   o.frame_timeout_ms = 300;
+  o.refusal_log_interval_ms = 0;  // tests look for each refusal's line
   if (log) o.log = log->fn();
   return o;
 }

@@ -3,9 +3,12 @@
 #include <dtf/cluster.hpp>
 #include <dtf/flags.hpp>
 
+#include <cstdint>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -391,6 +394,92 @@ TEST_CASE("cluster::id is a stable hash of the spec that changes with any addres
   cluster with_empty_job = a;
   with_empty_job.spec.jobs["evaluator"];
   CHECK(with_empty_job.id() == a.id());
+}
+
+namespace {
+
+// FNV-1a 64 of `bytes` as 16 hex digits, written here independently of cluster::id().
+std::string reference_fnv1a_hex(std::string_view bytes) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (const unsigned char b : bytes) h = (h ^ b) * 1099511628211ull;
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+// The canonical text cluster::id() hashes for a spec: per job with tasks, in name order,
+// job GS (index US address RS)... FS.
+std::string reference_spec_text(const cluster_spec& spec) {
+  std::string out;
+  for (const auto& [job, tasks] : spec.jobs) {
+    if (tasks.empty()) continue;
+    out += job + "\x1d";
+    for (const auto& [index, address] : tasks) out += std::to_string(index) + "\x1f" + address + "\x1e";
+    out += "\x1c";
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cluster::id of a Slurm or MPI launch includes its job id, and flags and TF_CONFIG ids are unchanged",
+          "[cluster]") {
+  // Explicit clusters: no launch id, and the id is the hash of the spec alone, as before.
+  const cluster flags = cluster_from_flags(explicit_flags("worker", 1, "p:1", "w0:1,w1:1", "c:1"));
+  const cluster tf = cluster_from_tf_config(
+      R"({"cluster": {"ps": ["p:1"], "worker": ["w0:1", "w1:1"], "chief": ["c:1"]}, "task": {"type": "ps", "index": 0}})");
+  CHECK(flags.launch_id.empty());
+  CHECK(tf.launch_id.empty());
+  CHECK(reference_spec_text(flags.spec) == std::string("chief\x1d" "0\x1f" "c:1\x1e\x1c" "ps\x1d" "0\x1f" "p:1\x1e\x1c"
+                                                       "worker\x1d" "0\x1f" "w0:1\x1e" "1\x1f" "w1:1\x1e\x1c"));
+  CHECK(flags.id() == reference_fnv1a_hex(reference_spec_text(flags.spec)));
+  CHECK(tf.id() == flags.id());
+
+  // Slurm: two jobs on the same nodes differ only in SLURM_JOB_ID (or the step); every task of
+  // one step gets one id.
+  const auto slurm = [](std::string procid, std::string job, std::string step) {
+    env_map env = slurm_step(std::move(procid), "3", "n[1-3]");
+    if (!job.empty()) env["SLURM_JOB_ID"] = std::move(job);
+    if (!step.empty()) env["SLURM_STEP_ID"] = std::move(step);
+    return cluster_from_slurm(fake_env(env), 1, 2222);
+  };
+  const cluster job1_task0 = slurm("0", "4101", "0"), job1_task2 = slurm("2", "4101", "0");
+  const cluster job2_task0 = slurm("0", "4102", "0"), job1_step1 = slurm("0", "4101", "1");
+  CHECK(job1_task0.spec.jobs == job2_task0.spec.jobs);
+  CHECK(job1_task0.launch_id == "SLURM_JOB_ID=4101;SLURM_STEP_ID=0");
+  CHECK(job1_task0.id() == reference_fnv1a_hex(reference_spec_text(job1_task0.spec) + "\x1a" + job1_task0.launch_id));
+  CHECK(job1_task0.id() == job1_task2.id());
+  CHECK(job1_task0.id() != job2_task0.id());
+  CHECK(job1_task0.id() != job1_step1.id());
+  // Without a job id (as in the table cases) the id is the spec's.
+  const cluster no_job = slurm("0", "", "");
+  CHECK(no_job.launch_id.empty());
+  CHECK(no_job.id() == reference_fnv1a_hex(reference_spec_text(no_job.spec)));
+
+  // MPI: the spec is the same for every world of that size (addresses come later); Open MPI's
+  // job id and per-job random key tell two launches apart, and every rank of one agrees.
+  const auto open_mpi = [](std::string rank, std::string jobid, std::string key) {
+    return cluster_from_mpi(fake_env({{"OMPI_COMM_WORLD_RANK", std::move(rank)},
+                                      {"OMPI_COMM_WORLD_SIZE", "3"},
+                                      {"PMIX_NAMESPACE", jobid},
+                                      {"OMPI_MCA_ess_base_jobid", jobid},
+                                      {"OMPI_MCA_orte_precondition_transports", std::move(key)}}),
+                            0, "head:5555");
+  };
+  const cluster run1_rank0 = open_mpi("0", "71368705", "8c6c428ae9718e6b-d9e7b1dac0dcb010");
+  const cluster run1_rank2 = open_mpi("2", "71368705", "8c6c428ae9718e6b-d9e7b1dac0dcb010");
+  // Same job id (mpirun with the same pid, e.g. in a container), another random key.
+  const cluster run2_rank0 = open_mpi("0", "71368705", "0f2d9a4c11b7e305-5be0c7d1a9e24f68");
+  CHECK(run1_rank0.id() == run1_rank2.id());
+  CHECK(run1_rank0.id() != run2_rank0.id());
+  CHECK(open_mpi("0", "71434241", "8c6c428ae9718e6b-d9e7b1dac0dcb010").id() != run1_rank0.id());
+  const cluster pmi2 = cluster_from_mpi(fake_env({{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}, {"PMI_JOBID", "4101.0"}}), 0,
+                                        "head:5555");
+  CHECK(pmi2.launch_id == "PMI_JOBID=4101.0");
+  // MPICH's Hydra exports no job id: the spec's id, as before.
+  const cluster hydra = cluster_from_mpi(fake_env({{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}}), 0, "head:5555");
+  CHECK(hydra.launch_id.empty());
+  CHECK(hydra.id() == reference_fnv1a_hex(reference_spec_text(hydra.spec)));
 }
 
 TEST_CASE("cluster_spec::to_json round-trips through cluster_from_tf_config", "[cluster]") {

@@ -1,7 +1,9 @@
 // TLS 1.3 on the collectives' ring sockets (collective_options::tls): the same results with TLS
 // on and off, the bytes on the wire, refusals by name (a rank in the other mode, another
-// secret or cluster id, no secret at all) on both sides, and a dead rank under TLS. Ranks run
-// as threads of this process on loopback listeners bound to port 0.
+// secret or cluster id, no secret at all) on both sides, and a dead rank under TLS. Then the
+// set-up against strangers crowding a rank's port, with and without TLS: the per-source cap,
+// and a rank closed unanswered trying again. Ranks run as threads of this process on loopback
+// listeners bound to port 0; strangers connect from other 127/8 addresses.
 #include <catch2/catch.hpp>
 
 #include <dtf/collectives.hpp>
@@ -11,6 +13,13 @@
 #include "rank_helpers.hpp"
 #include "tls_helpers.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -373,4 +382,179 @@ TEST_CASE("ring TLS: a silent socket and a fake TLS client on a rank's port do n
     RANK_CHECK(v[0] == 6.0f, v[0]);
   }));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(6000));
+}
+
+// ---- No stranger can lock a rank out of its set-up: the acceptor's caps (handshakes in
+// progress at once, and from one remote address) and the connecting side's retry when a
+// connection is closed unanswered.
+
+namespace {
+
+// A TCP connection to 127.0.0.1:port from `source` (Linux routes all of 127/8 to loopback, so a
+// test can have many "hosts"), port 0; an empty descriptor when it is not connected by the
+// deadline (a backlog that nobody drains).
+detail::unique_fd connect_from_source(const std::string& source, std::uint16_t port,
+                                      detail::ring_clock::time_point deadline) {
+  detail::unique_fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) throw std::runtime_error("socket: " + detail::errno_text(errno));
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&from), sizeof from) != 0)
+    throw std::runtime_error("bind " + source + ": " + detail::errno_text(errno));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&to), sizeof to) == 0) return fd;
+  if (errno != EINPROGRESS) throw std::runtime_error("connect from " + source + ": " + detail::errno_text(errno));
+  if (!detail::wait_fd(fd.get(), POLLOUT, deadline)) return {};
+  int err = 0;
+  socklen_t len = sizeof err;
+  ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+  if (err != 0) throw std::runtime_error("connect from " + source + ": " + detail::errno_text(err));
+  return fd;
+}
+
+// Connections waiting in a listening socket's backlog (Linux reports it as tcpi_unacked).
+std::size_t accept_queue_length(int listener) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(listener, IPPROTO_TCP, TCP_INFO, &info, &len) != 0)
+    throw std::runtime_error("getsockopt(TCP_INFO): " + detail::errno_text(errno));
+  return info.tcpi_unacked;
+}
+
+// Bounded wait until the length of the listener's backlog satisfies `ok`; false at the deadline.
+template <class Pred>
+bool await_accept_queue(int listener, Pred ok, detail::ring_clock::time_point deadline) {
+  while (!ok(accept_queue_length(listener))) {
+    if (detail::ring_clock::now() >= deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("ring set-up: 200 silent connections from one address hold 8 handshake slots, not the port",
+          "[collectives][hostile]") {
+  ring_listener listener("127.0.0.1:0");
+  const std::uint16_t port = listener.port();
+  const auto deadline = detail::ring_clock::now() + std::chrono::seconds(20);
+  // The strangers' slots would free after 30 s, past the set-up deadline: only the per-source
+  // cap can let the neighbour in.
+  detail::ring_accept_limits limits;
+  limits.handshake_timeout_ms = 30000;
+  REQUIRE(limits.max_pending == 64);
+  REQUIRE(limits.max_pending_per_source == 8);
+  std::size_t refused = 0;
+  std::vector<detail::ring_connection> accepted;
+  std::exception_ptr accept_failure;
+  std::thread acceptor([&] {
+    try {
+      accepted = detail::accept_neighbours(listener.native_handle(), {"c1", "worker.0", "ring-secret"}, {"worker.1"},
+                                           deadline, limits, &refused);
+    } catch (...) {
+      accept_failure = std::current_exception();
+    }
+  });
+  // One at a time, each connected (in a slot, closed, or queued) before the next: the
+  // neighbour's connection below comes after all of them in the backlog.
+  std::vector<detail::unique_fd> strangers;
+  const auto strangers_deadline = detail::ring_clock::now() + std::chrono::seconds(10);
+  for (int i = 0; i < 200; ++i) {
+    // Paced so that the backlog never overflows (a dropped SYN costs its sender a second).
+    if (!await_accept_queue(listener.native_handle(), [](std::size_t n) { return n < 32; }, strangers_deadline)) break;
+    auto fd = connect_from_source("127.0.0.2", port, strangers_deadline);
+    if (!fd) break;
+    strangers.push_back(std::move(fd));
+  }
+  std::string client_error;
+  try {
+    auto c = detail::connect_and_handshake("127.0.0.1:" + std::to_string(port), nullptr,
+                                           {"c1", "worker.1", "ring-secret"}, deadline, "worker.0");
+  } catch (const std::exception& e) {
+    client_error = e.what();
+  }
+  acceptor.join();
+  INFO("neighbour: " << client_error << "\nacceptor: " << (accept_failure ? message_of(accept_failure) : ""));
+  CHECK(strangers.size() == 200);
+  CHECK(client_error.empty());
+  CHECK_FALSE(accept_failure);
+  REQUIRE(accepted.size() == 1);
+  CHECK(accepted[0]);
+  // All but 8 closed at accept; with the global cap (64) alone, 136 would have been.
+  CHECK(refused >= 192);
+}
+
+TEST_CASE("ring set-up: a rank closed unanswered by a port full of strangers tries again and gets in",
+          "[collectives][hostile]") {
+  const bool tls = GENERATE(false, true);
+  INFO("TLS: " << tls);
+  ring r(2);
+  auto o = ring_options(tls);
+  o.handshake_timeout_ms = 300;
+  o.max_pending_connections = 32;
+  const auto deadline = detail::ring_clock::now() + std::chrono::seconds(10);
+  // Before rank 1 exists, 32 silent strangers from 127.0.0.2..127.0.0.9 (4 each: under the
+  // per-source cap) wait in its backlog, then rank 0's connection: rank 1's acceptor fills
+  // every slot with the strangers and closes rank 0's connection unanswered. Rank 0 must try
+  // again until a stranger's handshake times out.
+  const int listener1 = r.listeners[1].native_handle();
+  std::vector<detail::unique_fd> strangers;
+  for (int i = 0; i < 32; ++i) {
+    strangers.push_back(connect_from_source("127.0.0." + std::to_string(2 + i % 8), r.listeners[1].port(), deadline));
+    REQUIRE(strangers.back());
+  }
+  REQUIRE(await_accept_queue(listener1, [](std::size_t n) { return n == 32; }, deadline));
+  std::vector<std::exception_ptr> failures(2);
+  const auto rank = [&](std::size_t k) {
+    try {
+      communicator c(std::move(r.listeners[k]), k, r.addresses, {"worker.0", "worker.1"}, o);
+      std::vector<float> v{float(k + 1)};
+      c.allreduce<float>("x", v);
+      RANK_CHECK(v[0] == 3.0f, v[0]);
+    } catch (...) {
+      failures[k] = std::current_exception();
+    }
+  };
+  std::thread rank0(rank, 0);
+  // Rank 0's connection, behind the strangers.
+  const bool queued = await_accept_queue(listener1, [](std::size_t n) { return n == 33; }, deadline);
+  std::thread rank1(rank, 1);
+  rank0.join();
+  rank1.join();
+  CHECK(queued);
+  require_all_succeeded(failures);
+}
+
+TEST_CASE("ring set-up: a port that keeps closing connections unanswered is named at the deadline",
+          "[collectives][hostile]") {
+  const bool tls = GENERATE(false, true);
+  INFO("TLS: " << tls);
+  ring_listener listener("127.0.0.1:0");
+  const std::string address = "127.0.0.1:" + std::to_string(listener.port());
+  const auto deadline = detail::ring_clock::now() + std::chrono::milliseconds(800);
+  // Accepts and closes every connection (as an acceptor over its caps does) until after the
+  // client's deadline.
+  std::thread closer([&] {
+    const auto until = deadline + std::chrono::milliseconds(500);
+    try {
+      for (;;) detail::accept_one(listener.native_handle(), until, "a client");
+    } catch (const dtf::error&) {
+    }
+  });
+  const auto ctx = detail::make_tls_context(tls, detail::tls_role::client, {"ring-secret", {}}, "worker.0", "c1");
+  std::string m;
+  try {
+    (void)detail::connect_and_handshake(address, ctx.get(), {"c1", "worker.0", "ring-secret"}, deadline, "rank 1");
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == dtf::errc::timeout);
+    m = e.what();
+  }
+  closer.join();
+  INFO(m);
+  CHECK(m.find("rank 1 (" + address + "): kept closing the connection before the handshake") != std::string::npos);
+  CHECK(m.find("crowded by other connections, or it is not a dtf rank") != std::string::npos);
 }

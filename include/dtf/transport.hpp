@@ -13,13 +13,17 @@
 // included, runs inside TLS 1.3 keyed by the cluster secret (dtf/transport/tls.hpp;
 // docs/guides/security.md). Addresses are parsed by dtf/transport/address.hpp.
 //
-// A hostile or broken peer cannot stall or exhaust a server: at most max_connections at once
-// (more are closed at accept, logged), a handshake within handshake_timeout_ms, a started frame
-// within frame_timeout_ms, the next frame within idle_timeout_ms (rpc_client::heartbeat() keeps
-// a quiet client alive), accept failures such as EMFILE back off, text from peers is escaped
-// before it is logged, and a refused stranger is not told the cluster id. A client never
-// allocates more for a reply than the caller's buffers (failure replies carry at most a
-// small reason). Every dropped peer is logged with the reason.
+// A hostile or broken peer cannot stall or exhaust a server: at most max_handshakes connections
+// in the handshake, max_handshakes_per_source of them from one address, and max_connections
+// authenticated ones (more are closed, logged at most a line a second); a handshake within
+// handshake_timeout_ms; a started frame that keeps arriving (frame_timeout_ms between bytes)
+// into a buffer that grows with the bytes that came, never to the size announced; a reply
+// that keeps leaving (write_timeout_ms); the next frame within idle_timeout_ms
+// (rpc_client::heartbeat() keeps a quiet client alive); accept failures such as EMFILE back
+// off; text from peers is escaped before it is logged, and a refused stranger is not told the
+// cluster id. A client whose connection is closed before the handshake completes retries
+// within connect_timeout_ms; a refusal with a reason fails at once. A client never allocates
+// more for a reply than the caller's buffers (failure replies carry at most a small reason).
 //
 // Errors: every blocking call comes as a throwing form (dtf::error naming the peer) and a form
 // taking std::error_code& (set to the dtf::errc of the same failure; the message is lost).
@@ -47,10 +51,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <system_error>
+#include <unordered_map>
 #include <vector>
 
 namespace dtf {
@@ -173,9 +179,7 @@ class rpc_client {
   void read_segment(exchange& x, std::size_t k);
   void discard_payload(exchange& x, std::uint64_t left, errc code, std::string reason);
   void connect(peer& p);
-  void handshake(peer& p, std::chrono::steady_clock::time_point deadline);
-  void wait(peer& p, std::chrono::steady_clock::time_point deadline, std::error_code& result, const char* what,
-            bool tls = false);
+  bool handshake(peer& p, std::chrono::steady_clock::time_point deadline, std::string& closed);
 
   transport_options options_;
   detail::tls_context tls_context_;  // options_.tls
@@ -283,21 +287,30 @@ class rpc_server {
   std::size_t rejected() const noexcept { return rejected_.load(); }
   /// Connections open now (handshaking or authenticated).
   std::size_t connections() const noexcept { return open_.load(); }
+  /// Connections in the handshake now.
+  std::size_t handshaking() const noexcept { return handshaking_.load(); }
 
  private:
   class session;
   void accept();
+  // The handshake budgets: whether a connection from `source` may start its handshake (it is
+  // then counted until end_handshake), and the reason when not.
+  std::string admit_handshake(const std::string& source);
+  void end_handshake(const std::string& source);
 
   Handler& handler_;
   transport_options options_;
   detail::tls_context tls_context_;  // options_.tls
   // Before io_: sessions still queued in io_ decrement open_ when io_ destroys them.
-  std::atomic<std::size_t> rejected_{0}, open_{0};
+  std::atomic<std::size_t> rejected_{0}, open_{0}, handshaking_{0}, authenticated_{0};
+  std::mutex sources_mu_;
+  std::unordered_map<std::string, std::size_t> handshaking_from_;  // by source address
+  detail::log_limiter stranger_log_;  // dropped before authenticating: a line a second
   asio::io_context io_;
   detail::tcp_acceptor acceptor_;
   detail::steady_timer_on<detail::io_executor> accept_backoff_;
   std::chrono::milliseconds accept_pause_{0};
-  detail::log_limiter accept_log_, cap_log_;
+  detail::log_limiter accept_log_, cap_log_;  // accept failures; refusals at accept
   int threads_;
 };
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -35,6 +36,16 @@ inline void check_rank(const std::string& rank_var, std::uint64_t rank, const st
     config_error(rank_var + " " + std::to_string(rank) + " out of range: " + count_var + " is " + std::to_string(count));
   check_has_workers(num_ps, std::size_t(count), has_workers_what);
 }
+
+/// cluster::launch_id from a launcher's variables: "NAME=value" of each of `names` that is set,
+/// in that order, joined by ';' (empty when none is). Every task of a launch sees the same.
+inline std::string launch_id_from(const environment& env, std::initializer_list<const char*> names) {
+  std::string out;
+  for (const char* name : names)
+    if (const auto value = env(name); value && !value->empty())
+      out += (out.empty() ? "" : ";") + std::string(name) + "=" + *value;
+  return out;
+}
 }  // namespace detail
 
 /// The cluster of a Slurm step (tasks started by srun). Reads SLURM_PROCID,
@@ -45,6 +56,8 @@ inline void check_rank(const std::string& rank_var, std::uint64_t rank, const st
 /// base_port + its index among the ranks of that node. Ranks 0..num_ps-1 are ps tasks, the
 /// others workers (worker index r - num_ps); there is no chief job, so worker 0 is the chief.
 /// When SLURM_NODEID or SLURM_LOCALID is set it must agree with the computed layout.
+/// launch_id is the job and step (SLURM_JOB_ID or SLURM_JOBID, SLURM_STEP_ID or SLURM_STEPID),
+/// so that two steps on the same nodes get different cluster ids.
 /// Throws dtf::error(errc::invalid_config) naming the variable (or --num_ps, --base_port)
 /// for a missing or non-numeric variable, a bad node list or tasks-per-node list, a layout
 /// that does not add up, SLURM_PROCID >= the task count, num_ps >= the task count, a port
@@ -109,6 +122,7 @@ inline cluster cluster_from_slurm(const environment& env, std::size_t num_ps, st
 
   cluster c;
   c.source = "slurm";
+  c.launch_id = detail::launch_id_from(env, {"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_STEP_ID", "SLURM_STEPID"});
   detail::address_registry seen;
   for (std::size_t rank = 0; rank < ntasks; ++rank) {
     const std::size_t port = std::size_t(base_port) + local_of[rank];
@@ -139,8 +153,13 @@ inline cluster cluster_from_slurm(const environment& env, std::size_t num_ps, st
 /// OMPI_COMM_WORLD_SIZE (Open MPI), or else PMI_RANK and PMI_SIZE (MPICH, Intel MPI). Ranks
 /// 0..num_ps-1 are ps tasks, the others workers; there is no chief job, so worker 0 is the
 /// chief. Addresses are left "" and `rendezvous` is set: the ranks fill the spec in by
-/// meeting there. Throws dtf::error(errc::invalid_config) naming the variable (or
-/// --num_ps, --rendezvous) when neither rank variable is set, the size is missing, either is
+/// meeting there. launch_id is made of the launcher's job identifiers, those of
+/// PMIX_NAMESPACE (PMIx: Open MPI 4 and 5, srun --mpi=pmix), OMPI_MCA_ess_base_jobid and
+/// OMPI_MCA_orte_ess_jobid (Open MPI's job id), OMPI_MCA_orte_precondition_transports (a
+/// random key Open MPI 4 draws per job), PMI_JOBID (srun --mpi=pmi2, Cray PALS) and
+/// I_MPI_HYDRA_UUID (Intel MPI) that are set; MPICH's Hydra exports none, and there the
+/// cluster id stays that of the spec alone. Throws dtf::error(errc::invalid_config) naming
+/// the variable (or --num_ps, --rendezvous) when neither rank variable is set, the size is missing, either is
 /// not a number, rank >= size, num_ps >= size, or rendezvous is empty or not host:port.
 inline cluster cluster_from_mpi(const environment& env, std::size_t num_ps, const std::string& rendezvous) {
   std::string rank_var = "OMPI_COMM_WORLD_RANK", size_var = "OMPI_COMM_WORLD_SIZE";
@@ -162,6 +181,8 @@ inline cluster cluster_from_mpi(const environment& env, std::size_t num_ps, cons
 
   cluster c;
   c.source = "mpi";
+  c.launch_id = detail::launch_id_from(env, {"PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid",
+                                             "OMPI_MCA_orte_precondition_transports", "PMI_JOBID", "I_MPI_HYDRA_UUID"});
   c.rendezvous = rendezvous;
   for (std::size_t r = 0; r < size; ++r) {
     const task_id task = detail::rank_task(r, num_ps);

@@ -97,6 +97,11 @@ struct cluster {
   task_id self;
   std::string source;      ///< "flags", "TF_CONFIG", "slurm" or "mpi"
   std::string rendezvous;  ///< MPI only: host:port where the ranks exchange their addresses
+  /// An identifier of this job's launch, shared by its tasks: set from the launcher's job id
+  /// under Slurm and MPI (dtf/cluster/from_scheduler.hpp), where the spec alone is the same for
+  /// every job of that size on those hosts; empty for clusters from flags or TF_CONFIG. id()
+  /// includes it when it is not empty.
+  std::string launch_id;
 
   /// The chief: chief.0 when the spec has a chief job, otherwise worker.0 (whether or not
   /// a sparse spec lists it).
@@ -114,10 +119,11 @@ struct cluster {
   /// The number of worker tasks (the chief job not included).
   std::size_t num_workers() const { return spec.num_tasks("worker"); }
 
-  /// A stable identifier of the spec: the FNV-1a 64-bit hash of its jobs, indices and
-  /// addresses in canonical order, as 16 lower-case hex digits. Tasks compare it in the
-  /// transport handshake to refuse peers from another cluster. It does not depend on
-  /// `self`, and jobs without tasks do not count.
+  /// A stable identifier of the cluster: the FNV-1a 64-bit hash of its jobs, indices and
+  /// addresses in canonical order, then of `launch_id` when it is set, as 16 lower-case hex
+  /// digits. Tasks compare it in the transport handshake to refuse peers from another cluster
+  /// (and it keys TLS: two MPI or Slurm launches on the same hosts get different keys from one
+  /// secret). It does not depend on `self`, and jobs without tasks do not count.
   std::string id() const {
     std::uint64_t hash = 0xcbf29ce484222325ull;
     const auto feed = [&hash](std::string_view bytes) {
@@ -138,6 +144,10 @@ struct cluster {
         feed(std::string_view("\x1e", 1));
       }
       feed(std::string_view("\x1c", 1));
+    }
+    if (!launch_id.empty()) {  // after a separator no job or address holds: no spec collides with it
+      feed(std::string_view("\x1a", 1));
+      feed(launch_id);
     }
     static constexpr char digits[] = "0123456789abcdef";
     std::string out(16, '0');

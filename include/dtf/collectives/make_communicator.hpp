@@ -70,12 +70,15 @@ inline communicator make_communicator(cluster& c, collective_options options) {
       addresses[0] = c.rendezvous;
       // Every other rank, by its identity, with the handshakes of all arriving connections run
       // at once: a silent socket at the rendezvous holds only itself, for at most
-      // handshake_timeout_ms, and strangers are refused (dtf/detail/ring_acceptor.hpp).
+      // handshake_timeout_ms, strangers are refused, and connections over the caps (more than
+      // max_pending_per_source from one host: ranks of a large job on one node too) are closed
+      // unanswered and tried again by their rank (dtf/detail/ring_acceptor.hpp).
       const std::vector<std::string> expected(names.begin() + 1, names.end());
       std::vector<detail::ring_connection> peers;
       try {
         peers = detail::accept_neighbours(listener.native_handle(), me, expected, deadline,
-                                          {options.handshake_timeout_ms, options.max_pending_connections}, nullptr,
+                                          {options.handshake_timeout_ms, options.max_pending_connections,
+                                           options.max_pending_per_source}, nullptr,
                                           tls_server.get());
       } catch (const error& e) {
         throw error(e.code(), "the rendezvous " + c.rendezvous + ": " + e.message());
@@ -104,9 +107,7 @@ inline communicator make_communicator(cluster& c, collective_options options) {
     }
     ring_listener listener("0.0.0.0:0");
     const std::string who = "rank 0 (" + names[0] + ") at the rendezvous " + c.rendezvous;
-    detail::ring_connection fd =
-        detail::connect_tls(detail::connect_with_retry(c.rendezvous, who, deadline), tls_client.get(), deadline, who);
-    detail::client_handshake(fd, me, deadline, who);
+    detail::ring_connection fd = detail::connect_and_handshake(c.rendezvous, tls_client.get(), me, deadline, who);
     detail::write_control(fd, detail::message_kind::rendezvous_register,
                           detail::encode_message(detail::rendezvous_register_msg{std::uint32_t(rank), listener.port()}),
                           deadline, who);

@@ -50,11 +50,17 @@ struct collective_options {
   /// halving + doubling (large) over extra connections to the hypercube partners: log2(n)
   /// and 2·log2(n) sequential steps instead of n-1 and 2(n-1). Every rank must agree.
   bool hypercube = true;
-  /// Set-up: each accepted connection must finish its handshake within this, so a silent
-  /// socket on a rank's port holds only itself, never the ring's set-up.
-  std::uint32_t handshake_timeout_ms = 10000;
-  /// Set-up: at most this many handshakes in progress on a rank's port; more are refused.
+  /// Set-up: each accepted connection must finish its handshakes (TLS and dtf) within this,
+  /// from its accept, so a silent socket on a rank's port (or the MPI rendezvous) holds its
+  /// slot this long at most, never the ring's set-up.
+  std::uint32_t handshake_timeout_ms = 2000;
+  /// Set-up: at most this many handshakes in progress on a rank's port. A connection over it
+  /// is closed at once, unanswered; a rank whose connection is closed that way tries again
+  /// (5 ms doubling to 200 ms) until connect_timeout_ms, so it gets in once a slot frees.
   std::size_t max_pending_connections = 64;
+  /// Set-up: of those, at most this many from one remote IP address (any port), so that one
+  /// host's strangers cannot take every slot; over it a connection is closed at once, as above.
+  std::size_t max_pending_per_source = 8;
   /// Every connection between ranks (ring, hypercube partners, MPI rendezvous) inside TLS 1.3
   /// keyed by `secret` and `cluster_id`, as the request/reply transport's (dtf/transport/tls.hpp):
   /// encrypted and authenticated from its first byte. Needs a secret; every rank must agree (a

@@ -59,7 +59,8 @@ inline void tcp_backend::connect() {
       std::vector<std::string> expected;
       for (const auto& i : in) expected.push_back(i.identity);
       auto fds = detail::accept_neighbours(listener_.native_handle(), server_me, expected, deadline,
-                                           {options_.handshake_timeout_ms, options_.max_pending_connections}, nullptr,
+                                           {options_.handshake_timeout_ms, options_.max_pending_connections,
+                                            options_.max_pending_per_source}, nullptr,
                                            tls_server.get(), cancel.get());
       for (std::size_t i = 0; i < in.size(); ++i) *in[i].slot = std::move(fds[i]);
     } catch (...) {
@@ -69,9 +70,9 @@ inline void tcp_backend::connect() {
   try {
     for (auto& o : out) {
       const std::string who = describe(o.to);
-      *o.slot = detail::connect_tls(detail::connect_with_retry(addresses_[o.to], who, deadline), tls_client.get(),
-                                    deadline, who);
-      detail::client_handshake(*o.slot, {options_.cluster_id, o.identity, options_.secret}, deadline, who);
+      // Tried again while the neighbour's acceptor closes it unanswered (its caps are full).
+      *o.slot = detail::connect_and_handshake(addresses_[o.to], tls_client.get(),
+                                              {options_.cluster_id, o.identity, options_.secret}, deadline, who);
     }
   } catch (...) {
     right_.reset();

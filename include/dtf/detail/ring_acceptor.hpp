@@ -6,13 +6,23 @@
 // Why concurrent: handshaking one connection at a time lets a single silent socket on a
 // rank's port (a port scanner, a stuck peer) stall the whole ring's set-up until the set-up
 // deadline. Here a connection that says nothing only holds its own slot, for at most
-// handshake_timeout_ms; at most max_pending connections handshake at once (more are closed at
-// accept, with the reason kept for the error); accept failures such as EMFILE pause the
-// listener (10 ms doubling to 1 s) instead of spinning.
+// handshake_timeout_ms; accept failures such as EMFILE pause the listener (10 ms doubling to
+// 1 s) instead of spinning.
+//
+// Why two caps, and why over-cap connections are closed rather than left in the backlog: at
+// most max_pending connections handshake at once, and at most max_pending_per_source of them
+// from one remote address (any port), so that a stranger on one host cannot take every slot.
+// A connection over either cap is accepted and closed at once (the reason kept for the error):
+// left in the backlog, strangers would fill it and the kernel would drop a real rank's SYNs
+// (retried after 1 s, 3 s, ...). The connecting side tries again when it is closed before any
+// answer (connect_and_handshake, dtf/detail/ring_handshake.hpp), so a rank gets in once a slot
+// frees.
 //
 // Modes: with TLS on, a connection whose first byte is not a TLS handshake record is told
 // tls_required_refusal in a plain dtf frame and dropped; without TLS, the dtf handshake
-// recognises a TLS ClientHello and refuses it by name. Either way the reason is kept.
+// recognises a TLS ClientHello and refuses it by name, answering a frame the client's TLS layer
+// fails on (so that it does not take the close for a crowded port). Either way the reason is
+// kept.
 //
 // Errors: errc::timeout naming the first neighbour that never completed a handshake, with the
 // last refusal seen meanwhile (peer text escaped); errc::io_error for poll/accept faults other
@@ -28,8 +38,10 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtf::detail {
@@ -37,14 +49,19 @@ namespace dtf::detail {
 /// How long an acceptor keeps answering after its caller gave up (see accept_neighbours).
 inline constexpr int ring_accept_grace_ms = 1000;
 
+/// Connections an acceptor takes off the backlog in one pass (then it serves the handshakes).
+inline constexpr std::size_t ring_accept_batch = 64;
+
 struct ring_accept_limits {
-  std::uint32_t handshake_timeout_ms = 10000;  ///< per connection, from its accept
-  std::size_t max_pending = 64;                ///< handshakes in progress at once
+  std::uint32_t handshake_timeout_ms = 2000;  ///< per connection, from its accept
+  std::size_t max_pending = 64;               ///< handshakes in progress at once
+  std::size_t max_pending_per_source = 8;     ///< of those, from one remote address (any port)
 };
 
 /// Accepts one connection for each of `expected` (identities, matched exactly) on the
 /// non-blocking `listener`; returns them in the order of `expected`. Strangers, peers of
-/// another cluster and unexpected identities are refused and counted in `refused`.
+/// another cluster and unexpected identities are refused and counted in `refused`, and so are
+/// connections closed at accept over a cap of `limits`.
 /// `tls`: the server context with TLS on, null without. `cancel_fd` (-1: none): a descriptor
 /// that becomes readable when the caller gives up (its own connections failed): the deadline
 /// then moves to at most ring_accept_grace_ms later, so that a neighbour still handshaking is
@@ -61,6 +78,7 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
     handshake hs;
     ring_clock::time_point deadline;
     std::string remote;
+    std::string source;             // the remote address without its port (max_pending_per_source)
     std::unique_ptr<ring_tls> tls;  // with TLS, once the first byte was a TLS record
     bool tls_up = false;             // the TLS handshake is done: the dtf one runs inside it
   };
@@ -152,6 +170,8 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
       p.hs.receive(std::span<const std::byte>(buf.data(), n));
       const bool sent = flush(p);
       if (p.hs.status() == handshake::state::failed) {
+        // (A TLS client's refusal went out in the flush above, in a plain frame: a byte back
+        // lets it tell this refusal from a port that closes connections unanswered.)
         note(p.remote + (p.hs.peer_identity().empty() ? "" : " ('" + p.hs.peer_identity() + "')") + ": " +
              p.hs.failure());
         return true;
@@ -192,13 +212,15 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
                                      (last.empty() ? "" : " (refused meanwhile: " + last + ")"));
     }
     std::vector<pollfd> fds;
-    const bool listen_now = conns.size() < limits.max_pending && now >= listener_paused_until;
+    // The listener is polled even when every slot is taken: connections over a cap are closed
+    // at once rather than left in the backlog (see the top of this file).
+    const bool listen_now = now >= listener_paused_until;
     if (listen_now) fds.push_back({listener, POLLIN, 0});
     for (auto& p : conns) fds.push_back({p.fd.get(), POLLIN, 0});
     if (cancel_fd >= 0) fds.push_back({cancel_fd, POLLIN, 0});  // last: the connections' indices stay as they are
     auto wake = deadline;
     for (auto& p : conns) wake = std::min(wake, p.deadline);
-    if (!listen_now && conns.size() < limits.max_pending) wake = std::min(wake, listener_paused_until);
+    if (!listen_now) wake = std::min(wake, listener_paused_until);
     const int rc = ::poll(fds.data(), nfds_t(fds.size()), remaining_ms(wake) + (wake > now ? 1 : 0));
     if (rc < 0) {
       if (errno == EINTR) continue;
@@ -208,10 +230,11 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
       deadline = std::min(deadline, ring_clock::now() + milliseconds(ring_accept_grace_ms));
       cancel_fd = -1;
     }
+    const std::size_t polled = conns.size();  // the connections fds has entries for
     std::size_t first_conn = 0;
     if (listen_now) {
       first_conn = 1;
-      while (fds[0].revents != 0 && conns.size() < limits.max_pending) {
+      for (std::size_t taken = 0; fds[0].revents != 0 && taken < ring_accept_batch; ++taken) {
         sockaddr_storage s{};
         socklen_t len = sizeof s;
         unique_fd fd(::accept4(listener, reinterpret_cast<sockaddr*>(&s), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
@@ -227,25 +250,29 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
           throw error(errc::io_error, "accept: " + errno_text(errno));
         }
         pause = milliseconds(0);
-        const auto remote = address_text(s);
+        std::string remote = address_text(s);
+        std::string source = remote.substr(0, remote.rfind(':'));
+        // Over a cap: closed at once (fd goes out of scope); the client tries again.
+        if (conns.size() >= limits.max_pending) {
+          note(remote + ": refused, " + std::to_string(limits.max_pending) +
+               " handshakes already in progress (max_pending_connections)");
+          continue;
+        }
+        const auto same_source = [&](const pending& p) { return p.source == source; };
+        if (std::size_t(std::count_if(conns.begin(), conns.end(), same_source)) >= limits.max_pending_per_source) {
+          note(remote + ": refused, " + std::to_string(limits.max_pending_per_source) + " handshakes from " + source +
+               " already in progress (max_pending_per_source)");
+          continue;
+        }
         conns.push_back(pending{std::move(fd), handshake(handshake::role::server, {me.cluster_id, me.identity, me.secret}),
                                 std::min(deadline, ring_clock::now() + milliseconds(limits.handshake_timeout_ms)),
-                                remote, nullptr, false});
-      }
-      if (conns.size() >= limits.max_pending && fds[0].revents != 0) {
-        // Over the cap: take the next connection off the backlog and close it at once.
-        sockaddr_storage s{};
-        socklen_t len = sizeof s;
-        unique_fd extra(::accept4(listener, reinterpret_cast<sockaddr*>(&s), &len, SOCK_CLOEXEC | SOCK_NONBLOCK));
-        if (extra)
-          note(address_text(s) + ": refused, " + std::to_string(limits.max_pending) +
-               " handshakes already in progress (max_pending)");
+                                std::move(remote), std::move(source), nullptr, false});
       }
     }
     // Feed each connection that has bytes; a connection sees only its own bytes, so a silent
     // one delays nobody.
     std::vector<bool> finished(conns.size(), false);
-    for (std::size_t i = 0; i < conns.size() && first_conn + i < fds.size(); ++i)
+    for (std::size_t i = 0; i < polled; ++i)
       if (fds[first_conn + i].revents != 0) finished[i] = step(conns[i]);
     for (std::size_t i = conns.size(); i-- > 0;) {
       if (!finished[i]) continue;

@@ -134,8 +134,11 @@ class handshake {
       } catch (const error& e) {
         // A TLS record (a ClientHello: 0x16 0x03) where a dtf hello belongs.
         if (role_ == role::server && in_[0] == std::byte{0x16} && in_[1] == std::byte{0x03})
+          // Told in a plain frame: a byte back lets the TLS client tell this refusal from a
+          // server that closed without answering (which it retries).
           return fail("the peer speaks TLS and this task does not (transport_options::tls, --tls): turn TLS on "
-                      "for every task or none", {});
+                      "for every task or none",
+                      "this task runs without TLS: turn TLS on for every task or none");
         return fail(std::string("malformed handshake: ") + e.message(), {});
       }
       have_header_ = true;

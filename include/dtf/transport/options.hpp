@@ -31,15 +31,33 @@ struct transport_options {
   bool tls = false;
   std::uint32_t timeout_ms = 30000;            ///< a request's reply must arrive within this
   std::uint32_t connect_timeout_ms = 60000;    ///< keep retrying a peer that is not listening yet
-  std::uint32_t handshake_timeout_ms = 10000;  ///< server: a new peer must finish the handshake
-  std::uint32_t frame_timeout_ms = 10000;      ///< server: a frame, once started, must complete
+  /// A new connection must finish the handshake within this (server: or it is dropped;
+  /// client: or the attempt fails). Short, so that a silent stranger holds a slot briefly.
+  std::uint32_t handshake_timeout_ms = 2000;
+  /// Server: a frame, once started, must keep arriving: the longest wait for its next bytes.
+  /// A peer that announces a frame and stalls is dropped after this, holding nothing.
+  std::uint32_t frame_timeout_ms = 10000;
+  /// Server: a reply must keep leaving: the longest a peer may leave it unread (no byte taken
+  /// off the socket) before the connection ends and the buffers it pins (shard leases) are
+  /// released. 0 waits forever.
+  std::uint32_t write_timeout_ms = 10000;
   /// Server: an authenticated peer must start its next frame within this after the last one
   /// was answered (a request, or rpc_client::heartbeat()); 0 waits forever. A request whose
   /// reply the handler defers is not idle.
   std::uint32_t idle_timeout_ms = 600000;
-  /// Server: at most this many connections (handshaking or authenticated) at once; the next
-  /// ones are closed at accept with a logged reason.
+  /// Server: at most this many authenticated connections at once; a peer that authenticates
+  /// past it is disconnected with a logged reason (only holders of a credential get that far).
+  /// Connections still in the handshake have budgets of their own.
   std::size_t max_connections = 1024;
+  /// Server: at most this many connections in the handshake at once; the next ones are
+  /// closed at accept (a client retries within connect_timeout_ms).
+  std::size_t max_handshakes = 256;
+  /// Server: at most this many of them from one IP address, so that one stranger's silent
+  /// connections cannot take the whole handshake budget from the tasks.
+  std::size_t max_handshakes_per_source = 32;
+  /// Server: refusals at accept, and drops of peers that never authenticated, are logged at
+  /// most once per this interval, with the count of those not logged (0: every one).
+  std::uint32_t refusal_log_interval_ms = 1000;
   /// Server: the largest frame parts (control message, payload) a peer may send.
   detail::frame_limits limits{};
   /// Server: a request payload of at least this many bytes may be handed to a handler that

@@ -231,26 +231,20 @@ inline void rpc_client::read_reply_payload(exchange& x) {
   });
 }
 
-inline void rpc_client::wait(peer& p, std::chrono::steady_clock::time_point deadline, std::error_code& result,
-                             const char* what, bool tls) {
-  if (!detail::run_until(io_, deadline, [&] { return result != asio::error::would_block; })) {
-    p.socket.close();
-    detail::run_until(io_, std::chrono::steady_clock::now() + std::chrono::seconds(5),
-                      [&] { return result != asio::error::would_block; });
-    throw error(errc::timeout, p.describe() + ": timed out " + what);
-  }
-  if (result) {
-    p.socket.close();
-    throw error(errc::peer_failure, p.describe() + ": " +
-                                        (tls ? detail::tls_error_text(result)
-                                             : "connection lost " + std::string(what) + ": " + result.message()));
-  }
-}
-
 inline void rpc_client::connect(peer& p) {
   using namespace std::chrono;
   const auto deadline = steady_clock::now() + milliseconds(options_.connect_timeout_ms);
   const auto endpoint = detail::resolve_endpoint(io_, p.address);
+  // A bounded pause before the next attempt (false: the deadline came first).
+  const auto pause = [&](milliseconds length) {
+    detail::steady_timer_on<detail::io_executor> timer(io_, length);
+    bool fired = false;
+    timer.async_wait([&](std::error_code) { fired = true; });
+    if (!detail::run_until(io_, deadline, [&] { return fired; })) {
+      timer.cancel();  // its handler writes `fired`: let it run before both go away
+      detail::run_until(io_, steady_clock::now() + seconds(5), [&] { return fired; });
+    }
+  };
   auto backoff = milliseconds(20);
   for (;;) {
     if (p.socket.is_open()) p.socket.close();
@@ -262,35 +256,60 @@ inline void rpc_client::connect(peer& p) {
       throw error(errc::timeout, p.describe() + ": not reachable within " +
                                      std::to_string(options_.connect_timeout_ms) + " ms");
     }
-    if (!result) break;
-    if (steady_clock::now() + backoff >= deadline)
-      throw error(errc::timeout, p.describe() + ": not reachable within " +
-                                     std::to_string(options_.connect_timeout_ms) + " ms (last error: " +
-                                     result.message() + ")");
-    // The peer is not listening yet (it may still be starting): wait, bounded, and retry.
-    detail::steady_timer_on<detail::io_executor> timer(io_, backoff);
-    bool fired = false;
-    timer.async_wait([&](std::error_code) { fired = true; });
-    if (!detail::run_until(io_, deadline, [&] { return fired; })) {
-      timer.cancel();  // its handler writes `fired`: let it run before both go away
-      detail::run_until(io_, steady_clock::now() + seconds(5), [&] { return fired; });
+    std::string closed;
+    if (!result) {
+      p.socket.set_option(asio::ip::tcp::no_delay(true));
+      if (handshake(p, std::min(deadline, steady_clock::now() + milliseconds(options_.handshake_timeout_ms)), closed))
+        break;
     }
+    // The peer is not listening yet (it may still be starting), or it closed the connection
+    // before the handshake completed without a reason (its handshake budget taken by other
+    // connections; rpc_server): wait, bounded, and try again.
+    if (steady_clock::now() + backoff >= deadline)
+      throw error(errc::timeout,
+                  p.describe() + (result ? ": not reachable within " + std::to_string(options_.connect_timeout_ms) +
+                                               " ms (last error: " + result.message() + ")"
+                                         : ": no handshake completed within " +
+                                               std::to_string(options_.connect_timeout_ms) + " ms (last attempt: " +
+                                               closed + "; is its port crowded by other connections?)"));
+    pause(backoff);
     backoff = std::min(backoff * 2, milliseconds(500));
   }
-  p.socket.set_option(asio::ip::tcp::no_delay(true));
-  handshake(p, std::min(deadline, steady_clock::now() + milliseconds(options_.handshake_timeout_ms)));
   p.connected = true;
 }
 
 // Drives the shared handshake machine with synchronous steps, each bounded by `deadline`; with
 // TLS on, the TLS handshake first (a fresh TLS layer per connection), within the same deadline.
-inline void rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point deadline) {
+// True when done. False, with `closed` saying how, when the attempt ended without a refusal:
+// the server closed the connection, or the deadline passed. A refusal with a reason throws.
+inline bool rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point deadline, std::string& closed) {
   p.socket.reset_tls();
+  bool answered = false;  // the server sent a byte of the handshake: a close then is its refusal
+  const auto finish = [&](std::error_code& result, const char* what, bool tls) {
+    if (!detail::run_until(io_, deadline, [&] { return result != asio::error::would_block; })) {
+      p.socket.close();
+      detail::run_until(io_, std::chrono::steady_clock::now() + std::chrono::seconds(5),
+                        [&] { return result != asio::error::would_block; });
+      closed = std::string("timed out ") + what;
+      return false;
+    }
+    if (!result) return true;
+    p.socket.close();
+    if (tls) answered = p.socket.handshake_bytes_in() > 0;
+    if (!answered && (result == asio::error::eof || result == asio::error::connection_reset ||
+                      result == asio::error::broken_pipe || result == asio::error::connection_aborted)) {
+      closed = tls ? detail::tls_error_text(result) : "connection closed " + std::string(what);
+      return false;
+    }
+    throw error(errc::peer_failure, p.describe() + ": " +
+                                        (tls ? detail::tls_error_text(result)
+                                             : "connection lost " + std::string(what) + ": " + result.message()));
+  };
   if (tls_context_) {
     std::error_code result = asio::error::would_block;
     p.socket.start_tls(tls_context_.get(), detail::tls_role::client);
     p.socket.async_tls_handshake([&](std::error_code ec) { result = ec; });
-    wait(p, deadline, result, "in the TLS handshake", true);
+    if (!finish(result, "in the TLS handshake", true)) return false;
   }
   detail::handshake h(detail::handshake::role::client, {options_.cluster_id, options_.identity, options_.secret,
                                                                    options_.task_key});
@@ -300,9 +319,18 @@ inline void rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point
     if (!out.empty()) {
       std::error_code result = asio::error::would_block;
       asio::async_write(p.socket, asio::buffer(out), [&](std::error_code ec, std::size_t) { result = ec; });
-      wait(p, deadline, result, "sending the handshake");
+      if (!finish(result, "sending the handshake", false)) return false;
     }
-    if (h.status() == detail::handshake::state::done) return;
+    if (h.status() == detail::handshake::state::done) {
+      // The task at this address must be the one this client means: a ps.1 reached at ps.0's
+      // address (a wrong spec, a relay) is refused rather than sent ps.0's shards.
+      if (h.peer_identity_raw() != p.name) {
+        p.socket.close();
+        throw error(errc::peer_failure, p.describe() + ": the server presented itself as '" + h.peer_identity() +
+                                            "', not as '" + detail::printable(p.name) + "' (a wrong address?)");
+      }
+      return true;
+    }
     if (h.status() == detail::handshake::state::failed) {
       p.socket.close();
       throw error(errc::peer_failure, p.describe() + ": " + h.failure());
@@ -310,7 +338,8 @@ inline void rpc_client::handshake(peer& p, std::chrono::steady_clock::time_point
     in.resize(h.bytes_wanted());
     std::error_code result = asio::error::would_block;
     asio::async_read(p.socket, asio::buffer(in), [&](std::error_code ec, std::size_t) { result = ec; });
-    wait(p, deadline, result, "waiting for the handshake");
+    if (!finish(result, "waiting for the handshake", false)) return false;
+    answered = true;
     h.receive(in);
   }
 }

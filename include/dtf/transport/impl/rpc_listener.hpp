@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -24,8 +26,10 @@ rpc_server<Handler>::rpc_server(Handler& handler, transport_options options, con
       tls_context_(detail::make_tls_context(options_.tls, detail::tls_role::server,
                                             {options_.secret, options_.task_key}, options_.identity,
                                             options_.cluster_id)),
+      stranger_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
       acceptor_(io_),
       accept_backoff_(io_),
+      cap_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
       threads_(std::max(1, threads)) {
   // A server derives each client's key from the master secret (docs/design/identity.md).
   if (options_.secret.empty() && !options_.task_key.empty())
@@ -90,22 +94,48 @@ void rpc_server<Handler>::accept() {
       return;
     }
     accept_pause_ = milliseconds(0);
-    if (open_.load() >= options_.max_connections) {
+    std::error_code ignored;
+    const auto ep = sock.remote_endpoint(ignored);
+    const std::string source = ignored ? std::string("unknown") : ep.address().to_string();
+    if (const auto why = admit_handshake(source); !why.empty()) {
+      // Closed before a byte is read or written: the stranger learns nothing, costs no buffer,
+      // and a real client retries (rpc_client::connect).
       ++rejected_;
-      std::error_code ignored;
-      const auto ep = sock.remote_endpoint(ignored);
       cap_log_([&](const std::string& suppressed) {
         detail::log_line(options_, "dtf " + options_.identity + ": refused a connection from " +
-                                       (ignored ? std::string("unknown") : transport::format_address(ep.address().to_string(), ep.port())) +
-                                       ": " + std::to_string(options_.max_connections) +
-                                       " connections open (max_connections)" + suppressed);
+                                       (ignored ? source : transport::format_address(source, ep.port())) + ": " +
+                                       why + suppressed);
       });
       sock.close(ignored);
     } else {
-      std::make_shared<session>(*this, std::move(sock))->start();
+      std::make_shared<session>(*this, std::move(sock), source)->start();
     }
     accept();
   });
+}
+
+template <class Handler>
+std::string rpc_server<Handler>::admit_handshake(const std::string& source) {
+  std::lock_guard g(sources_mu_);
+  if (handshaking_.load() >= options_.max_handshakes)
+    return std::to_string(options_.max_handshakes) + " connections in the handshake (max_handshakes)";
+  auto& from = handshaking_from_[source];
+  if (from >= options_.max_handshakes_per_source) {
+    if (from == 0) handshaking_from_.erase(source);
+    return std::to_string(options_.max_handshakes_per_source) +
+           " connections from this address in the handshake (max_handshakes_per_source)";
+  }
+  ++from;
+  ++handshaking_;
+  return {};
+}
+
+template <class Handler>
+void rpc_server<Handler>::end_handshake(const std::string& source) {
+  std::lock_guard g(sources_mu_);
+  const auto it = handshaking_from_.find(source);
+  if (it != handshaking_from_.end() && --it->second == 0) handshaking_from_.erase(it);  // the map holds live sources only
+  --handshaking_;
 }
 
 }  // namespace dtf

@@ -20,9 +20,10 @@ namespace dtf {
 template <class Handler>
 class rpc_server<Handler>::session : public std::enable_shared_from_this<session> {
  public:
-  session(rpc_server& s, detail::tcp_socket sock)
+  session(rpc_server& s, detail::tcp_socket sock, std::string source)
       : server_(s),
         socket_(std::move(sock)),
+        source_(std::move(source)),
         strand_(socket_.get_executor()),
         timer_(strand_),
         handshake_(detail::handshake::role::server,
@@ -63,7 +64,11 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     };
     ++server_.open_;
   }
-  ~session() { --server_.open_; }
+  ~session() {
+    if (in_handshake_) server_.end_handshake(source_);
+    if (authenticated_) --server_.authenticated_;
+    --server_.open_;
+  }
 
   void start() {
     std::error_code ec;
@@ -92,6 +97,21 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     if (!timer_waiting_ || timer_.expiry() > deadline_) wait_for_deadline();
   }
   void disarm() { deadline_ = std::chrono::steady_clock::time_point::max(); }
+  // Bytes moved: the deadline armed last starts again (deadlines follow progress).
+  void touch() {
+    if (deadline_ != std::chrono::steady_clock::time_point::max())
+      deadline_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline_ms_);
+  }
+  // A completion condition for large reads and writes that calls touch() each time bytes
+  // moved; it runs on the strand (Asio calls it from the operation's intermediate handlers).
+  struct progress {
+    session* s;
+    std::size_t operator()(const std::error_code& ec, std::size_t) const {
+      if (ec) return 0;
+      s->touch();
+      return std::size_t(1) << 30;
+    }
+  };
 
   void wait_for_deadline() {
     const std::uint64_t generation = ++timer_generation_;
@@ -117,9 +137,13 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     closed_ = true;
     notify_disconnected();
     if (!authenticated_ || reason.find("closed") == std::string::npos) ++server_.rejected_;
-    detail::log_line(server_.options_, "dtf " + server_.options_.identity + ": disconnected " +
-                                           (peer_.identity.empty() ? "" : "'" + peer_.identity + "' ") + "from " +
-                                           remote_ + ": " + reason);
+    const auto line = "dtf " + server_.options_.identity + ": disconnected " +
+                      (peer_.identity.empty() ? "" : "'" + peer_.identity + "' ") + "from " + remote_ + ": " + reason;
+    // Before authentication anyone may cause this line: at most one a second, with a count.
+    if (authenticated_)
+      detail::log_line(server_.options_, line);
+    else
+      server_.stranger_log_([&](const std::string& suppressed) { detail::log_line(server_.options_, line + suppressed); });
     std::error_code ec;
     timer_.cancel();
     socket_.close(ec);
@@ -150,6 +174,13 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     }
     if (handshake_.status() == state::done) {
       peer_.identity = handshake_.peer_identity();
+      in_handshake_ = false;
+      server_.end_handshake(source_);
+      if (server_.authenticated_.fetch_add(1) >= server_.options_.max_connections) {
+        --server_.authenticated_;
+        return drop(std::to_string(server_.options_.max_connections) +
+                    " authenticated connections open (max_connections)");
+      }
       authenticated_ = true;
       disarm();
       return read_header();
@@ -193,13 +224,14 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     } catch (const error& e) {
       return drop(e.message());
     }
-    // Bytes of a frame are arriving: the whole frame must follow within frame_timeout_ms.
+    // Bytes of a frame are arriving: they must keep arriving (frame_timeout_ms between them).
     arm(server_.options_.frame_timeout_ms, "sent an incomplete frame");
     meta_.resize(header_.meta_size);
-    // The meta first: for a payload that needs a larger buffer than this connection has, with
-    // a handler that bounds payloads (it says what this request may carry before anything is
-    // allocated for it); for a large payload, with a handler that may take it in pieces.
-    if (bounded() || pieceable()) {
+    // The meta first for a payload that needs a larger buffer than this connection has (the
+    // buffer then grows with the bytes that arrive; with a handler that bounds payloads, it
+    // says first what this request may carry), and for a large payload a handler may take in
+    // pieces.
+    if (header_.payload_size > payload_.size() || pieceable()) {
       asio::async_read(socket_, asio::buffer(meta_),
                        asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code e2, std::size_t) {
                          self->on_meta(e2);
@@ -255,35 +287,62 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     read_body(false);
   }
 
-  // The rest of the frame: the meta too unless on_meta read it, then the payload.
+  // The rest of the frame: the meta too unless on_meta read it (it did whenever the payload
+  // needs a larger buffer), then the payload.
   void read_body(bool with_meta) {
-    if (header_.payload_size > payload_.size()) {
-      try {
-        payload_.resize(header_.payload_size);
-      } catch (const std::bad_alloc&) {
-        return refuse_payload("no memory for the " + std::to_string(header_.payload_size) +
-                              " payload bytes of a request of kind " + std::to_string(int(header_.kind)),
-                              (with_meta ? header_.meta_size : 0) + header_.payload_size);
-      }
-    }
     if (!pieces_.ends.empty()) {
       piece_ = 0;
       pieces_failed_ = false;
       return read_piece();
     }
+    if (header_.payload_size > payload_.size()) return read_growing(0);
     std::array bufs{with_meta ? asio::buffer(meta_) : asio::mutable_buffer(),
                     asio::buffer(payload_.data(), header_.payload_size)};
-    asio::async_read(socket_, bufs, detail::transfer_all_large{},
+    asio::async_read(socket_, bufs, progress{this},
                      asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code e2, std::size_t) {
                        self->on_frame(e2);
+                     }));
+  }
+
+  // A payload larger than the connection's buffer, read from byte `have` on: the buffer grows
+  // (doubling, from 64 KiB) only as bytes arrive, so an announcement costs nothing and a peer
+  // holds at most twice what it sent (and nothing once dropped for stalling).
+  void read_growing(std::uint64_t have) {
+    constexpr std::uint64_t first_growth = 64 * 1024;
+    const std::uint64_t upto = std::min<std::uint64_t>(
+        header_.payload_size, std::max<std::uint64_t>({std::uint64_t(payload_.size()), have * 2, first_growth}));
+    if (upto > payload_.size()) {
+      try {
+        payload_.resize(upto);
+      } catch (const std::bad_alloc&) {
+        return refuse_payload("no memory for the " + std::to_string(header_.payload_size) +
+                                  " payload bytes of a request of kind " + std::to_string(int(header_.kind)),
+                              header_.payload_size - have);
+      }
+    }
+    asio::async_read(socket_, asio::buffer(payload_.data() + have, upto - have), progress{this},
+                     asio::bind_executor(strand_, [self = this->shared_from_this(), upto](std::error_code ec, std::size_t) {
+                       if (self->closed_) return;
+                       if (ec || upto == self->header_.payload_size) return self->on_frame(ec);
+                       self->read_growing(upto);
                      }));
   }
 
   // ---- a payload taken in pieces (rpc_pieces) -------------------------------------------------
   void read_piece() {
     const std::uint64_t begin = piece_ == 0 ? 0 : pieces_.ends[piece_ - 1];
-    asio::async_read(socket_, asio::buffer(payload_.data() + begin, pieces_.ends[piece_] - begin),
-                     detail::transfer_all_large{},
+    // The buffer grows a piece at a time (geometrically: std::vector's growth), as the bytes
+    // come. Pieces handed over are applied at once (rpc_pieces), so none is held across a move.
+    if (pieces_.ends[piece_] > payload_.size()) {
+      try {
+        payload_.resize(pieces_.ends[piece_]);
+      } catch (const std::bad_alloc&) {
+        // Pieces before this one may be applied: the connection ends, as a lost one would.
+        return drop("no memory for piece " + std::to_string(piece_) + " of a request of kind " +
+                    std::to_string(int(header_.kind)));
+      }
+    }
+    asio::async_read(socket_, asio::buffer(payload_.data() + begin, pieces_.ends[piece_] - begin), progress{this},
                      asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code ec, std::size_t) {
                        self->on_piece(ec);
                      }));
@@ -346,6 +405,7 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
                      asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code ec, std::size_t got) {
                        if (self->closed_) return;
                        if (ec) return self->drop("truncated frame: " + ec.message());
+                       self->touch();
                        self->discard_ -= got;
                        self->discard_payload();
                      }));
@@ -377,7 +437,10 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     out_bufs_.push_back(asio::buffer(out_header_));
     out_bufs_.push_back(asio::buffer(reply_.meta));
     out_bufs_.insert(out_bufs_.end(), reply_.payload.begin(), reply_.payload.end());
-    asio::async_write(socket_, out_bufs_, detail::transfer_all_large{},
+    // The reply must keep leaving: a peer that stops reading is dropped after write_timeout_ms,
+    // and the buffers the reply pins (shard leases) are released.
+    arm(server_.options_.write_timeout_ms, "did not read its reply");
+    asio::async_write(socket_, out_bufs_, progress{this},
                       asio::bind_executor(strand_, [self = this->shared_from_this()](std::error_code ec, std::size_t) {
                         self->reply_.holds.clear();  // the payload's buffers are written (or never will be)
                         if (ec) return self->drop("reply not delivered: " + ec.message());
@@ -396,6 +459,8 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
 
   rpc_server& server_;
   detail::rpc_stream socket_;
+  std::string source_;  // the peer's address, counted in the server's handshake budgets
+  bool in_handshake_ = true;
   detail::io_strand strand_;
   detail::steady_timer_on<detail::io_strand> timer_;
   detail::handshake handshake_;

@@ -69,7 +69,13 @@ class rpc_stream {
     tls_ = std::make_unique<tls_channel>(ctx, role);
     cipher_in_.resize(tls_read_chunk);
   }
-  void reset_tls() noexcept { tls_.reset(); }
+  void reset_tls() noexcept {
+    tls_.reset();
+    handshake_bytes_in_ = 0;
+  }
+  /// Bytes the peer sent during the TLS handshake (0: it closed or reset the connection
+  /// without answering, as a server over its handshake budget does).
+  std::size_t handshake_bytes_in() const noexcept { return handshake_bytes_in_; }
 
   /// The TLS handshake; `handler(std::error_code)` (tls_error_text names the cause).
   template <class Handler>
@@ -126,6 +132,7 @@ class rpc_stream {
     socket_.async_read_some(asio::buffer(cipher_in_), asio::bind_executor(ex, [this, h = std::move(h)](
                                                                              std::error_code ec, std::size_t n) mutable {
                               if (ec) return h(ec);
+                              handshake_bytes_in_ += n;
                               tls_->feed(cipher_in_.data(), n);
                               handshake_step(std::move(h), true);
                             }));
@@ -184,6 +191,7 @@ class rpc_stream {
   tcp_socket socket_;
   std::unique_ptr<tls_channel> tls_;
   std::vector<std::byte> cipher_in_;
+  std::size_t handshake_bytes_in_ = 0;
 };
 
 /// The reason of a failed TLS handshake (tls_failure_reason) from its error.
