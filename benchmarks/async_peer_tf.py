@@ -34,7 +34,6 @@ import collections
 import gzip
 import math
 import os
-import socket
 import sys
 import time
 
@@ -42,6 +41,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+# tf.distribute.Server needs concrete port numbers in its ClusterSpec (it cannot be given port 0
+# and asked which one it got): free_ports binds each to port 0, reads the number back and
+# releases them just before the servers start, as the sparse-embedding peer does.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sparse_peer_tf import free_ports  # noqa: E402
 
 DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -77,25 +82,6 @@ def load_split(data_dir, prefix):
 def scale(pixels):
     """Pixels from [0, 255] to [0, 1], as dtf's dataset::normalize() does."""
     return tf.cast(pixels, tf.float32) / 255.0
-
-
-def free_ports(n):
-    """n distinct free TCP ports on 127.0.0.1.
-
-    tf.distribute.Server needs concrete port numbers in its ClusterSpec (it cannot be given
-    port 0 and asked which one it got), so, as sparse_peer_tf.py does, each port comes from
-    binding a socket to port 0 and reading the number back; the sockets are held until all n
-    are bound (so the numbers are distinct) and closed just before the servers start."""
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def in_process_cluster(num_ps, num_workers, threads):

@@ -154,6 +154,21 @@ struct lockout_any_payload_handler {
                   rpc_reply&) {}
 };
 
+// An rpc_server with handler H on a thread of its own; stopped and joined when it goes.
+template <class H>
+struct lockout_serving {
+  H handler;
+  rpc_server<H> server;
+  std::thread thread;
+  explicit lockout_serving(const transport_options& o) : server(handler, o, "127.0.0.1:0") {
+    thread = std::thread([this] { server.run(); });
+  }
+  ~lockout_serving() {
+    server.stop();
+    thread.join();
+  }
+};
+
 // A connection's handshake by hand (no secret), as any program could do it.
 void lockout_raw_hello(detail::tcp_socket& s, const std::string& identity) {
   detail::hello_msg m;
@@ -256,9 +271,8 @@ TEST_CASE("200 peers announcing 256 MiB payloads and stalling cost the server wh
   log_sink log;
   auto o = opts("ps.0", "", &log);
   o.frame_timeout_ms = 1500;
-  lockout_any_payload_handler handler;
-  rpc_server<lockout_any_payload_handler> server(handler, o, "127.0.0.1:0");
-  std::thread serving([&] { server.run(); });
+  lockout_serving<lockout_any_payload_handler> serving(o);
+  auto& server = serving.server;
   const std::uint64_t before = lockout_rss();
   REQUIRE(lockout_reset_peak());
   constexpr int peers = 200;
@@ -282,8 +296,6 @@ TEST_CASE("200 peers announcing 256 MiB payloads and stalling cost the server wh
   INFO("RSS before " << before / 1024 << " KiB, peak " << peak / 1024 << " KiB");
   // 200 x 64 KiB of buffer (the first growth step) is 12.5 MiB; announced in all: 50 GiB.
   CHECK(peak < before + (std::uint64_t(64) << 20));
-  server.stop();
-  serving.join();
 }
 
 TEST_CASE("a peer that stops reading its reply is disconnected after write_timeout_ms and the reply's holds released",
@@ -291,9 +303,9 @@ TEST_CASE("a peer that stops reading its reply is disconnected after write_timeo
   log_sink log;
   auto o = opts("ps.0", "", &log);
   o.write_timeout_ms = 500;
-  lockout_pinning_handler handler;
-  rpc_server<lockout_pinning_handler> server(handler, o, "127.0.0.1:0");
-  std::thread serving([&] { server.run(); });
+  lockout_serving<lockout_pinning_handler> serving(o);
+  auto& server = serving.server;
+  auto& handler = serving.handler;
   asio::io_context io;
   detail::tcp_socket s(io);
   s.connect({asio::ip::make_address("127.0.0.1"), server.port()});
@@ -305,6 +317,4 @@ TEST_CASE("a peer that stops reading its reply is disconnected after write_timeo
   // The connection is gone and so is the hold (a shard lease, for a ps's pull): released when
   // the write's completion runs, just after the drop.
   CHECK(handler.wait_released(std::chrono::seconds(10)));
-  server.stop();
-  serving.join();
 }
