@@ -45,6 +45,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case message_kind::ps_sparse_stats: try_decode<ps_sparse_stats_msg>(meta); break;
         case message_kind::ps_sparse_restore: try_decode<ps_sparse_restore_msg>(meta); break;
         case message_kind::ps_positions: try_decode<ps_positions_msg>(meta); break;
+        case message_kind::ps_sync_push:
+        case message_kind::ps_sync_stage: try_decode<ps_sync_push_msg>(meta); break;
+        case message_kind::ps_sync_apply:
+        case message_kind::ps_sync_decision: try_decode<ps_sync_apply_msg>(meta); break;
         default: try_decode<ps_status_msg>(meta); break;
       }
     } catch (const dtf::error&) {
@@ -56,6 +60,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try_decode<refused_msg>(bytes);
   try_decode<ps_init_msg>(bytes);
   try_decode<ps_push_msg>(bytes);
+  try_decode<ps_sync_apply_msg>(bytes);
   try_decode<ps_save_msg>(bytes);
   try_decode<ps_saved_msg>(bytes);
   try_decode<ps_restore_msg>(bytes);

@@ -26,7 +26,7 @@
 namespace dtf::detail {
 
 inline constexpr std::uint32_t frame_magic = 0x31465444;  // "DTF1"
-inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t protocol_version = 3;
 inline constexpr std::size_t frame_header_size = 32;
 
 enum class message_kind : std::uint16_t {
@@ -58,6 +58,10 @@ enum class message_kind : std::uint16_t {
   ps_sparse_restore = 31,  // rows of a checkpoint's table (ps_sparse_restore_msg)
   // checkpoints, continued
   ps_positions = 32,  // training tasks' data positions, kept on ps 0 (ps_positions_msg both ways)
+  // the synchronous protocol (dtf/ps/sync_protocol.hpp); ps_sync_push is its commit
+  ps_sync_stage = 33,     // a contribution's part, staged on ps p > 0 (ps_sync_push_msg)
+  ps_sync_apply = 34,     // apply a decided step (ps_sync_apply_msg), to ps p > 0
+  ps_sync_decision = 35,  // the decision of a step, from ps 0 (ps_sync_apply_msg, ids empty)
   // collectives (dtf/collectives.hpp); 40..59 are reserved for them
   collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
   rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
@@ -66,7 +70,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 6) || (k >= 16 && k <= 32) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 6) || (k >= 16 && k <= 35) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

@@ -170,9 +170,42 @@ struct ps_sync_push_msg {
   std::optional<data::position> position;  // to ps 0: the sender's data position once this
                                            // contribution's step completes (recorded then)
   bool all_finite = true;  // to ps 0: every value of the whole contribution (all ps) is finite
+  std::uint64_t incarnation = 0;  // drawn by the sender's client and the client's count of its
+  std::uint64_t sequence = 0;     // contributions: with its identity, the contribution's id
   template <class A>
   void serialize(A& ar) {
-    ar(ids, step, kind, learning_rate, rows, position, all_finite);
+    ar(ids, step, kind, learning_rate, rows, position, all_finite, incarnation, sequence);
+  }
+};
+/// A synchronous contribution's id: the authenticated identity of its sender (never a name
+/// from the message), the incarnation its client drew (a restarted worker draws another) and
+/// the client's count of its answered contributions (a retry of an unanswered one repeats it).
+struct contribution_id {
+  std::string worker;
+  std::uint64_t incarnation = 0, sequence = 0;
+  auto operator<=>(const contribution_id&) const = default;
+  template <class A>
+  void serialize(A& ar) {
+    ar(worker, incarnation, sequence);
+  }
+};
+/// ps 0's decision of a synchronous step: the contributions it averages, in order.
+struct sync_decision {
+  std::int64_t step = 0;
+  std::vector<contribution_id> ids;
+  bool operator==(const sync_decision&) const = default;
+  template <class A>
+  void serialize(A& ar) {
+    ar(step, ids);
+  }
+};
+/// Worker -> ps p > 0: apply `decision` (ps_sync_apply); worker -> ps 0: the decision of step
+/// `decision.step`, ids empty (ps_sync_decision).
+struct ps_sync_apply_msg {
+  sync_decision decision;
+  template <class A>
+  void serialize(A& ar) {
+    ar(decision);
   }
 };
 struct ps_status_msg {
@@ -185,9 +218,11 @@ struct ps_status_msg {
   std::uint64_t dropped_total = 0; // sync push: this worker's dropped contributions so far
   bool skipped = false;            // push: not applied (non-finite values, policy skip)
   bool synchronous = false;        // the ps aggregates synchronous steps (its global step is its own)
+  std::optional<sync_decision> decision;  // ps 0's answer to a commit or a decision request
   template <class A>
   void serialize(A& ar) {
-    ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total, skipped, synchronous);
+    ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total, skipped, synchronous,
+       decision);
   }
 };
 /// Chief -> ps: write your shards as DIR/NAME.ps-I-of-N.shard (see dtf/checkpoint.hpp), DIR

@@ -17,6 +17,7 @@
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/device_forms.hpp>
 #include <dtf/ps/done_client.hpp>
+#include <dtf/ps/sync_client.hpp>
 #include <dtf/transport.hpp>
 
 #include <algorithm>
@@ -57,9 +58,12 @@ struct sync_rows {
 /// host memory (std::span) or device memory (dtf::device_span, a device tensor's elements);
 /// shards are read from and written to their place in them directly (device memory on CUDA
 /// builds: through the connection's pinned staging buffer, see the file comment).
-class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::done_client<ps_client> {
+class ps_client : public ps_detail::device_forms<ps_client>,
+                  public ps_detail::done_client<ps_client>,
+                  ps_detail::sync_client<ps_client> {
   friend class ps_detail::device_forms<ps_client>;  // its forms use read, push and sync_push
   friend class ps_detail::done_client<ps_client>;   // it uses make_call, broadcast and run
+  friend class ps_detail::sync_client<ps_client>;   // it uses make_call, run and the layout
 
  public:
   using device_forms::pull;
@@ -184,10 +188,18 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
         most = std::max(most, st.global_step);
       }
       std::vector<std::size_t> behind;
+      std::vector<std::int64_t> missed;  // the steps of the ps behind ps 0 (decided, not applied there)
       for (std::size_t i = 0; sync && i < calls.size(); ++i)
-        if (detail::decode_message<detail::ps_status_msg>(calls[i].reply_meta, "status").global_step < most)
+        if (const auto at = detail::decode_message<detail::ps_status_msg>(calls[i].reply_meta, "status").global_step;
+            at < most) {
           behind.push_back(i);
+          if (calls[i].peer != 0) missed.push_back(at);
+        }
       if (behind.empty()) break;
+      // A ps behind ps 0 misses a decision its committers did not forward (they died after it
+      // was made): ps 0 gives it, this worker forwards it (dtf/ps/sync_protocol.hpp).
+      for (std::size_t j = 0, k = 0; j < behind.size(); ++j)
+        if (calls[behind[j]].peer != 0) this->forward_decision(calls[behind[j]].peer, missed[k++]);
       if (std::chrono::steady_clock::now() > deadline)
         throw error(errc::timeout, "pull: ps." + std::to_string(calls[behind[0]].peer) + " did not reach step " +
                                        std::to_string(most) + " within " + std::to_string(rpc_.options().timeout_ms) +
@@ -267,14 +279,16 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
         throw error(errc::shape_mismatch, "push_sync: rows of table " + std::to_string(r.table) + " (" +
                                               std::to_string(r.ids.size()) + " ids, " + std::to_string(r.rows.size()) +
                                               " floats of dim " + std::to_string(r.dim) + ") laid out for another ps count");
-    auto call_to = [&](std::size_t ps) {
+    auto call_to = [&](std::size_t ps, detail::message_kind kind) {
       detail::ps_sync_push_msg m{ids_[ps], step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
                                  learning_rate};
+      m.incarnation = this->incarnation();
+      m.sequence = this->sequence();
       for (const auto& r : rows)
         if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) m.rows.push_back({r.table, e - b});
       if (ps == 0 && position) m.position = *position;
       if (ps == 0) m.all_finite = all_finite;
-      auto c = make_call(ps, detail::message_kind::ps_sync_push, detail::encode_message(m));
+      auto c = make_call(ps, kind, detail::encode_message(m));
       attach(c, ps);
       for (const auto& r : rows)
         if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) {
@@ -283,28 +297,19 @@ class ps_client : public ps_detail::device_forms<ps_client>, public ps_detail::d
         }
       return c;
     };
-    // ps 0 admits: the first N contributions for the step are recorded there and its reply
-    // comes once the N-th arrived and its shards were updated; a dropped one goes nowhere
-    // else. Only then do the admitted contributors send the other ps their parts, so every
-    // ps averages the same N contributions and the dropped counts are ps 0's alone.
-    std::vector<rpc_call> first{call_to(0)};
+    // The protocol of dtf/ps/sync_protocol.hpp: the parts are staged on ps 1.., then the commit
+    // goes to ps 0, which admits the first N of the step and answers with its decision; the
+    // decision is forwarded to ps 1.. (each applies it once). Every request may be retried.
+    std::vector<rpc_call> stages;
+    for (std::size_t ps = 1; ps < layout_.num_ps; ++ps) stages.push_back(call_to(ps, detail::message_kind::ps_sync_stage));
+    run(stages);
+    std::vector<rpc_call> first{call_to(0, detail::message_kind::ps_sync_push)};
     run(first);
     track_done(first);
     const auto st0 = detail::decode_message<detail::ps_status_msg>(first[0].reply_meta, "status");
     sync_result r{st0.global_step, st0.dropped, st0.skipped, st0.dropped_total};
-    if (st0.dropped || st0.skipped) return r;
-    std::vector<rpc_call> rest;
-    for (std::size_t ps = 1; ps < layout_.num_ps; ++ps) rest.push_back(call_to(ps));
-    if (rest.empty()) return r;
-    run(rest);
-    track_done(rest);
-    for (const auto& c : rest) {
-      const auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status");
-      if (st.dropped || st.global_step != r.global_step)
-        throw error(errc::internal, "ps." + std::to_string(c.peer) + " ended synchronous step " +
-                                        std::to_string(step) + " at step " + std::to_string(st.global_step) +
-                                        (st.dropped ? " (dropped)" : "") + ", ps.0 at " + std::to_string(r.global_step));
-    }
+    if (st0.decision) this->forward(*st0.decision, layout_.num_ps);
+    this->answered();
     return r;
   }
 

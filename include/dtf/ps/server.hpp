@@ -1,5 +1,6 @@
 // dtf/ps/server.hpp — the parameter server task: request dispatch and the checks that keep a
-// connected peer from breaking it. Storage and apply: shard_store; synchronous steps: sync_aggregator.
+// connected peer from breaking it. Storage and apply: shard_store; synchronous steps:
+// sync_requests (the protocol: dtf/ps/sync_protocol.hpp).
 //
 // Requests (see dtf/detail/messages.hpp):
 //   init      the chief's initial values and ps_config (rule, apply mode, replicas); a second
@@ -11,7 +12,8 @@
 //             1/(staleness+1)); optionally advances the global step (kept on ps 0). Staleness:
 //             updates applied since the pusher's last pull; an update counts once it is applied.
 //             A large push is applied a piece at a time as it arrives (dtf/ps/push_pieces.hpp)
-//   sync push a contribution to synchronous step t, with its embedding rows (sync_aggregator)
+//   sync push, stage, apply, decision   a synchronous step's commit on ps 0, parts staged on
+//             the other ps, the decision forwarded to them (dtf/ps/sync_requests.hpp)
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
 //   step, shutdown, save, restore, done, done tasks, positions   see ps_client, dtf/ps/checkpointing.hpp,
 //   dtf/ps/done_tasks.hpp and dtf/ps/position_table.hpp
@@ -31,7 +33,8 @@
 //   ps_options::chief names another task; choose where checkpoints are written or read
 //   (ps_options::checkpoint_dir; names are confined to it, the writer never follows a symlink).
 // What a peer can do: everything an authenticated worker may — push finite garbage, push to
-// ps 0 without shards to advance the step when ps 0 holds none; without ps_options::chief,
+// ps 0 without shards to advance the step when ps 0 holds none, forward a decision of its own
+// making (N distinct parts staged on the ps: which of them a step applies); without ps_options::chief,
 // replace the model by a restore and shut the job down.
 #pragma once
 
@@ -45,7 +48,7 @@
 #include <dtf/ps/shard_snapshot.hpp>
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sparse_service.hpp>
-#include <dtf/ps/sync_aggregator.hpp>
+#include <dtf/ps/sync_requests.hpp>
 #include <dtf/transport.hpp>
 
 #include <atomic>
@@ -117,7 +120,8 @@ class parameter_server {
         return h.payload_size;
       }
       case message_kind::ps_push: return model_bytes_.load();
-      case message_kind::ps_sync_push: return model_bytes_.load() + sparse_.payload_limit(h.kind, meta);
+      case message_kind::ps_sync_push:
+      case message_kind::ps_sync_stage: return model_bytes_.load() + sparse_.payload_limit(h.kind, meta);
       case message_kind::ps_gather:
       case message_kind::ps_sparse_push:
       case message_kind::ps_sparse_restore: return sparse_.payload_limit(h.kind, meta);
@@ -158,7 +162,7 @@ class parameter_server {
   /// Transport callback: a peer's connection ended (see sync_aggregator::disconnected).
   void disconnected(const rpc_peer& peer) {
     const bool finished = done_.disconnected(peer);
-    if (auto why = sync_.disconnected(peer.identity, finished))
+    if (auto why = sync_.disconnected(peer.remote, peer.identity, finished))
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + *why);
   }
 
@@ -176,11 +180,19 @@ class parameter_server {
         return status(reply);
       case message_kind::ps_done_tasks:
         return done_.handle(peer, detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks"), reply);
-      case message_kind::ps_pull: return pull(detail::decode_message<detail::ps_pull_msg>(meta, "pull"), peer, reply);
+      case message_kind::ps_pull:
+        if (synchronous_) sync_.seen(peer.remote, peer.identity);  // a live replica (before the step lock)
+        return pull(detail::decode_message<detail::ps_pull_msg>(meta, "pull"), peer, reply);
       case message_kind::ps_push:
         return push(peer, detail::decode_message<detail::ps_push_msg>(meta, "push"), payload, reply);
       case message_kind::ps_sync_push:
-        return sync_push(peer, detail::decode_message<detail::ps_sync_push_msg>(meta, "sync push"), payload, reply);
+      case message_kind::ps_sync_stage:
+      case message_kind::ps_sync_apply:
+      case message_kind::ps_sync_decision: {
+        std::shared_lock lock(shards_mu_);
+        require_initialized();
+        return sync_requests_.handle(peer, h.kind, meta, payload, reply);
+      }
       case message_kind::ps_embedding_init:
       case message_kind::ps_gather:
       case message_kind::ps_sparse_push:
@@ -207,11 +219,12 @@ class parameter_server {
   }
 
   void status(rpc_reply& reply, std::uint64_t updates, std::uint64_t staleness = 0, bool dropped = false,
-              std::uint64_t dropped_total = 0, bool skipped = false) const {
+              std::uint64_t dropped_total = 0, bool skipped = false,
+              const std::optional<detail::sync_decision>& decision = std::nullopt) const {
     const std::uint64_t done = done_.size();
     reply.meta = detail::encode_message(detail::ps_status_msg{global_step_.load(), initialized_.load(), updates,
                                                               staleness, done, dropped, dropped_total, skipped,
-                                                              synchronous_.load()});
+                                                              synchronous_.load(), decision});
   }
   void status(rpc_reply& reply) const { status(reply, updates_.load()); }
 
@@ -241,48 +254,6 @@ class parameter_server {
                                              peer.identity + ", rule " + m.rule.name +
                                              (m.lock_free ? ", lock-free" : ", locked"));
     status(reply);
-  }
-
-  void sync_push(const rpc_peer& peer, const detail::ps_sync_push_msg& m, std::span<std::byte> payload,
-                 rpc_reply& reply) {
-    std::shared_lock lock(shards_mu_);
-    require_initialized();
-    // The dense shards' floats, then the rows of embedding tables (sparse_service::sync_rows).
-    const std::size_t dense = std::min(payload.size(), store_.bytes_of(m.ids));
-    const auto rows = sparse_.sync_rows(peer, m.rows, payload.subspan(dense));
-    if (m.position) positions_.admit(peer.identity);  // recorded with the step (position_table)
-    if (const auto [known, held] = sync_.named(peer.identity); !known)  // the tables' names are bounded
-      ps_detail::admit_task_name(options_, peer.identity, held, "synchronous push");
-    // A step's apply, from its first shard to the new step number, under step_mu_ (exclusive):
-    // a pull sees every shard of one step and that step's number (see pull).
-    std::unique_lock step_lock(step_mu_, std::defer_lock);
-    auto r = sync_.contribute(
-        peer.identity, m, payload.first(dense), rows.parts, store_, sparse_, options_.nonfinite,
-        [&] { return peer.defer(); },
-        [&](std::uint32_t id, const ps_detail::update& u) {
-          if (!step_lock.owns_lock()) step_lock.lock();
-          store_.apply(store_.find(id), u);
-        },
-        [&](std::int64_t step, const std::map<std::string, data::position>& positions) {
-          if (!step_lock.owns_lock()) step_lock.lock();
-          positions_.record(positions);  // before anyone is released: a checkpoint of step holds them
-          global_step_ = step;
-          ++updates_;
-          step_lock.unlock();
-        },
-        [&](rpc_reply& out) { status(out); });
-    if (!r) {
-      reply.deferred = true;
-      return;
-    }
-    if (r->dropped)
-      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": dropped a stale contribution of " +
-                                               peer.identity + " for step " + std::to_string(m.step) + " (" +
-                                               std::to_string(r->dropped_total) + " dropped from it so far)");
-    if (r->skipped)
-      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": skipped a non-finite contribution of " +
-                                               peer.identity);
-    status(reply, updates_.load(), 0, r->dropped, r->dropped_total, r->skipped);
   }
 
   // Snapshot of every shard, then the file is written outside the locks, into this ps's own
@@ -444,6 +415,11 @@ class parameter_server {
   std::atomic<std::uint64_t> generation_{0};  // the model's replacements (init, restore): see push_pieces
   std::atomic<std::uint64_t> model_bytes_{0};  // the dense shards held here, in bytes (init/restore)
   ps_detail::done_registry done_{options_};  // tasks that reported the end of their training (its own lock)
+  ps_detail::sync_requests sync_requests_{
+      options_, store_, sparse_, positions_, sync_, step_mu_, global_step_, updates_,
+      [this](rpc_reply& r, bool dropped, std::uint64_t total, bool skipped, const std::optional<detail::sync_decision>& d) {
+        status(r, updates_.load(), 0, dropped, total, skipped, d);
+      }};
   rpc_server<parameter_server> server_;  // last: its handler (this) is complete before it starts
 };
 

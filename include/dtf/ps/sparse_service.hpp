@@ -70,7 +70,8 @@ class sparse_service {
         return rows_here(t, m.count, "sparse restore") * (8 + std::uint64_t(t.layout.spec.dim) * sizeof(float) * (1 + t.num_slots) +
                                (t.layout.spec.hashed() ? 8 : 0));
       }
-      case message_kind::ps_sync_push: {  // its rows (the server adds the dense part)
+      case message_kind::ps_sync_push:
+      case message_kind::ps_sync_stage: {  // its rows (the server adds the dense part)
         // The rows it names (each table once, at most the rows held of it), not the tables'
         // capacities: a meta of many parts cannot inflate the bound.
         const auto m = detail::decode_message<detail::ps_sync_push_msg>(meta, "sync push");

@@ -1,8 +1,8 @@
-// dtf/ps/sync_aggregator.hpp — synchronous aggregation on one ps (SyncReplicasOptimizer).
-//
-// Contributions are tagged with the step they were computed at. The first N for the current
-// step are averaged and applied (through shard_store::apply), the step advances and every
-// contributor is released; contributions for an older step are dropped and counted per worker.
+// dtf/ps/sync_aggregator.hpp — synchronous aggregation on one ps (SyncReplicasOptimizer), in
+// the protocol of dtf/ps/sync_protocol.hpp: on ps 0 the first N commits of a step are averaged
+// and applied (through shard_store::apply), the step advances and every committer is released
+// with the decision; on ps p > 0 parts are staged and a forwarded decision applies the average
+// of its parts. Contributions for an older step are dropped and counted per worker.
 // A contribution may carry rows of embedding tables (an embedding model's row gradients): each
 // row any contributor sent is summed over the step's contributions, divided by N (the dense
 // average, a contributor that did not touch a row counting as a zero gradient: what a dense
@@ -13,11 +13,18 @@
 // contribution): a malformed one is an error to its sender alone and changes nothing. It is
 // attributed to the authenticated connection's identity, never to a name in the message.
 //
+// An apply that fails part-way (bad_alloc in copy on write) fails the ps loudly: every waiting
+// and later synchronous request gets the error, never half a step silently.
+// Liveness: the connections that pulled or contributed are counted; when one ends without a
+// done report and fewer than N workers have a connection left, every synchronous request fails
+// with an error naming the task that left.
+//
 // Thread safety: every member takes the aggregator's mutex.
 #pragma once
 
 #include <dtf/detail/messages.hpp>
 #include <dtf/ps/shard_store.hpp>
+#include <dtf/ps/sync_protocol.hpp>
 #include <dtf/transport.hpp>
 
 #include <functional>
@@ -43,11 +50,12 @@ struct contributed_rows {
 
 class sync_aggregator {
  public:
-  /// What contribute() did.
+  /// What a request did, when it is answered at once.
   struct outcome {
-    bool dropped = false;            ///< for a finished step: reply at once
+    bool dropped = false;            ///< for a finished step (with its decision when kept)
     std::uint64_t dropped_total = 0;
-    bool skipped = false;            ///< non-finite values, nonfinite_policy::skip: reply at once
+    bool skipped = false;            ///< non-finite values, nonfinite_policy::skip
+    std::optional<sync_decision> decision;
   };
 
   ~sync_aggregator() { clear_waiting(); }
@@ -56,30 +64,30 @@ class sync_aggregator {
   /// contributors get `reason` as an error (they retry).
   void configure(std::size_t n, const shard_store& store, std::int64_t step, const std::string& reason) {
     std::lock_guard g(mu_);
-    for (auto& w : waiting_) w.send(rpc_reply::failure(errc::peer_failure, reason));
+    for (auto& w : waiting_) w.second.send(rpc_reply::failure(errc::peer_failure, reason));
     waiting_.clear();
     n_ = n;
     acc_.clear();  // a model-sized buffer, needed only by synchronous training
     if (n_ > 0)
       for (const auto& [id, s] : store.shards()) acc_[id].assign(s->values.size(), 0.0f);
     step_ = step;
-    count_ = 0;
+    admission_.reset(n, step);
+    staging_.reset(n, step);
     rows_.clear();
     positions_.clear();
-    contributors_.clear();
     failure_.clear();
     kind_.reset();
   }
 
-  /// Validates and records `who`'s contribution: `payload` its dense shards, `rows` its
-  /// embedding rows. When it is the N-th, averages, applies with `apply(shard id, update)` and
-  /// tables.apply_rows(table, ids, rows, delta) (every row any contributor sent, its sum / N:
-  /// a row a contributor did not touch counts as a zero gradient, as in the dense average),
-  /// advances the step and releases every contributor with `status(reply)` after
-  /// `advanced(new step, positions)` (the data positions the step's contributions carried, by
-  /// contributor: recorded with the step, before anyone is released). tables.reserve_rows(rows)
-  /// checks the ids (and makes a hashed table's rows) last before recording. Returns nullopt
-  /// when the reply is deferred.
+  /// ps 0: validates and records `who`'s commit (`payload` its dense shards, `rows` its
+  /// embedding rows). When it is the N-th, averages, applies with `apply(shard id, update)` and
+  /// tables.apply_rows (every row any contributor sent, its sum / N: a row a contributor did not
+  /// touch counts as a zero gradient, as in the dense average), advances the step and releases
+  /// every committer with `status(reply, decision)` after `advanced(new step, positions)` (the
+  /// data positions the step's contributions carried, recorded before anyone is released).
+  /// tables.reserve_rows(rows) checks the ids (and makes a hashed table's rows) last before
+  /// recording. A commit already recorded (a retry) waits on the new request; one for a decided
+  /// step is answered with the decision. Returns nullopt when the reply is deferred.
   template <class Tables, class Apply, class Advanced, class Status>
   std::optional<outcome> contribute(const std::string& who, const detail::ps_sync_push_msg& m,
                                     std::span<const std::byte> payload, std::span<const contributed_rows> rows,
@@ -88,34 +96,24 @@ class sync_aggregator {
                                     Status&& status) {
     std::lock_guard g(mu_);
     if (n_ == 0) throw error(errc::invalid_argument, "synchronous push to a ps initialised for asynchronous training");
+    const contribution_id id{who, m.incarnation, m.sequence};
     if (m.step < step_) {
-      const auto n = ++dropped_[who];
-      return outcome{true, n, false};
+      auto r = admission_.commit(id, m.step);
+      if (r.v == sync_admission::verdict::admitted) return outcome{false, 0, false, std::move(r.decision)};
+      return outcome{true, ++dropped_[who], false, std::move(r.decision)};
     }
     if (!failure_.empty()) throw error(errc::peer_failure, failure_);
     if (m.step > step_)
       throw error(errc::invalid_argument, who + " contributed for step " + std::to_string(m.step) +
                                               " but the ps is at step " + std::to_string(step_));
-    if (contributors_.count(who))
-      throw error(errc::invalid_argument, who + " already contributed to step " + std::to_string(step_));
-    if (m.kind == detail::update_kind::scaled_delta || m.kind == detail::update_kind::scaled_gradient)
-      throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
-    // Exactly this ps's shards, each once: the average is over whole contributions.
-    if (m.ids.size() != acc_.size() || store.bytes_of(m.ids) != payload.size())
-      throw error(errc::shape_mismatch, who + ": a synchronous contribution must carry every shard of this ps once (" +
-                                            std::to_string(m.ids.size()) + " shards, " +
-                                            std::to_string(payload.size()) + " bytes sent)");
-    const std::span<const float> in(reinterpret_cast<const float*>(payload.data()), payload.size() / sizeof(float));
-    const auto rows_finite = [&] {
-      for (const auto& r : rows)
-        if (!all_finite(r.rows)) return false;
-      return true;
-    };
-    if (policy != nonfinite_policy::apply && !(m.all_finite && all_finite(in) && rows_finite())) {
-      if (policy == nonfinite_policy::reject)
-        throw error(errc::invalid_argument, who + " contributed non-finite values to step " + std::to_string(step_));
-      return outcome{false, 0, true};
-    }
+    for (auto& [wid, w] : waiting_)
+      if (wid == id) {  // a retry: its first bytes count, the new request gets the answer
+        w.send(rpc_reply::failure(errc::peer_failure, "superseded by a retry of the same contribution"));
+        w = defer();
+        return std::nullopt;
+      }
+    const auto in = validate(who, m, payload, rows, store, tables, policy);
+    if (!in) return outcome{false, 0, true, {}};
     if (kind_ && (*kind_ != m.kind || lr_ != m.learning_rate))
       throw error(errc::invalid_argument, who + ": contribution of another kind or learning rate than step " +
                                               std::to_string(step_) + "'s first");
@@ -123,74 +121,104 @@ class sync_aggregator {
     // Valid: record it.
     kind_ = m.kind;
     lr_ = m.learning_rate;
-    contributors_.insert(who);
-    alive_.insert(who);
     if (m.position) positions_[who] = *m.position;
-    std::size_t at = 0;
-    for (auto id : m.ids) {
-      auto& acc = acc_.at(id);
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += in[at + i];
-      at += acc.size();
-    }
-    for (const auto& r : rows) {
-      auto& sum = rows_[r.table];
-      sum.dim = r.dim;
-      for (std::size_t i = 0; i < r.ids.size(); ++i) {
-        auto [it, fresh] = sum.at.try_emplace(r.ids[i], sum.ids.size());
-        if (fresh) {
-          sum.ids.push_back(r.ids[i]);
-          sum.values.resize(sum.values.size() + r.dim, 0.0f);
-        }
-        float* to = sum.values.data() + it->second * r.dim;
-        for (std::size_t k = 0; k < r.dim; ++k) to[k] += r.rows[i * r.dim + k];
-      }
-    }
-    ++count_;
-    waiting_.push_back(defer());
-    if (count_ < n_) return std::nullopt;
-
-    // The N-th contribution: average, apply, advance, release everyone.
-    const float inv = 1.0f / float(n_);
-    for (auto& [id, acc] : acc_) {
-      for (auto& v : acc) v *= inv;
-      apply(id, update{*kind_, acc, lr_, 1.0f});
-      std::fill(acc.begin(), acc.end(), 0.0f);
-    }
-    for (auto& [table, sum] : rows_) {
-      if (sum.ids.empty()) continue;
-      for (auto& v : sum.values) v *= inv;
-      // Does not throw: the ids were checked when recorded (see sparse_service::apply_rows).
-      tables.apply_rows(table, sum.ids, sum.values, *kind_ == detail::update_kind::delta);
-      sum.at.clear();  // emptied, not freed: the next step reuses the buffers
-      sum.ids.clear();
-      sum.values.clear();
-    }
-    ++step_;
-    count_ = 0;
-    contributors_.clear();
-    kind_.reset();
-    advanced(step_, positions_);
+    accumulate(m.ids, *in, rows);
+    auto r = admission_.commit(id, m.step);
+    waiting_.emplace_back(id, defer());
+    if (!r.decided_now) return std::nullopt;
+    finish(tables, apply, advanced);
     positions_.clear();
-    for (auto& w : waiting_) {
-      rpc_reply r;
-      status(r);
-      w.send(std::move(r));
+    for (auto& [wid, w] : waiting_) {
+      rpc_reply out;
+      status(out, *r.decision);
+      w.send(std::move(out));
     }
     waiting_.clear();
     return std::nullopt;
   }
 
-  /// A connection ended: a contributor that vanished without reporting done may leave fewer
-  /// than N replicas; then every waiting worker, and every later contribution, gets an error.
-  /// Returns the failure message when this made the step impossible.
-  std::optional<std::string> disconnected(const std::string& who, bool finished) {
+  /// ps p > 0: validates and stages `who`'s part of a step (a retry keeps the first part). A
+  /// part for a step finished here is answered dropped.
+  template <class Tables>
+  outcome stage(const std::string& who, const detail::ps_sync_push_msg& m, std::span<const std::byte> payload,
+                std::span<const contributed_rows> rows, const shard_store& store, Tables& tables,
+                nonfinite_policy policy) {
     std::lock_guard g(mu_);
-    if (n_ == 0 || !alive_.erase(who) || finished) return std::nullopt;
-    if (alive_.size() >= n_ || !failure_.empty()) return std::nullopt;
-    failure_ = "synchronous training cannot continue: " + who + " disconnected, leaving " +
-               std::to_string(alive_.size()) + " of the " + std::to_string(n_) + " replicas each step needs";
-    for (auto& w : waiting_) w.send(rpc_reply::failure(errc::peer_failure, failure_));
-    waiting_.clear();
+    if (n_ == 0) throw error(errc::invalid_argument, "synchronous part sent to a ps initialised for asynchronous training");
+    if (!failure_.empty()) throw error(errc::peer_failure, failure_);
+    const contribution_id id{who, m.incarnation, m.sequence};
+    if (m.step < step_) return outcome{true, 0, false, {}};
+    if (m.step > step_)
+      throw error(errc::invalid_argument, who + " staged a part for step " + std::to_string(m.step) +
+                                              " but the ps is at step " + std::to_string(step_));
+    if (staging_.holds(id)) return {};
+    if (m.kind == detail::update_kind::scaled_delta || m.kind == detail::update_kind::scaled_gradient)
+      throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
+    // Non-finite values: ps 0 applies the policy to the whole contribution (all_finite); a part
+    // it may admit is staged whatever it holds, unless the policy rejects it outright.
+    const auto in = validate(who, m, payload, rows, store, tables,
+                             policy == nonfinite_policy::reject ? policy : nonfinite_policy::apply);
+    tables.reserve_rows(rows);  // here, before ps 0 can admit the part: never after
+    staged_part part{m.ids, {in->begin(), in->end()}, {}, m.kind, m.learning_rate};
+    for (const auto& r : rows)
+      part.rows.push_back({r.table, r.dim, {r.ids.begin(), r.ids.end()}, {r.rows.begin(), r.rows.end()}});
+    staging_.stage(id, m.step, std::move(part));
+    return {};
+  }
+
+  /// ps p > 0: applies decision d (its staged parts averaged, as ps 0 did) and advances; false
+  /// when d's step was applied here already. A decision naming a part never staged here fails
+  /// the ps (errc::internal): the steps of the ps would no longer be one model's.
+  template <class Tables, class Apply, class Advanced>
+  bool apply_decision(const sync_decision& d, Tables& tables, Apply&& apply, Advanced&& advanced) {
+    std::lock_guard g(mu_);
+    if (n_ == 0) throw error(errc::invalid_argument, "synchronous decision sent to a ps initialised for asynchronous training");
+    if (!failure_.empty()) throw error(errc::peer_failure, failure_);
+    std::optional<std::vector<staged_part*>> parts;
+    try {
+      parts = staging_.parts_of(d);
+    } catch (const error& e) {
+      if (e.code() == make_error_code(errc::internal)) fail(e.message());
+      throw;
+    }
+    if (!parts) return false;
+    kind_ = parts->front()->kind;
+    lr_ = parts->front()->lr;
+    for (const auto* p : *parts) {
+      if (p->kind != *kind_ || p->lr != lr_) fail("step " + std::to_string(d.step) + " mixes kinds or learning rates");
+      std::vector<contributed_rows> rows;
+      for (const auto& r : p->rows) rows.push_back({r.table, r.dim, r.ids, r.values});
+      accumulate(p->ids, p->dense, rows);
+    }
+    finish(tables, apply, advanced);
+    staging_.advance();
+    return true;
+  }
+
+  /// ps 0: the decision of a finished step, when still kept.
+  std::optional<sync_decision> decision_of(std::int64_t step) const {
+    std::lock_guard g(mu_);
+    return admission_.decision_of(step);
+  }
+
+  /// A connection of `who` (at `remote`) pulled or contributed: it counts as a live replica
+  /// until it ends.
+  void seen(const std::string& remote, const std::string& who) {
+    std::lock_guard g(mu_);
+    if (n_ > 0 && !alive_.count(remote)) alive_.emplace(remote, who);
+  }
+
+  /// A connection ended: a worker that vanished without reporting done may leave fewer than N
+  /// replicas; then every waiting worker, and every later contribution, gets an error naming
+  /// it. Returns the failure message when this made the step impossible.
+  std::optional<std::string> disconnected(const std::string& remote, const std::string& who, bool finished) {
+    std::lock_guard g(mu_);
+    if (n_ == 0 || !alive_.erase(remote) || finished) return std::nullopt;
+    std::set<std::string> live;
+    for (const auto& [r, w] : alive_) live.insert(w);
+    if (live.count(who) || live.size() >= n_ || !failure_.empty()) return std::nullopt;
+    fail("synchronous training cannot continue: " + who + " disconnected, leaving " + std::to_string(live.size()) +
+         " of the " + std::to_string(n_) + " replicas each step needs");
     return failure_;
   }
 
@@ -203,7 +231,10 @@ class sync_aggregator {
   /// admits a new name as it admits a done report: ps_detail::admit_task_name).
   std::pair<bool, std::size_t> named(const std::string& who) const {
     std::lock_guard g(mu_);
-    return {dropped_.count(who) > 0 || alive_.count(who) > 0, dropped_.size() + alive_.size()};
+    std::set<std::string> names;
+    for (const auto& [w, n] : dropped_) names.insert(w);
+    for (const auto& [r, w] : alive_) names.insert(w);
+    return {names.count(who) > 0, names.size()};
   }
 
   /// N, the contributions a step aggregates (0: asynchronous training).
@@ -218,9 +249,117 @@ class sync_aggregator {
   }
 
  private:
+  struct staged_part {  // a copy: the request's buffer is the connection's
+    struct rows_copy {
+      std::uint32_t table = 0, dim = 0;
+      std::vector<std::uint64_t> ids;
+      std::vector<float> values;
+    };
+    std::vector<std::uint32_t> ids;  // the dense floats' shards, in the sender's order
+    std::vector<float> dense;
+    std::vector<rows_copy> rows;
+    detail::update_kind kind = detail::update_kind::gradient;
+    std::optional<float> lr;
+  };
+
+  // Checks a contribution or part against this ps: its kind, exactly this ps's shards each once
+  // (the average is over whole contributions), its values' finiteness under `policy`. Returns
+  // its dense floats, or nullopt to skip it (nonfinite_policy::skip).
+  template <class Tables>
+  std::optional<std::span<const float>> validate(const std::string& who, const detail::ps_sync_push_msg& m,
+                                                 std::span<const std::byte> payload,
+                                                 std::span<const contributed_rows> rows, const shard_store& store,
+                                                 Tables&, nonfinite_policy policy) const {
+    if (m.kind == detail::update_kind::scaled_delta || m.kind == detail::update_kind::scaled_gradient)
+      throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
+    if (m.ids.size() != acc_.size() || store.bytes_of(m.ids) != payload.size())
+      throw error(errc::shape_mismatch, who + ": a synchronous contribution must carry every shard of this ps once (" +
+                                            std::to_string(m.ids.size()) + " shards, " +
+                                            std::to_string(payload.size()) + " bytes sent)");
+    const std::span<const float> in(reinterpret_cast<const float*>(payload.data()), payload.size() / sizeof(float));
+    bool finite = m.all_finite || policy == nonfinite_policy::apply;
+    if (policy != nonfinite_policy::apply) {
+      finite = finite && all_finite(in);
+      for (const auto& r : rows) finite = finite && all_finite(r.rows);
+    }
+    if (finite) return in;
+    if (policy == nonfinite_policy::reject)
+      throw error(errc::invalid_argument, who + " contributed non-finite values to step " + std::to_string(step_));
+    return std::nullopt;
+  }
+
+  void accumulate(const std::vector<std::uint32_t>& ids, std::span<const float> in,
+                  std::span<const contributed_rows> rows) {
+    std::size_t at = 0;
+    for (auto id : ids) {
+      auto& acc = acc_.at(id);
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += in[at + i];
+      at += acc.size();
+    }
+    add_rows(rows);
+  }
+  void add_rows(std::span<const contributed_rows> rows) {
+    for (const auto& r : rows) {
+      auto& sum = rows_[r.table];
+      sum.dim = r.dim;
+      for (std::size_t i = 0; i < r.ids.size(); ++i) {
+        auto [it, fresh] = sum.at.try_emplace(r.ids[i], sum.ids.size());
+        if (fresh) {
+          sum.ids.push_back(r.ids[i]);
+          sum.values.resize(sum.values.size() + r.dim, 0.0f);
+        }
+        float* to = sum.values.data() + it->second * r.dim;
+        for (std::size_t k = 0; k < r.dim; ++k) to[k] += r.rows[i * r.dim + k];
+      }
+    }
+  }
+
+  // The step's N contributions are summed: average, apply, advance. An apply that throws part
+  // way fails the ps (fail()): the shards would otherwise hold half a step.
+  template <class Tables, class Apply, class Advanced>
+  void finish(Tables& tables, Apply& apply, Advanced& advanced) {
+    try {
+      const float inv = 1.0f / float(n_);
+      for (auto& [id, acc] : acc_) {
+        for (auto& v : acc) v *= inv;
+        apply(id, update{*kind_, acc, lr_, 1.0f});
+        std::fill(acc.begin(), acc.end(), 0.0f);
+      }
+    } catch (const std::exception& e) {
+      fail("step " + std::to_string(step_) + " failed part-way through its apply (" + e.what() +
+           "): the ps's shards no longer hold one step");
+    }
+    for (auto& [table, sum] : rows_) {
+      if (sum.ids.empty()) continue;
+      for (auto& v : sum.values) v *= inv_n();
+      // Does not throw: the ids were checked when recorded (see sparse_service::apply_rows).
+      tables.apply_rows(table, sum.ids, sum.values, *kind_ == detail::update_kind::delta);
+      sum.at.clear();  // emptied, not freed: the next step reuses the buffers
+      sum.ids.clear();
+      sum.values.clear();
+    }
+    ++step_;
+    kind_.reset();
+    advanced(step_, positions_);
+  }
+  float inv_n() const { return 1.0f / float(n_); }
+
+  // The step cannot complete: every waiting and later synchronous request gets `why`.
+  [[noreturn]] void fail(const std::string& why) {
+    fail_quietly(why);
+    throw error(errc::peer_failure, failure_);
+  }
+  void fail_quietly(const std::string& why) {
+    failure_ = why;
+    for (auto& w : waiting_) w.second.send(rpc_reply::failure(errc::peer_failure, failure_));
+    waiting_.clear();
+  }
+
   mutable std::mutex mu_;
-  std::size_t n_ = 0, count_ = 0;
+  std::size_t n_ = 0;
   std::int64_t step_ = 0;
+  sync_admission admission_;            // ps 0: the commits of each step
+  sync_staging<staged_part> staging_;   // ps p > 0: the parts of the current step
   std::optional<detail::update_kind> kind_;  // of the current step's first contribution
   std::optional<float> lr_;
   std::map<std::uint32_t, std::vector<float>> acc_;  // per shard: sum of this step's contributions
@@ -232,9 +371,8 @@ class sync_aggregator {
   };
   std::map<std::uint32_t, row_sums> rows_;
   std::map<std::string, data::position> positions_;  // carried by the current step's contributions
-  std::vector<rpc_responder> waiting_;               // contributors of the current step
-  std::set<std::string> alive_;                      // workers that contributed and are connected
-  std::set<std::string> contributors_;               // of the current step
+  std::vector<std::pair<contribution_id, rpc_responder>> waiting_;  // committers of the current step
+  std::map<std::string, std::string> alive_;         // live training connections: remote -> identity
   std::map<std::string, std::uint64_t> dropped_;
   std::string failure_;
 };

@@ -1,0 +1,189 @@
+// dtf/ps/sync_protocol.hpp — the decisions of the synchronous protocol over several ps, as
+// state machines without I/O or values (docs/design/sync-protocol.md states the protocol and
+// its invariants; tests/test_sync_protocol.cpp enumerates its interleavings).
+//
+// A contribution's id is (worker identity, incarnation, sequence). For step t a worker:
+//   1. stages its part on every ps p > 0 (sync_staging::stage), each acknowledging it;
+//   2. then commits on ps 0 with ps 0's part (sync_admission::commit): ps 0 admits the first N
+//      commits of t, the set S_t, applies its parts, advances, and answers every committer of t
+//      with S_t: a commit for a step already decided is answered at once with that decision;
+//   3. forwards S_t to every ps p > 0 (sync_staging::parts_of, then advance): the first arrival
+//      applies the staged parts of S_t, in S_t's order, and discards the others; later ones are
+//      answered at once.
+// A pull that finds ps p behind ps 0 asks ps 0 for the decision ps p misses and forwards it, so
+// a step completes everywhere once decided while one worker lives. Staging, committing and
+// forwarding the same message again changes nothing (a timed-out request can be retried).
+#pragma once
+
+#include <dtf/detail/messages.hpp>
+#include <dtf/error.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtf::ps_detail {
+
+using detail::contribution_id;
+using detail::sync_decision;
+
+inline std::string describe(const contribution_id& id) {
+  return id.worker + " (incarnation " + std::to_string(id.incarnation) + ", contribution " +
+         std::to_string(id.sequence) + ")";
+}
+
+/// ps 0: which commits each step admits. Copyable (the interleaving test copies states).
+class sync_admission {
+ public:
+  /// The decisions kept for late committers and for pulls that find a ps behind: ps p is never
+  /// more than one step behind ps 0, so two would do.
+  static constexpr std::size_t kept_decisions = 8;
+
+  enum class verdict {
+    pending,    ///< recorded; its answer waits for the step's decision
+    duplicate,  ///< this id is already recorded for the step (a retry): it waits as before
+    admitted,   ///< in `decision` (decided by this commit, or before it: a retry)
+    dropped,    ///< the step was decided without it (`decision`, when still kept)
+  };
+  struct result {
+    verdict v = verdict::pending;
+    std::optional<sync_decision> decision;
+    bool decided_now = false;  ///< this commit completed the step
+  };
+
+  void reset(std::size_t n, std::int64_t step) {
+    n_ = n;
+    step_ = step;
+    current_.clear();
+    past_.clear();
+  }
+
+  /// Records id's commit to `step`. Throws errc::invalid_argument for a step not reached yet.
+  result commit(const contribution_id& id, std::int64_t step) {
+    if (step > step_)
+      throw error(errc::invalid_argument, describe(id) + " committed to step " + std::to_string(step) +
+                                              " but ps 0 is at step " + std::to_string(step_));
+    if (step < step_) {
+      const auto d = decision_of(step);
+      if (d && std::find(d->ids.begin(), d->ids.end(), id) != d->ids.end()) return {verdict::admitted, d, false};
+      return {verdict::dropped, d, false};
+    }
+    if (std::find(current_.begin(), current_.end(), id) != current_.end()) return {verdict::duplicate, {}, false};
+    current_.push_back(id);
+    if (current_.size() < n_) return {verdict::pending, {}, false};
+    sync_decision d{step_, std::move(current_)};
+    current_.clear();
+    past_.push_back(d);
+    if (past_.size() > kept_decisions) past_.pop_front();
+    ++step_;
+    return {verdict::admitted, std::move(d), true};
+  }
+
+  /// The decision of a finished step, when still kept.
+  std::optional<sync_decision> decision_of(std::int64_t step) const {
+    for (const auto& d : past_)
+      if (d.step == step) return d;
+    return std::nullopt;
+  }
+
+  std::int64_t step() const noexcept { return step_; }
+  std::size_t replicas() const noexcept { return n_; }
+  const std::vector<contribution_id>& pending() const noexcept { return current_; }
+  bool operator==(const sync_admission&) const = default;
+
+ private:
+  std::size_t n_ = 0;
+  std::int64_t step_ = 0;
+  std::vector<contribution_id> current_;  // the current step's commits, in arrival order
+  std::deque<sync_decision> past_;
+};
+
+/// ps p > 0: the parts staged for its current step, and the decided sets that apply them.
+/// Part: what a staged contribution holds (the server's values; the test's nothing).
+template <class Part>
+class sync_staging {
+ public:
+  /// A worker may have this many parts staged for a step (a restarted worker's earlier life
+  /// may still be decided; a skipped contribution is followed by another): memory stays
+  /// bounded by the workers' names.
+  static constexpr std::size_t parts_per_worker = 4;
+
+  enum class verdict { staged, duplicate, stale };
+
+  void reset(std::size_t n, std::int64_t step) {
+    n_ = n;
+    step_ = step;
+    staged_.clear();
+  }
+
+  /// Stages id's part for `step`: a retry keeps the first part (so every ps holds what ps 0 may
+  /// admit), a part for a step applied here already is stale. Throws errc::invalid_argument
+  /// for a step ahead of this ps, or past the parts a worker may have staged.
+  verdict stage(const contribution_id& id, std::int64_t step, Part&& part) {
+    if (step < step_) return verdict::stale;
+    if (step > step_)
+      throw error(errc::invalid_argument, describe(id) + " staged a part for step " + std::to_string(step) +
+                                              " but this ps is at step " + std::to_string(step_));
+    if (staged_.count(id)) return verdict::duplicate;
+    std::size_t lives = 0;
+    for (const auto& [k, p] : staged_) lives += k.worker == id.worker;
+    if (lives >= parts_per_worker)
+      throw error(errc::invalid_argument, id.worker + " has " + std::to_string(lives) + " parts staged for step " +
+                                              std::to_string(step_) + " already");
+    staged_.emplace(id, std::move(part));
+    return verdict::staged;
+  }
+
+  /// The staged parts of decision d, in d's order, to apply now; nullopt when d's step was
+  /// applied here already (a second forward). Throws errc::invalid_argument for a decision that
+  /// is ahead of this ps or not a set of N distinct ids, errc::internal when one of its ids has
+  /// no part staged here (a decision ps 0 cannot have made: the ps fails loudly).
+  std::optional<std::vector<Part*>> parts_of(const sync_decision& d) {
+    if (d.step < step_) return std::nullopt;
+    if (d.step > step_)
+      throw error(errc::invalid_argument, "decision of step " + std::to_string(d.step) + " forwarded to a ps at step " +
+                                              std::to_string(step_));
+    std::vector<contribution_id> sorted = d.ids;
+    std::sort(sorted.begin(), sorted.end());
+    if (d.ids.size() != n_ || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      throw error(errc::invalid_argument, "decision of step " + std::to_string(d.step) + " holds " +
+                                              std::to_string(d.ids.size()) + " ids, not " + std::to_string(n_) +
+                                              " distinct ones");
+    std::vector<Part*> parts;
+    for (const auto& id : d.ids) {
+      const auto it = staged_.find(id);
+      if (it == staged_.end())
+        throw error(errc::internal, "step " + std::to_string(d.step) + " was decided with " + describe(id) +
+                                        ", whose part was never staged here");
+      parts.push_back(&it->second);
+    }
+    return parts;
+  }
+
+  /// After the parts of the step's decision were applied: discards every staged part.
+  void advance() {
+    staged_.clear();
+    ++step_;
+  }
+
+  std::int64_t step() const noexcept { return step_; }
+  std::size_t staged() const noexcept { return staged_.size(); }
+  bool holds(const contribution_id& id) const { return staged_.count(id) > 0; }
+  std::vector<contribution_id> staged_ids() const {
+    std::vector<contribution_id> ids;
+    for (const auto& [id, p] : staged_) ids.push_back(id);
+    return ids;
+  }
+
+ private:
+  std::size_t n_ = 0;
+  std::int64_t step_ = 0;
+  std::map<contribution_id, Part> staged_;
+};
+
+}  // namespace dtf::ps_detail
