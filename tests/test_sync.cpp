@@ -328,3 +328,158 @@ TEST_CASE("synchronous steps on 2 ps, 3 workers, N = 2 (a backup): the same N on
 TEST_CASE("synchronous steps on 3 ps, 3 workers, N = 2 (a backup): the same N on every ps", "[sync][multi_ps]") {
   sync_deltas_on(3, 3, 2, 12);
 }
+
+namespace {
+// A synchronous request of the protocol (dtf/ps/sync_protocol.hpp) on its own, as a worker that
+// dies part-way through push_sync would have sent it: ps `ps`'s part of g.
+rpc_call part_of(ps_client& c, const placement& layout, std::size_t ps, detail::message_kind kind,
+                 const std::vector<float>& g, std::int64_t step, std::uint64_t incarnation, std::uint64_t sequence = 0) {
+  detail::ps_sync_push_msg m;
+  m.ids = c.shards_of(ps);
+  m.step = step;
+  m.incarnation = incarnation;
+  m.sequence = sequence;
+  auto call = c.request(ps, kind, detail::encode_message(m));
+  for (auto id : m.ids)
+    call.payload.push_back(asio::buffer(g.data() + layout.shards[id].offset, layout.shards[id].size * sizeof(float)));
+  return call;
+}
+std::vector<rpc_call> one(rpc_call c) {
+  std::vector<rpc_call> v;
+  v.push_back(std::move(c));
+  return v;
+}
+// Waits (bounded) until ps holds `k` commits waiting for their step's decision.
+void wait_for_commits(running_ps& ps, std::size_t k) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (ps.ps->sync_waiters() < k && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(ps.ps->sync_waiters() == k);
+}
+const std::vector<variable_spec> two_ps_vars{{"w", {4, 3}, 0}, {"b", {3}, 12}};  // 15 floats
+}  // namespace
+
+TEST_CASE("a step whose committers died before forwarding its decision completes through the next pull",
+          "[sync][multi_ps][protocol]") {
+  running_ps ps0(opts("ps.0")), ps1(opts("ps.1"));
+  const std::vector<std::string> addresses{ps0.address(), ps1.address()};
+  const auto layout = partitioners::fixed_size{3}.place(two_ps_vars, 2);
+  ps_client chief(addresses, layout, opts("chief.0"));
+  chief.connect();
+  std::vector<float> theta(15);
+  for (std::size_t j = 0; j < theta.size(); ++j) theta[j] = 0.25f * float(j);
+  chief.initialize(theta, {optim::sgd{0.5f}, apply_mode::locked, 2, 3});
+  ps_client c(addresses, layout, opts("worker.2"));
+  c.connect();
+  std::vector<float> v(15);
+  REQUIRE(c.pull(v) == 0);  // worker.2 is a live replica
+  std::vector<float> ga(15), gb(15);
+  for (std::size_t j = 0; j < 15; ++j) ga[j] = float(j % 4) - 1.0f, gb[j] = 0.5f * float(j);
+  {
+    ps_client a(addresses, layout, opts("worker.0")), b(addresses, layout, opts("worker.1"));
+    a.connect();
+    b.connect();
+    // Both stage their parts on ps 1 and commit on ps 0; then they die without forwarding.
+    for (auto [w, g, inc] : {std::tuple{&a, &ga, 11u}, std::tuple{&b, &gb, 12u}}) {
+      auto stage = one(part_of(*w, layout, 1, detail::message_kind::ps_sync_stage, *g, 0, inc));
+      w->call_all(stage);
+    }
+    std::vector<rpc_call> ca = one(part_of(a, layout, 0, detail::message_kind::ps_sync_push, ga, 0, 11));
+    std::thread ta([&] { a.call_all(ca); });
+    wait_for_commits(ps0, 1);
+    auto cb = one(part_of(b, layout, 0, detail::message_kind::ps_sync_push, gb, 0, 12));
+    b.call_all(cb);
+    ta.join();
+    const auto st = detail::decode_message<detail::ps_status_msg>(cb[0].reply_meta, "status");
+    REQUIRE(st.decision);
+    CHECK(st.decision->ids == std::vector<detail::contribution_id>{{"worker.0", 11, 0}, {"worker.1", 12, 0}});
+  }
+  CHECK(ps0.ps->global_step() == 1);
+  CHECK(ps1.ps->global_step() == 0);  // nobody forwarded the decision
+  // worker.2's pull finds ps 1 behind, takes the decision from ps 0 and forwards it.
+  REQUIRE(c.pull(v) == 1);
+  CHECK(ps1.ps->global_step() == 1);
+  for (std::size_t j = 0; j < 15; ++j) REQUIRE(v[j] == Catch::Detail::Approx(theta[j] - 0.5f * (ga[j] + gb[j]) / 2));
+}
+
+TEST_CASE("a retried commit counts once: its first bytes, answered on the retry's connection", "[sync][protocol]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{3}.place(two_ps_vars, 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(std::vector<float>(15, 1.0f), {optim::sgd{1.0f}, apply_mode::locked, 2, 2});
+  std::vector<float> first(15, 0.5f), retried(15, 8.0f), gb(15, 0.25f);
+  ps_client a1({ps0.address()}, layout, opts("worker.0")), a2({ps0.address()}, layout, opts("worker.0"));
+  ps_client b({ps0.address()}, layout, opts("worker.1"));
+  a1.connect();
+  a2.connect();
+  b.connect();
+  auto c1 = one(part_of(a1, layout, 0, detail::message_kind::ps_sync_push, first, 0, 5));
+  std::string superseded;
+  std::thread t1([&] {
+    try {
+      a1.call_all(c1);
+    } catch (const error& e) {
+      superseded = e.what();
+    }
+  });
+  wait_for_commits(ps0, 1);
+  // The same contribution again (a timed-out request sent anew), from another connection.
+  auto c2 = one(part_of(a2, layout, 0, detail::message_kind::ps_sync_push, retried, 0, 5));
+  std::thread t2([&] { a2.call_all(c2); });
+  t1.join();
+  CHECK_THAT(superseded, Catch::Contains("superseded by a retry"));
+  wait_for_commits(ps0, 1);
+  const auto r = b.push_sync(gb, 0);
+  t2.join();
+  CHECK(r.global_step == 1);
+  CHECK_FALSE(r.dropped);
+  const auto st = detail::decode_message<detail::ps_status_msg>(c2[0].reply_meta, "status");
+  REQUIRE(st.decision);
+  CHECK(st.decision->ids.size() == 2);
+  // A retry of an admitted commit after the decision is answered with it, not dropped.
+  auto c3 = one(part_of(a2, layout, 0, detail::message_kind::ps_sync_push, retried, 0, 5));
+  a2.call_all(c3);
+  const auto late = detail::decode_message<detail::ps_status_msg>(c3[0].reply_meta, "status");
+  CHECK_FALSE(late.dropped);
+  CHECK(late.decision == st.decision);
+  std::vector<float> v(15);
+  b.pull(v);
+  for (float x : v) REQUIRE(x == Catch::Detail::Approx(1.0f - (0.5f + 0.25f) / 2));  // the first bytes, once
+  CHECK(ps0.ps->dropped_contributions().empty());
+}
+
+TEST_CASE("a worker that pulled and died before contributing fails the step, named", "[sync][errors][protocol]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{3}.place(two_ps_vars, 1);
+  ps_client a({ps0.address()}, layout, opts("worker.0"));
+  a.connect();
+  std::vector<float> v(15, 0.0f), g(15, 1.0f);
+  a.initialize(v, {optim::sgd{0.1f}, apply_mode::locked, 2, 2});
+  a.pull(v);  // a live replica
+  {
+    ps_client b({ps0.address()}, layout, opts("worker.1"));
+    b.connect();
+    b.pull(v);
+  }  // worker.1 dies before its first contribution
+  CHECK_THROWS_WITH(a.push_sync(g, 0), Catch::Contains("worker.1 disconnected") && Catch::Contains("1 of the 2"));
+}
+
+TEST_CASE("a skipped contribution and the next for the same step stage different parts on ps 1",
+          "[sync][multi_ps][protocol]") {
+  ps_options o0{opts("ps.0"), 1}, o1{opts("ps.1"), 1};
+  o0.nonfinite = o1.nonfinite = nonfinite_policy::skip;
+  running_ps ps0(o0), ps1(o1);
+  const std::vector<std::string> addresses{ps0.address(), ps1.address()};
+  const auto layout = partitioners::fixed_size{3}.place(two_ps_vars, 2);
+  ps_client a(addresses, layout, opts("worker.0"));
+  a.connect();
+  std::vector<float> v(15, 0.0f), bad(15, 1.0f), good(15, 2.0f);
+  a.initialize(v, {optim::sgd{1.0f}, apply_mode::locked, 1, 1});
+  bad[14] = std::numeric_limits<float>::quiet_NaN();  // on ps 1 (the last shard)
+  CHECK(a.push_sync(bad, 0).skipped);
+  const auto r = a.push_sync(good, 0);
+  CHECK_FALSE(r.skipped);
+  CHECK(r.global_step == 1);
+  a.pull(v);
+  for (float x : v) REQUIRE(x == -2.0f);  // the second contribution on both ps
+}

@@ -89,6 +89,7 @@ class parameter_server {
   std::uint64_t pushes_applied_as_received() const noexcept { return pieced_.load(); }
   std::set<std::string> done_tasks() const { return done_.names(); }  ///< the tasks that reported done
   std::size_t done_waiters() const { return done_.waiting(); }  ///< requests waiting for more of them
+  std::size_t sync_waiters() const { return sync_.waiting(); }  ///< commits waiting for their step's decision
 
   /// The request handler (called by the transport on its I/O threads).
   void operator()(const rpc_peer& peer, const detail::frame_header& h, std::span<const std::byte> meta,

@@ -76,6 +76,7 @@ class sync_aggregator {
     rows_.clear();
     positions_.clear();
     failure_.clear();
+    broken_ = false;
     kind_.reset();
   }
 
@@ -173,7 +174,8 @@ class sync_aggregator {
   bool apply_decision(const sync_decision& d, Tables& tables, Apply&& apply, Advanced&& advanced) {
     std::lock_guard g(mu_);
     if (n_ == 0) throw error(errc::invalid_argument, "synchronous decision sent to a ps initialised for asynchronous training");
-    if (!failure_.empty()) throw error(errc::peer_failure, failure_);
+    // A decided step completes even when too few workers are left for the next (the failure).
+    if (broken_) throw error(errc::peer_failure, failure_);
     std::optional<std::vector<staged_part*>> parts;
     try {
       parts = staging_.parts_of(d);
@@ -184,8 +186,9 @@ class sync_aggregator {
     if (!parts) return false;
     kind_ = parts->front()->kind;
     lr_ = parts->front()->lr;
-    for (const auto* p : *parts) {
+    for (const auto* p : *parts)
       if (p->kind != *kind_ || p->lr != lr_) fail("step " + std::to_string(d.step) + " mixes kinds or learning rates");
+    for (const auto* p : *parts) {
       std::vector<contributed_rows> rows;
       for (const auto& r : p->rows) rows.push_back({r.table, r.dim, r.ids, r.values});
       accumulate(p->ids, p->dense, rows);
@@ -217,8 +220,8 @@ class sync_aggregator {
     std::set<std::string> live;
     for (const auto& [r, w] : alive_) live.insert(w);
     if (live.count(who) || live.size() >= n_ || !failure_.empty()) return std::nullopt;
-    fail("synchronous training cannot continue: " + who + " disconnected, leaving " + std::to_string(live.size()) +
-         " of the " + std::to_string(n_) + " replicas each step needs");
+    fail_quietly("synchronous training cannot continue: " + who + " disconnected, leaving " +
+                 std::to_string(live.size()) + " of the " + std::to_string(n_) + " replicas each step needs");
     return failure_;
   }
 
@@ -241,6 +244,12 @@ class sync_aggregator {
   std::size_t replicas() const {
     std::lock_guard g(mu_);
     return n_;
+  }
+
+  /// Commits waiting for their step's decision.
+  std::size_t waiting() const {
+    std::lock_guard g(mu_);
+    return waiting_.size();
   }
 
   void clear_waiting() {
@@ -344,9 +353,11 @@ class sync_aggregator {
   }
   float inv_n() const { return 1.0f / float(n_); }
 
-  // The step cannot complete: every waiting and later synchronous request gets `why`.
+  // The ps's shards are no longer one step's: every waiting and later synchronous request
+  // gets `why`.
   [[noreturn]] void fail(const std::string& why) {
     fail_quietly(why);
+    broken_ = true;
     throw error(errc::peer_failure, failure_);
   }
   void fail_quietly(const std::string& why) {
@@ -374,7 +385,8 @@ class sync_aggregator {
   std::vector<std::pair<contribution_id, rpc_responder>> waiting_;  // committers of the current step
   std::map<std::string, std::string> alive_;         // live training connections: remote -> identity
   std::map<std::string, std::uint64_t> dropped_;
-  std::string failure_;
+  std::string failure_;  // no step can complete (too few workers left, or broken_)
+  bool broken_ = false;  // an apply failed part-way, or a decision named a part never staged
 };
 
 }  // namespace dtf::ps_detail
