@@ -3,6 +3,7 @@
 
 #include <dtf/nn.hpp>
 #include <dtf/partitioners.hpp>
+#include <dtf/ps/checkpointing.hpp>
 #include <dtf/strategies/sync.hpp>
 
 #include "helpers.hpp"
@@ -12,7 +13,11 @@
 #include <algorithm>
 #include <chrono>
 #include <atomic>
+#include <filesystem>
 #include <functional>
+#include <limits>
+#include <tuple>
+#include <unistd.h>
 #include <latch>
 #include <utility>
 #include <map>
@@ -482,4 +487,70 @@ TEST_CASE("a skipped contribution and the next for the same step stage different
   CHECK(r.global_step == 1);
   a.pull(v);
   for (float x : v) REQUIRE(x == -2.0f);  // the second contribution on both ps
+}
+
+TEST_CASE("checkpoints taken while a backup worker keeps steps completing hold one step on every ps",
+          "[sync][multi_ps][protocol][checkpoint]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dtf_test_sync_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<std::unique_ptr<running_ps>> ps;
+  std::vector<std::string> addresses;
+  for (std::size_t i = 0; i < 2; ++i) {
+    ps_options o{opts("ps." + std::to_string(i)), 2};
+    o.checkpoint_dir = dir.string();
+    o.transport.log = [](const std::string&) {};
+    ps.push_back(std::make_unique<running_ps>(o));
+    addresses.push_back(ps.back()->address());
+  }
+  const std::vector<variable_spec> vars{{"w", {10, 3}, 0}, {"b", {3}, 30}, {"v", {7}, 33}};
+  const auto layout = partitioners::fixed_size{3}.place(vars, 2);
+  ps_client chief(addresses, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(std::vector<float>(40, 0.0f), {optim::sgd{}, apply_mode::locked, 2, 3});
+  constexpr std::int64_t steps = 60;
+  std::mutex mu;
+  std::map<std::int64_t, std::set<std::size_t>> admitted;  // step -> the contributors ps 0 admitted
+  std::atomic<std::size_t> running{3};
+  std::vector<checkpoint_manifest> saved;
+  std::thread saver([&] {  // the chief saves while the workers train, and once after
+    const checkpoint_options ck{.directory = dir.string(), .max_to_keep = 1000};
+    while (running.load() > 0) saved.push_back(save_checkpoint(chief, ck, vars));
+    saved.push_back(save_checkpoint(chief, ck, vars));
+  });
+  run_threads(3, [&](std::size_t k) {
+    ps_client c(addresses, layout, opts("worker." + std::to_string(k)));
+    c.connect();
+    std::vector<float> v(40), delta(40, float(1u << k));
+    for (std::int64_t t = c.pull(v); t < steps; t = c.pull(v)) {
+      const auto r = c.push_sync(delta, t, std::nullopt, /*delta=*/true);
+      std::lock_guard g(mu);
+      if (!r.dropped) admitted[t].insert(k);
+    }
+    c.mark_done();
+    --running;
+  });
+  saver.join();
+  REQUIRE(admitted.size() == std::size_t(steps));
+  std::vector<float> after(steps + 1, 0.0f);  // after[t]: every element's value after t steps
+  for (const auto& [t, who] : admitted) {
+    float sum = 0.0f;
+    for (auto k : who) sum += float(1u << k);
+    after[std::size_t(t) + 1] = after[std::size_t(t)] + sum / 2;
+  }
+  REQUIRE(saved.size() >= 2);
+  std::size_t during = 0;  // checkpoints of a step training had not finished
+  for (const auto& m : saved) {
+    INFO("checkpoint " << m.name);
+    REQUIRE(m.global_step >= 0);
+    REQUIRE(m.global_step <= steps);
+    during += m.global_step < steps;
+    const auto r = checkpoint_reader::open(dir, m.name);
+    std::vector<float> v(40);
+    r.read(0, 0, v);
+    for (float x : v) REQUIRE(x == after[std::size_t(m.global_step)]);  // both ps's files: that step
+  }
+  CHECK(during > 0);
+  fs::remove_all(dir);
 }

@@ -49,6 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case message_kind::ps_sync_stage: try_decode<ps_sync_push_msg>(meta); break;
         case message_kind::ps_sync_apply:
         case message_kind::ps_sync_decision: try_decode<ps_sync_apply_msg>(meta); break;
+        case message_kind::ps_sync_hold: try_decode<ps_sync_hold_msg>(meta); break;
         default: try_decode<ps_status_msg>(meta); break;
       }
     } catch (const dtf::error&) {

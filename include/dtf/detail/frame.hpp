@@ -62,6 +62,7 @@ enum class message_kind : std::uint16_t {
   ps_sync_stage = 33,     // a contribution's part, staged on ps p > 0 (ps_sync_push_msg)
   ps_sync_apply = 34,     // apply a decided step (ps_sync_apply_msg), to ps p > 0
   ps_sync_decision = 35,  // the decision of a step, from ps 0 (ps_sync_apply_msg, ids empty)
+  ps_sync_hold = 36,      // the chief, for a checkpoint: ps 0 stops or resumes deciding (ps_sync_hold_msg)
   // collectives (dtf/collectives.hpp); 40..59 are reserved for them
   collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
   rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
@@ -70,7 +71,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 6) || (k >= 16 && k <= 35) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 6) || (k >= 16 && k <= 36) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

@@ -208,6 +208,16 @@ struct ps_sync_apply_msg {
     ar(decision);
   }
 };
+/// Chief -> ps 0: stop deciding steps (a synchronous checkpoint; for at most timeout_ms) or
+/// resume. Answered with ps 0's status (its step: the one held).
+struct ps_sync_hold_msg {
+  bool hold = true;
+  std::uint64_t timeout_ms = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(hold, timeout_ms);
+  }
+};
 struct ps_status_msg {
   std::int64_t global_step = 0;
   bool initialized = false;
@@ -230,9 +240,10 @@ struct ps_status_msg {
 struct ps_save_msg {
   std::string name;
   std::uint64_t ps_index = 0, num_ps = 1;
+  std::optional<std::int64_t> at_step;  // synchronous: the step the ps must be at (else an error)
   template <class A>
   void serialize(A& ar) {
-    ar(name, ps_index, num_ps);
+    ar(name, ps_index, num_ps, at_step);
   }
 };
 /// ps -> chief: the shard file written.

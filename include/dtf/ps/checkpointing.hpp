@@ -133,7 +133,8 @@ inline std::int64_t restore_by_ps(ps_client& client, const checkpoint_manifest& 
 /// checkpoints beyond options.max_to_keep are deleted. `vars` are the model's variables
 /// (the placement's variable indices refer to them). The checkpoint is named
 /// "<prefix>-<step>"; without `step`, the global step read from ps 0 first. Returns the
-/// manifest (its global_step is ps 0's at the time of the save).
+/// manifest (its global_step: ps 0's at the time of the save; in synchronous training the step
+/// every ps saved, ps 0 holding its decisions meanwhile: sync_client::hold_steps).
 /// Errors: errc::io_error / peer_failure when a ps cannot write its file (the previous
 /// checkpoint stays the latest); errc::invalid_argument when vars do not match the placement.
 inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_options& options,
@@ -149,12 +150,26 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
   if (ec)
     throw error(errc::io_error, "cannot create checkpoint directory " + options.directory + ": " + ec.message());
   checkpoint_manifest m;
-  m.name = options.prefix + "-" + std::to_string(step ? *step : client.global_step());
+  // Synchronous training: ps 0 stops deciding steps and every ps is brought to its step t,
+  // so every file holds the state of t (dtf/ps/sync_protocol.hpp); released once written.
+  const auto held = client.hold_steps();
+  struct release {
+    ps_client& client;
+    bool held;
+    ~release() {
+      if (!held) return;
+      try {
+        client.release_steps();
+      } catch (const error&) {  // ps 0 lost: its hold ended with the connection
+      }
+    }
+  } release_on_exit{client, held.has_value()};
+  m.name = options.prefix + "-" + std::to_string(held ? *held : step ? *step : client.global_step());
   m.num_ps = client.layout().num_ps;
   std::vector<rpc_call> calls;
   for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps)
     calls.push_back(client.request(ps, detail::message_kind::ps_save,
-                              detail::encode_message(detail::ps_save_msg{m.name, ps, client.layout().num_ps})));
+                                   detail::encode_message(detail::ps_save_msg{m.name, ps, client.layout().num_ps, held})));
   client.call_all(calls);
   std::vector<std::int64_t> iterations(vars.size(), 0);
   detail::saved_tables tables;

@@ -60,7 +60,7 @@ struct sync_rows {
 /// builds: through the connection's pinned staging buffer, see the file comment).
 class ps_client : public ps_detail::device_forms<ps_client>,
                   public ps_detail::done_client<ps_client>,
-                  ps_detail::sync_client<ps_client> {
+                  public ps_detail::sync_client<ps_client> {
   friend class ps_detail::device_forms<ps_client>;  // its forms use read, push and sync_push
   friend class ps_detail::done_client<ps_client>;   // it uses make_call, broadcast and run
   friend class ps_detail::sync_client<ps_client>;   // it uses make_call, run and the layout

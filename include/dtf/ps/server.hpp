@@ -163,6 +163,10 @@ class parameter_server {
   /// Transport callback: a peer's connection ended (see sync_aggregator::disconnected).
   void disconnected(const rpc_peer& peer) {
     const bool finished = done_.disconnected(peer);
+    {
+      std::shared_lock lock(shards_mu_);
+      sync_requests_.disconnected(peer);  // a checkpoint's hold ends with its connection
+    }
     if (auto why = sync_.disconnected(peer.remote, peer.identity, finished))
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + *why);
   }
@@ -189,7 +193,8 @@ class parameter_server {
       case message_kind::ps_sync_push:
       case message_kind::ps_sync_stage:
       case message_kind::ps_sync_apply:
-      case message_kind::ps_sync_decision: {
+      case message_kind::ps_sync_decision:
+      case message_kind::ps_sync_hold: {
         std::shared_lock lock(shards_mu_);
         require_initialized();
         return sync_requests_.handle(peer, h.kind, meta, payload, reply);
@@ -267,7 +272,13 @@ class parameter_server {
     {
       std::shared_lock lock(shards_mu_);
       if (!sparse_.holds_tables()) require_initialized();  // a model of tables alone saves them
+      // Synchronous training: the shards and the step of one step (its apply holds step_mu_).
+      std::shared_lock step_lock(step_mu_, std::defer_lock);
+      if (synchronous_) step_lock.lock();
       out.global_step = global_step_.load();
+      if (m.at_step && *m.at_step != out.global_step)
+        throw error(errc::peer_failure, options_.transport.identity + " is at step " + std::to_string(out.global_step) +
+                                            ", the checkpoint is of step " + std::to_string(*m.at_step));
       out.rule = store_.rule_name();
       snap = ps_detail::snapshot_shards(store_, out);
     }
@@ -323,7 +334,7 @@ class parameter_server {
     using enum detail::message_kind;
     if (options_.chief.empty() || peer.identity == options_.chief) return;
     if (const char* what = k == ps_init ? "init" : k == ps_restore ? "restore" : k == ps_save ? "save"
-                           : k == ps_shutdown ? "shutdown" : nullptr)
+                           : k == ps_shutdown ? "shutdown" : k == ps_sync_hold ? "a hold of the steps" : nullptr)
       throw error(errc::invalid_argument, std::string(what) + " from " + peer.identity + " refused: only the chief (" +
                                               options_.chief + ") may ask it");
   }

@@ -27,6 +27,7 @@
 #include <dtf/ps/sync_protocol.hpp>
 #include <dtf/transport.hpp>
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -65,7 +66,10 @@ class sync_aggregator {
   void configure(std::size_t n, const shard_store& store, std::int64_t step, const std::string& reason) {
     std::lock_guard g(mu_);
     for (auto& w : waiting_) w.second.send(rpc_reply::failure(errc::peer_failure, reason));
+    for (auto& w : overflow_) w.second.send(rpc_reply::failure(errc::peer_failure, reason));
     waiting_.clear();
+    overflow_.clear();
+    holder_.clear();
     n_ = n;
     acc_.clear();  // a model-sized buffer, needed only by synchronous training
     if (n_ > 0)
@@ -84,7 +88,7 @@ class sync_aggregator {
   /// embedding rows). When it is the N-th, averages, applies with `apply(shard id, update)` and
   /// tables.apply_rows (every row any contributor sent, its sum / N: a row a contributor did not
   /// touch counts as a zero gradient, as in the dense average), advances the step and releases
-  /// every committer with `status(reply, decision)` after `advanced(new step, positions)` (the
+  /// every committer with `status(reply, decision, dropped, dropped_total)` after `advanced(new step, positions)` (the
   /// data positions the step's contributions carried, recorded before anyone is released).
   /// tables.reserve_rows(rows) checks the ids (and makes a hashed table's rows) last before
   /// recording. A commit already recorded (a retry) waits on the new request; one for a decided
@@ -97,6 +101,7 @@ class sync_aggregator {
                                     Status&& status) {
     std::lock_guard g(mu_);
     if (n_ == 0) throw error(errc::invalid_argument, "synchronous push to a ps initialised for asynchronous training");
+    expire_hold(tables, apply, advanced, status);
     const contribution_id id{who, m.incarnation, m.sequence};
     if (m.step < step_) {
       auto r = admission_.commit(id, m.step);
@@ -113,6 +118,10 @@ class sync_aggregator {
         w = defer();
         return std::nullopt;
       }
+    if (admission_.held() && admission_.pending().size() >= n_) {  // answered once the step is decided
+      overflow_.emplace_back(id, defer());
+      return std::nullopt;
+    }
     const auto in = validate(who, m, payload, rows, store, tables, policy);
     if (!in) return outcome{false, 0, true, {}};
     if (kind_ && (*kind_ != m.kind || lr_ != m.learning_rate))
@@ -126,16 +135,28 @@ class sync_aggregator {
     accumulate(m.ids, *in, rows);
     auto r = admission_.commit(id, m.step);
     waiting_.emplace_back(id, defer());
-    if (!r.decided_now) return std::nullopt;
-    finish(tables, apply, advanced);
-    positions_.clear();
-    for (auto& [wid, w] : waiting_) {
-      rpc_reply out;
-      status(out, *r.decision);
-      w.send(std::move(out));
-    }
-    waiting_.clear();
+    if (r.decided_now) decided(*r.decision, tables, apply, advanced, status);
     return std::nullopt;
+  }
+
+  /// ps 0, a synchronous checkpoint (dtf/ps/sync_protocol.hpp): stops deciding steps, for
+  /// `holder` (a connection) until release() or until `until` (checked at the next commit).
+  /// Returns the step held; nullopt in asynchronous training.
+  std::optional<std::int64_t> hold(const std::string& holder, std::chrono::steady_clock::time_point until) {
+    std::lock_guard g(mu_);
+    if (n_ == 0) return std::nullopt;
+    holder_ = holder;
+    hold_until_ = until;
+    return admission_.hold();
+  }
+  /// Ends the hold of `holder` (any holder when empty): the held step is decided when its N
+  /// commits are in, as in contribute().
+  template <class Tables, class Apply, class Advanced, class Status>
+  void release(const std::string& holder, Tables& tables, Apply&& apply, Advanced&& advanced, Status&& status) {
+    std::lock_guard g(mu_);
+    if (holder_.empty() || (!holder.empty() && holder != holder_)) return;
+    holder_.clear();
+    if (auto d = admission_.release()) decided(*d, tables, apply, advanced, status);
   }
 
   /// ps p > 0: validates and stages `who`'s part of a step (a retry keeps the first part). A
@@ -255,6 +276,7 @@ class sync_aggregator {
   void clear_waiting() {
     std::lock_guard g(mu_);
     waiting_.clear();
+    overflow_.clear();
   }
 
  private:
@@ -353,6 +375,33 @@ class sync_aggregator {
   }
   float inv_n() const { return 1.0f / float(n_); }
 
+  // Step d was decided: apply it, release its committers with the decision, and the commits
+  // that arrived while it was held with N in, as dropped.
+  template <class Tables, class Apply, class Advanced, class Status>
+  void decided(const sync_decision& d, Tables& tables, Apply& apply, Advanced& advanced, Status& status) {
+    finish(tables, apply, advanced);
+    positions_.clear();
+    for (auto& [wid, w] : waiting_) {
+      rpc_reply out;
+      status(out, d, false, 0);
+      w.send(std::move(out));
+    }
+    waiting_.clear();
+    for (auto& [wid, w] : overflow_) {
+      rpc_reply out;
+      status(out, d, true, ++dropped_[wid.worker]);
+      w.send(std::move(out));
+    }
+    overflow_.clear();
+  }
+  // A hold past its time (its chief hung) ends at the next commit.
+  template <class Tables, class Apply, class Advanced, class Status>
+  void expire_hold(Tables& tables, Apply& apply, Advanced& advanced, Status& status) {
+    if (holder_.empty() || std::chrono::steady_clock::now() < hold_until_) return;
+    holder_.clear();
+    if (auto d = admission_.release()) decided(*d, tables, apply, advanced, status);
+  }
+
   // The ps's shards are no longer one step's: every waiting and later synchronous request
   // gets `why`.
   [[noreturn]] void fail(const std::string& why) {
@@ -363,7 +412,9 @@ class sync_aggregator {
   void fail_quietly(const std::string& why) {
     failure_ = why;
     for (auto& w : waiting_) w.second.send(rpc_reply::failure(errc::peer_failure, failure_));
+    for (auto& w : overflow_) w.second.send(rpc_reply::failure(errc::peer_failure, failure_));
     waiting_.clear();
+    overflow_.clear();
   }
 
   mutable std::mutex mu_;
@@ -383,6 +434,9 @@ class sync_aggregator {
   std::map<std::uint32_t, row_sums> rows_;
   std::map<std::string, data::position> positions_;  // carried by the current step's contributions
   std::vector<std::pair<contribution_id, rpc_responder>> waiting_;  // committers of the current step
+  std::vector<std::pair<contribution_id, rpc_responder>> overflow_;  // beyond N while held
+  std::string holder_;  // the connection holding the decisions (a checkpoint), if any
+  std::chrono::steady_clock::time_point hold_until_;
   std::map<std::string, std::string> alive_;         // live training connections: remote -> identity
   std::map<std::string, std::uint64_t> dropped_;
   std::string failure_;  // no step can complete (too few workers left, or broken_)

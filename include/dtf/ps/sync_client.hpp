@@ -1,6 +1,7 @@
 // dtf/ps/sync_client.hpp — ps_client's part in the synchronous protocol over several ps (the
 // protocol: dtf/ps/sync_protocol.hpp), a base of ps_client (dtf/ps/client.hpp): the id of this
-// client's contributions, and the forwarding of ps 0's decisions to the other ps.
+// client's contributions, the forwarding of ps 0's decisions to the other ps, and the hold of
+// the steps a synchronous checkpoint takes (dtf/ps/checkpointing.hpp).
 //
 // Thread safety: as the ps_client's (one thread).
 #pragma once
@@ -8,9 +9,12 @@
 #include <dtf/detail/messages.hpp>
 #include <dtf/transport.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace dtf::ps_detail {
@@ -18,6 +22,45 @@ namespace dtf::ps_detail {
 /// Client: ps_client, which gives this base its calls (make_call, run).
 template <class Client>
 class sync_client {
+ public:
+  /// Synchronous training: stops ps 0 deciding steps (for at most the transport's timeout_ms)
+  /// and brings every ps to ps 0's step, which it returns: what every ps then saves is that
+  /// step's state. nullopt (nothing held) in asynchronous training. Errors: errc::timeout when
+  /// a ps does not reach the step in time (the hold is released).
+  std::optional<std::int64_t> hold_steps() {
+    const auto timeout = self().transport().timeout_ms;
+    std::vector<rpc_call> hold{self().make_call(0, detail::message_kind::ps_sync_hold,
+                                                detail::encode_message(detail::ps_sync_hold_msg{true, timeout}))};
+    self().run(hold);
+    const auto st = detail::decode_message<detail::ps_status_msg>(hold[0].reply_meta, "status");
+    if (!st.synchronous) return std::nullopt;
+    try {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout);
+      for (std::size_t ps = 1; ps < self().layout().num_ps; ++ps)
+        for (;;) {
+          std::vector<rpc_call> c{self().make_call(ps, detail::message_kind::ps_step,
+                                                   detail::encode_message(detail::empty_msg{}))};
+          self().run(c);
+          const auto at = detail::decode_message<detail::ps_status_msg>(c[0].reply_meta, "status").global_step;
+          if (at == st.global_step) break;
+          if (at > st.global_step || std::chrono::steady_clock::now() > deadline)
+            throw error(errc::timeout, "ps." + std::to_string(ps) + " is at step " + std::to_string(at) +
+                                           ", not at ps.0's held step " + std::to_string(st.global_step));
+          forward_decision(ps, at);  // its committers have not forwarded it yet
+        }
+    } catch (...) {
+      release_steps();
+      throw;
+    }
+    return st.global_step;
+  }
+  /// Ends hold_steps()'s hold.
+  void release_steps() {
+    std::vector<rpc_call> c{self().make_call(0, detail::message_kind::ps_sync_hold,
+                                             detail::encode_message(detail::ps_sync_hold_msg{false, 0}))};
+    self().run(c);
+  }
+
  protected:
   /// With the task's identity, the id of a contribution: the incarnation is drawn per client, so
   /// a restarted task's contributions are never taken for its earlier life's; the sequence

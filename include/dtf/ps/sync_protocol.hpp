@@ -13,6 +13,9 @@
 // A pull that finds ps p behind ps 0 asks ps 0 for the decision ps p misses and forwards it, so
 // a step completes everywhere once decided while one worker lives. Staging, committing and
 // forwarding the same message again changes nothing (a timed-out request can be retried).
+// A synchronous checkpoint: the chief holds ps 0's decisions (sync_admission::hold) at its step
+// t, brings every ps to t (forwarding decisions), has every ps save the state of t, and
+// releases the hold: every file of the checkpoint holds step t.
 #pragma once
 
 #include <dtf/detail/messages.hpp>
@@ -47,6 +50,7 @@ class sync_admission {
   enum class verdict {
     pending,    ///< recorded; its answer waits for the step's decision
     duplicate,  ///< this id is already recorded for the step (a retry): it waits as before
+    overflow,   ///< held with N recorded: not recorded, answered (dropped) once the step is decided
     admitted,   ///< in `decision` (decided by this commit, or before it: a retry)
     dropped,    ///< the step was decided without it (`decision`, when still kept)
   };
@@ -61,6 +65,7 @@ class sync_admission {
     step_ = step;
     current_.clear();
     past_.clear();
+    held_ = false;
   }
 
   /// Records id's commit to `step`. Throws errc::invalid_argument for a step not reached yet.
@@ -74,8 +79,28 @@ class sync_admission {
       return {verdict::dropped, d, false};
     }
     if (std::find(current_.begin(), current_.end(), id) != current_.end()) return {verdict::duplicate, {}, false};
+    if (held_ && current_.size() >= n_) return {verdict::overflow, {}, false};
     current_.push_back(id);
-    if (current_.size() < n_) return {verdict::pending, {}, false};
+    if (current_.size() < n_ || held_) return {verdict::pending, {}, false};
+    return decide();
+  }
+
+  /// Stops deciding: the step stays at its number until release() (commits are recorded, up to
+  /// N). Returns the step held.
+  std::int64_t hold() noexcept {
+    held_ = true;
+    return step_;
+  }
+  /// Decides again: the held step's decision when N commits were recorded meanwhile.
+  std::optional<sync_decision> release() {
+    held_ = false;
+    if (current_.size() < n_ || n_ == 0) return std::nullopt;
+    return decide().decision;
+  }
+  bool held() const noexcept { return held_; }
+
+ private:
+  result decide() {
     sync_decision d{step_, std::move(current_)};
     current_.clear();
     past_.push_back(d);
@@ -83,6 +108,8 @@ class sync_admission {
     ++step_;
     return {verdict::admitted, std::move(d), true};
   }
+
+ public:
 
   /// The decision of a finished step, when still kept.
   std::optional<sync_decision> decision_of(std::int64_t step) const {
@@ -99,6 +126,7 @@ class sync_admission {
  private:
   std::size_t n_ = 0;
   std::int64_t step_ = 0;
+  bool held_ = false;
   std::vector<contribution_id> current_;  // the current step's commits, in arrival order
   std::deque<sync_decision> past_;
 };

@@ -4,6 +4,8 @@
 //   sync stage     ps p > 0: a part, staged and acknowledged at once
 //   sync apply     ps p > 0: a decision to apply (a second one is answered at once)
 //   sync decision  ps 0: the decision of a finished step (none once it is no longer kept)
+//   sync hold      ps 0, from the chief: stop deciding steps (a checkpoint), or resume; a hold
+//                  ends with its connection, or at the first commit after its timeout
 // A step's apply, from its first shard to the new step number, holds the step lock exclusively
 // (a pull sees every shard of one step and that step's number).
 #pragma once
@@ -18,6 +20,7 @@
 #include <dtf/transport.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -44,22 +47,20 @@ class sync_requests {
   void handle(const rpc_peer& peer, detail::message_kind kind, std::span<const std::byte> meta,
               std::span<std::byte> payload, rpc_reply& reply) {
     using detail::message_kind;
-    std::unique_lock step_lock(step_mu_, std::defer_lock);
-    auto apply = [&](std::uint32_t id, const update& u) {
-      if (!step_lock.owns_lock()) step_lock.lock();
-      store_.apply(store_.find(id), u);
-    };
-    auto advanced = [&](std::int64_t step, const std::map<std::string, data::position>& positions) {
-      if (!step_lock.owns_lock()) step_lock.lock();
-      positions_.record(positions);  // before anyone is released: a checkpoint of step holds them
-      global_step_ = step;
-      ++updates_;
-      step_lock.unlock();
-    };
+    if (kind == message_kind::ps_sync_hold) {
+      const auto m = detail::decode_message<detail::ps_sync_hold_msg>(meta, "synchronous hold");
+      if (m.hold)
+        sync_.hold(peer.remote, std::chrono::steady_clock::now() + std::chrono::milliseconds(m.timeout_ms));
+      else
+        stepping([&](auto& apply, auto& advanced, auto& answer) {
+          sync_.release(peer.remote, sparse_, apply, advanced, answer);
+        });
+      return status_(reply, false, 0, false, std::nullopt);
+    }
     if (kind == message_kind::ps_sync_apply || kind == message_kind::ps_sync_decision) {
       const auto m = detail::decode_message<detail::ps_sync_apply_msg>(meta, "synchronous decision");
       if (kind == message_kind::ps_sync_decision) return status_(reply, false, 0, false, sync_.decision_of(m.decision.step));
-      sync_.apply_decision(m.decision, sparse_, apply, advanced);
+      stepping([&](auto& apply, auto& advanced, auto&) { sync_.apply_decision(m.decision, sparse_, apply, advanced); });
       return status_(reply, false, 0, false, std::nullopt);
     }
     const auto m = detail::decode_message<detail::ps_sync_push_msg>(meta, "sync push");
@@ -74,10 +75,11 @@ class sync_requests {
       const auto r = sync_.stage(peer.identity, m, payload.first(dense), rows.parts, store_, sparse_, options_.nonfinite);
       return status_(reply, r.dropped, 0, false, std::nullopt);
     }
-    auto r = sync_.contribute(
-        peer.identity, m, payload.first(dense), rows.parts, store_, sparse_, options_.nonfinite,
-        [&] { return peer.defer(); }, apply, advanced,
-        [&](rpc_reply& out, const detail::sync_decision& d) { status_(out, false, 0, false, d); });
+    std::optional<sync_aggregator::outcome> r;
+    stepping([&](auto& apply, auto& advanced, auto& answer) {
+      r = sync_.contribute(peer.identity, m, payload.first(dense), rows.parts, store_, sparse_, options_.nonfinite,
+                           [&] { return peer.defer(); }, apply, advanced, answer);
+    });
     if (!r) {
       reply.deferred = true;
       return;
@@ -92,7 +94,33 @@ class sync_requests {
     status_(reply, r->dropped, r->dropped_total, r->skipped, r->decision);
   }
 
+  /// A connection ended: a hold it had ends (the caller holds the server's lock on the model).
+  void disconnected(const rpc_peer& peer) {
+    stepping([&](auto& apply, auto& advanced, auto& answer) { sync_.release(peer.remote, sparse_, apply, advanced, answer); });
+  }
+
  private:
+  // f(apply, advanced, answer): the aggregator's callbacks for a step's apply.
+  template <class F>
+  void stepping(F&& f) {
+    std::unique_lock step_lock(step_mu_, std::defer_lock);
+    auto apply = [&](std::uint32_t id, const update& u) {
+      if (!step_lock.owns_lock()) step_lock.lock();
+      store_.apply(store_.find(id), u);
+    };
+    auto advanced = [&](std::int64_t step, const std::map<std::string, data::position>& positions) {
+      if (!step_lock.owns_lock()) step_lock.lock();
+      positions_.record(positions);  // before anyone is released: a checkpoint of step holds them
+      global_step_ = step;
+      ++updates_;
+      step_lock.unlock();
+    };
+    auto answer = [&](rpc_reply& out, const detail::sync_decision& d, bool dropped, std::uint64_t total) {
+      status_(out, dropped, total, false, d);
+    };
+    f(apply, advanced, answer);
+  }
+
   const ps_options& options_;
   shard_store& store_;
   sparse_service& sparse_;
