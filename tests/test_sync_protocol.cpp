@@ -275,3 +275,52 @@ TEST_CASE("the synchronous protocol over every interleaving of 2 ps x 3 workers,
   CHECK(completed_with_death > 0);
   CHECK(failed > 0);
 }
+
+#include <dtf/ps/sync_aggregator.hpp>
+
+namespace sync_protocol_test {
+struct no_tables {  // a model without embedding tables
+  void reserve_rows(std::span<const dtf::ps_detail::contributed_rows>) {}
+  void apply_rows(std::uint32_t, std::span<const std::uint64_t>, std::span<const float>, bool) noexcept {}
+};
+}  // namespace sync_protocol_test
+
+TEST_CASE("a synchronous apply that fails part-way fails the ps loudly, never half a step silently",
+          "[sync][protocol][errors]") {
+  using namespace dtf;
+  using namespace dtf::ps_detail;
+  shard_store store;
+  const std::vector<float> init(6, 1.0f);
+  store.init({0, 1}, {3, 3}, optim::sgd{1.0f}, apply_mode::locked, std::as_bytes(std::span(init)));
+  sync_aggregator agg;
+  agg.configure(2, store, 0, "initialised");
+  sync_protocol_test::no_tables tables;
+  std::vector<rpc_reply> replies;
+  auto defer = [&] { return rpc_responder([&](rpc_reply r) { replies.push_back(std::move(r)); }); };
+  std::size_t applied = 0;
+  auto apply = [&](std::uint32_t id, const update& u) {
+    if (applied == 1) throw std::bad_alloc();  // copy on write of the second shard fails
+    store.apply(store.find(id), u);
+    ++applied;
+  };
+  std::int64_t advanced_to = -1;
+  auto advanced = [&](std::int64_t step, const std::map<std::string, data::position>&) { advanced_to = step; };
+  auto status = [](rpc_reply&, const sync_decision&, bool, std::uint64_t) {};
+  const std::vector<float> g(6, 0.5f);
+  detail::ps_sync_push_msg m;
+  m.ids = {0, 1};
+  auto commit = [&](const std::string& who) {
+    return agg.contribute(who, m, std::as_bytes(std::span(g)), {}, store, tables, nonfinite_policy::reject, defer,
+                          apply, advanced, status);
+  };
+  REQUIRE_FALSE(commit("worker.0"));  // waits for the second
+  CHECK_THROWS_WITH(commit("worker.1"), Catch::Contains("failed part-way through its apply"));
+  CHECK(applied == 1);
+  CHECK(advanced_to == -1);  // the step did not advance
+  // Both committers were told, once each.
+  REQUIRE(replies.size() == 1);  // worker.0's; worker.1 got the exception as its reply
+  CHECK(replies[0].status == std::uint32_t(errc::peer_failure));
+  // Every later synchronous request gets the error: the shards no longer hold one step.
+  CHECK_THROWS_WITH(commit("worker.2"), Catch::Contains("failed part-way"));
+  CHECK(replies.size() == 1);
+}

@@ -92,7 +92,8 @@ class sync_aggregator {
   /// data positions the step's contributions carried, recorded before anyone is released).
   /// tables.reserve_rows(rows) checks the ids (and makes a hashed table's rows) last before
   /// recording. A commit already recorded (a retry) waits on the new request; one for a decided
-  /// step is answered with the decision. Returns nullopt when the reply is deferred.
+  /// step, and the one that completes a step, are answered with the decision. Returns nullopt
+  /// when the reply is deferred.
   template <class Tables, class Apply, class Advanced, class Status>
   std::optional<outcome> contribute(const std::string& who, const detail::ps_sync_push_msg& m,
                                     std::span<const std::byte> payload, std::span<const contributed_rows> rows,
@@ -134,9 +135,14 @@ class sync_aggregator {
     if (m.position) positions_[who] = *m.position;
     accumulate(m.ids, *in, rows);
     auto r = admission_.commit(id, m.step);
-    waiting_.emplace_back(id, defer());
-    if (r.decided_now) decided(*r.decision, tables, apply, advanced, status);
-    return std::nullopt;
+    if (!r.decided_now) {
+      waiting_.emplace_back(id, defer());
+      return std::nullopt;
+    }
+    // This commit completes the step: answered by the return (or by the exception of an apply
+    // that failed part-way: never also through a responder).
+    decided(*r.decision, tables, apply, advanced, status);
+    return outcome{false, 0, false, std::move(r.decision)};
   }
 
   /// ps 0, a synchronous checkpoint (dtf/ps/sync_protocol.hpp): stops deciding steps, for
