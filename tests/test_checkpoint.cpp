@@ -11,7 +11,12 @@
 
 #include "checkpoint_helpers.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <future>
+#include <optional>
+#include <thread>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -610,4 +615,37 @@ TEST_CASE("write_checkpoint saves one process's host buffers in the ps format: e
                                         .slots = {short_slot}, .global_step = 40}),
                   dtf::error);
   CHECK(latest_checkpoint(dir.path) == "ckpt-30");
+}
+
+TEST_CASE("a ps with one I/O thread serves pulls while its checkpoint file is written", "[checkpoint][ps]") {
+  temp_dir dir("save_thread");
+  std::promise<void> release;
+  const auto released = release.get_future().share();
+  std::atomic<bool> writing{false};
+  checkpoint_fault f;
+  f.before_write = [&] {  // on the ps's save thread: the shards are copied, the file not yet written
+    writing = true;
+    released.wait();
+  };
+  const auto layout = place_on(1);
+  cluster_of c(dir.path.string(), layout, {f});  // one ps, one I/O thread
+  const auto init = seeded(num_parameters(model_vars()), 7);
+  c.client->initialize(init, {optim::sgd{0.1f}});
+  std::optional<checkpoint_manifest> saved;
+  std::thread saver([&] { saved = save_checkpoint(*c.client, {.directory = dir.path.string()}, model_vars()); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!writing && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(writing);
+  // Another task's pull is answered while the save waits on its thread (it would wait for the
+  // whole file on the I/O thread, and time out here, were the file written there).
+  ps_client reader({"127.0.0.1:" + std::to_string(c.servers[0]->port())}, layout, dtf::test::opts("worker.1"));
+  reader.connect();
+  CHECK(pull_all(reader) == init);
+  release.set_value();
+  saver.join();
+  REQUIRE(saved);
+  const auto r = checkpoint_reader::open(dir.path, saved->name);
+  std::vector<float> v(init.size());
+  r.read(0, 0, v);
+  CHECK(v == init);
 }

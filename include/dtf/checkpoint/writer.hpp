@@ -24,8 +24,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -48,6 +50,8 @@ struct checkpoint_fault {
   std::uint64_t abort_after_bytes = 0;  ///< 0: off
   /// SIGKILL this process at that point instead of throwing.
   bool kill_process = false;
+  /// Tests: called on a parameter server's save thread before it writes its files.
+  std::function<void()> before_write;
 };
 
 namespace detail::ckpt {

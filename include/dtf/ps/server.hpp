@@ -15,8 +15,8 @@
 //   sync push, stage, apply, decision   a synchronous step's commit on ps 0, parts staged on
 //             the other ps, the decision forwarded to them (dtf/ps/sync_requests.hpp)
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
-//   step, shutdown, save, restore, done, done tasks, positions   see ps_client, dtf/ps/checkpointing.hpp,
-//   dtf/ps/done_tasks.hpp and dtf/ps/position_table.hpp
+//   step, shutdown, save, restore, done, done tasks, positions   see ps_client,
+//   dtf/ps/checkpointing.hpp, dtf/ps/done_tasks.hpp and dtf/ps/position_table.hpp
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
 //   make it allocate beyond the model: a request's announced payload is checked before the
 //   transport allocates for it (payload_limit: init and restore exactly what their meta names,
@@ -29,9 +29,10 @@
 //   step with a malformed contribution (validated before it is recorded); grow the done-task set
 //   or the synchronous tables' names beyond the known workers (ps_options::known_workers) or
 //   max_done_tasks; re-initialise a different model, or one trained another way, by a second
-//   init; init, restore, save or shut down the ps when
-//   ps_options::chief names another task; choose where checkpoints are written or read
-//   (ps_options::checkpoint_dir; names are confined to it, the writer never follows a symlink).
+//   init; init, restore, save, hold the steps or shut down the ps when ps_options::chief names
+//   another task; choose where checkpoints are written or read (ps_options::checkpoint_dir;
+//   names are confined to it, the writer never follows a symlink). Saves are written on a
+//   thread of their own (dtf/ps/save_thread.hpp).
 // What a peer can do: everything an authenticated worker may — push finite garbage, push to
 // ps 0 without shards to advance the step when ps 0 holds none, forward a decision of its own
 // making (N distinct parts staged on the ps: which of them a step applies); without ps_options::chief,
@@ -45,6 +46,7 @@
 #include <dtf/ps/done_tasks.hpp>
 #include <dtf/ps/position_table.hpp>
 #include <dtf/ps/push_pieces.hpp>
+#include <dtf/ps/save_thread.hpp>
 #include <dtf/ps/shard_snapshot.hpp>
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sparse_service.hpp>
@@ -67,8 +69,9 @@ class parameter_server {
   /// Listens on bind_address ("host:port"; port 0 picks one). Errors: errc::io_error if unbound.
   parameter_server(const std::string& bind_address, ps_options options)
       : options_(std::move(options)), server_(*this, options_.transport, bind_address, options_.threads) {}
-  /// Releases the deferred replies (they hold connections) before the transport goes.
-  ~parameter_server() { sync_.clear_waiting(), done_.clear_waiting(); }
+  /// Waits for a save being written; releases the deferred replies (they hold connections)
+  /// before the transport goes.
+  ~parameter_server() { saves_.join(), sync_.clear_waiting(), done_.clear_waiting(); }
   parameter_server(const parameter_server&) = delete;
   parameter_server& operator=(const parameter_server&) = delete;
 
@@ -163,10 +166,7 @@ class parameter_server {
   /// Transport callback: a peer's connection ended (see sync_aggregator::disconnected).
   void disconnected(const rpc_peer& peer) {
     const bool finished = done_.disconnected(peer);
-    {
-      std::shared_lock lock(shards_mu_);
-      sync_requests_.disconnected(peer);  // a checkpoint's hold ends with its connection
-    }
+    sync_requests_.disconnected(peer, shards_mu_);  // a checkpoint's hold ends with its connection
     if (auto why = sync_.disconnected(peer.remote, peer.identity, finished))
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + *why);
   }
@@ -209,7 +209,7 @@ class parameter_server {
         return;
       }
       case message_kind::ps_positions: return positions_.handle(peer, meta, reply);
-      case message_kind::ps_save: return save(detail::decode_message<detail::ps_save_msg>(meta, "save"), reply);
+      case message_kind::ps_save: return save(peer, detail::decode_message<detail::ps_save_msg>(meta, "save"), reply);
       case message_kind::ps_restore:
         return restore(peer, detail::decode_message<detail::ps_restore_msg>(meta, "restore"), payload, reply);
       case message_kind::ps_shutdown:
@@ -262,9 +262,9 @@ class parameter_server {
     status(reply);
   }
 
-  // Snapshot of every shard, then the file is written outside the locks, into this ps's own
-  // checkpoint directory (dtf/ps/shard_snapshot.hpp).
-  void save(const detail::ps_save_msg& m, rpc_reply& reply) {
+  // Snapshot of every shard, then the file is written outside the locks, on the save thread,
+  // into this ps's own checkpoint directory (dtf/ps/shard_snapshot.hpp); answered from there.
+  void save(const rpc_peer& peer, const detail::ps_save_msg& m, rpc_reply& reply) {
     if (options_.checkpoint_dir.empty())
       throw error(errc::invalid_config, options_.transport.identity + " has no checkpoint directory (ps_options::checkpoint_dir)");
     detail::ps_saved_msg out;
@@ -282,13 +282,25 @@ class parameter_server {
       out.rule = store_.rule_name();
       snap = ps_detail::snapshot_shards(store_, out);
     }
-    ps_detail::write_snapshot(snap, options_.checkpoint_dir, m, options_.save_fault, out);
-    sparse_.save(options_.checkpoint_dir, m, options_.save_fault, out);
-    detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
-                                             std::to_string(snap.records.size()) + " shards to " + options_.checkpoint_dir +
-                                             "/" + out.file + " (" + std::to_string(out.bytes) + " bytes) at global step " +
-                                             std::to_string(out.global_step));
-    reply.meta = detail::encode_message(out);
+    reply.deferred = true;
+    saves_.run([this, m, out, snap = std::move(snap), respond = peer.defer()]() mutable {
+      rpc_reply r;
+      try {
+        if (options_.save_fault.before_write) options_.save_fault.before_write();
+        ps_detail::write_snapshot(snap, options_.checkpoint_dir, m, options_.save_fault, out);
+        sparse_.save(options_.checkpoint_dir, m, options_.save_fault, out);
+        detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
+                                                 std::to_string(snap.records.size()) + " shards to " + out.file +
+                                                 " (" + std::to_string(out.bytes) + " bytes) at global step " +
+                                                 std::to_string(out.global_step));
+        r.meta = detail::encode_message(out);
+      } catch (const error& e) {
+        r = rpc_reply::failure(errc(e.code().value()), e.message());
+      } catch (const std::exception& e) {
+        r = rpc_reply::failure(errc::io_error, options_.transport.identity + " could not save: " + e.what());
+      }
+      respond.send(std::move(r));
+    });
   }
 
   void restore(const rpc_peer& peer, const detail::ps_restore_msg& m, std::span<const std::byte> payload,
@@ -427,11 +439,11 @@ class parameter_server {
   std::atomic<std::uint64_t> generation_{0};  // the model's replacements (init, restore): see push_pieces
   std::atomic<std::uint64_t> model_bytes_{0};  // the dense shards held here, in bytes (init/restore)
   ps_detail::done_registry done_{options_};  // tasks that reported the end of their training (its own lock)
-  ps_detail::sync_requests sync_requests_{
-      options_, store_, sparse_, positions_, sync_, step_mu_, global_step_, updates_,
-      [this](rpc_reply& r, bool dropped, std::uint64_t total, bool skipped, const std::optional<detail::sync_decision>& d) {
-        status(r, updates_.load(), 0, dropped, total, skipped, d);
-      }};
+  ps_detail::save_thread saves_;  // writes checkpoint files off the I/O threads
+  ps_detail::sync_requests sync_requests_{options_, store_, sparse_, positions_, sync_, step_mu_, global_step_, updates_,
+                                          [this](rpc_reply& r, bool dropped, std::uint64_t total, bool skipped, const auto& d) {
+                                            status(r, updates_.load(), 0, dropped, total, skipped, d);
+                                          }};
   rpc_server<parameter_server> server_;  // last: its handler (this) is complete before it starts
 };
 

@@ -94,8 +94,9 @@ class sync_requests {
     status_(reply, r->dropped, r->dropped_total, r->skipped, r->decision);
   }
 
-  /// A connection ended: a hold it had ends (the caller holds the server's lock on the model).
-  void disconnected(const rpc_peer& peer) {
+  /// A connection ended: a hold it had ends (under `model_mu`, the server's lock on the model).
+  void disconnected(const rpc_peer& peer, std::shared_mutex& model_mu) {
+    std::shared_lock lock(model_mu);
     stepping([&](auto& apply, auto& advanced, auto& answer) { sync_.release(peer.remote, sparse_, apply, advanced, answer); });
   }
 
