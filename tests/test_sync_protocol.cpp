@@ -228,10 +228,12 @@ void check(const world& s) {
 }
 }  // namespace sync_protocol_test
 
-TEST_CASE("the synchronous protocol over every interleaving of 2 ps x 3 workers, N = 2, with deaths and retries",
-          "[sync][protocol]") {
-  using namespace sync_protocol_test;
-  const auto [restarts, retries, least] = GENERATE(table<int, int, std::size_t>({{0, 1, 150000}, {1, 0, 400000}}));
+namespace sync_protocol_test {
+struct counts {
+  std::size_t states = 0, terminal = 0, completed = 0, failed = 0, completed_with_death = 0;
+};
+// Enumerates every reachable state with `restarts` restarts and `retries` retries allowed.
+counts enumerate(int restarts, int retries) {
   restarts_allowed = restarts;
   retries_allowed = retries;
   world start;
@@ -239,11 +241,11 @@ TEST_CASE("the synchronous protocol over every interleaving of 2 ps x 3 workers,
   start.ps1.reset(n, 0);
   std::vector<world> stack{start};
   std::set<std::string> seen{start.key()};
-  std::size_t states = 0, terminal = 0, completed = 0, failed = 0, completed_with_death = 0;
+  counts c;
   while (!stack.empty()) {
     world s = std::move(stack.back());
     stack.pop_back();
-    ++states;
+    ++c.states;
     try {
       check(s);
       // Restarts of the dead aside, can anyone move? If not: I4.
@@ -255,25 +257,33 @@ TEST_CASE("the synchronous protocol over every interleaving of 2 ps x 3 workers,
           if (seen.insert(x.key()).second) stack.push_back(std::move(x));
       }
       if (!stuck) continue;
-      ++terminal;
+      ++c.terminal;
       if (s.failed) {
-        ++failed;
+        ++c.failed;
         continue;
       }
       EXPECT(s.ps0.step() == steps);  // I4: every step completed, on both ps
       EXPECT(s.ps1.step() == steps);
-      ++completed;
-      completed_with_death += live(s) < workers;
+      ++c.completed;
+      c.completed_with_death += live(s) < workers;
     } catch (const std::exception& e) {  // a violation, or an error a state machine threw
       FAIL("in state " << s.key() << ": " << e.what());
     }
   }
-  INFO(restarts << " restarts, " << retries << " retries: " << states << " states, " << terminal << " final");
+  return c;
+}
+}  // namespace sync_protocol_test
+
+TEST_CASE("the synchronous protocol over every interleaving of 2 ps x 3 workers, N = 2, with deaths and retries",
+          "[sync][protocol]") {
+  const auto [restarts, retries, least] = GENERATE(table<int, int, std::size_t>({{0, 1, 150000}, {1, 0, 400000}}));
+  const auto c = sync_protocol_test::enumerate(restarts, retries);
+  INFO(restarts << " restarts, " << retries << " retries: " << c.states << " states, " << c.terminal << " final");
   // The enumeration reached the cases the protocol exists for.
-  CHECK(states > least);
-  CHECK(completed > 0);
-  CHECK(completed_with_death > 0);
-  CHECK(failed > 0);
+  CHECK(c.states > least);
+  CHECK(c.completed > 0);
+  CHECK(c.completed_with_death > 0);
+  CHECK(c.failed > 0);
 }
 
 #include <dtf/ps/sync_aggregator.hpp>
@@ -287,8 +297,11 @@ struct no_tables {  // a model without embedding tables
 
 TEST_CASE("a synchronous apply that fails part-way fails the ps loudly, never half a step silently",
           "[sync][protocol][errors]") {
-  using namespace dtf;
-  using namespace dtf::ps_detail;
+  using dtf::apply_mode, dtf::errc, dtf::nonfinite_policy, dtf::rpc_reply, dtf::rpc_responder;
+  using dtf::ps_detail::shard_store, dtf::ps_detail::sync_aggregator, dtf::ps_detail::sync_decision, dtf::ps_detail::update;
+  namespace optim = dtf::optim;
+  namespace data = dtf::data;
+  namespace detail = dtf::detail;
   shard_store store;
   const std::vector<float> init(6, 1.0f);
   store.init({0, 1}, {3, 3}, optim::sgd{1.0f}, apply_mode::locked, std::as_bytes(std::span(init)));
