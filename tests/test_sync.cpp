@@ -14,6 +14,9 @@
 #include <chrono>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
 #include <functional>
 #include <limits>
 #include <tuple>
@@ -552,5 +555,19 @@ TEST_CASE("checkpoints taken while a backup worker keeps steps completing hold o
     for (float x : v) REQUIRE(x == after[std::size_t(m.global_step)]);  // both ps's files: that step
   }
   CHECK(during > 0);
+  // A manifest claiming another step than its files' is refused, naming the file and the field.
+  const auto& last = saved.back();
+  CHECK(last.synchronous);
+  auto j = last.to_json();
+  j["global_step"] = last.global_step + 1;
+  std::vector<std::vector<std::byte>> bytes;
+  for (const auto& f : last.files) {
+    std::ifstream in(dir / f.name, std::ios::binary);
+    std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    bytes.emplace_back(reinterpret_cast<const std::byte*>(c.data()), reinterpret_cast<const std::byte*>(c.data()) + c.size());
+  }
+  std::vector<std::span<const std::byte>> files(bytes.begin(), bytes.end());
+  CHECK_THROWS_WITH(checkpoint_reader::from_memory(j.dump(), files, "edited manifest"),
+                    Catch::Contains("header.global_step") && Catch::Contains("the checkpoint's is"));
   fs::remove_all(dir);
 }

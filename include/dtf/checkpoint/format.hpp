@@ -78,6 +78,9 @@ struct checkpoint_manifest {
   std::string name;
   /// The global step saved.
   std::int64_t global_step = 0;
+  /// Saved by synchronous training: every shard file holds the state after global_step (its
+  /// header's step; checked by the reader). Absent (false) in asynchronous and older ones.
+  bool synchronous = false;
   /// The element type of the saved values.
   std::string dtype = "float32";
   /// The number of ps that saved it.
@@ -123,6 +126,7 @@ struct checkpoint_manifest {
     j["format"] = detail::ckpt::manifest_format;
     j["name"] = name;
     j["global_step"] = global_step;
+    if (synchronous) j["synchronous"] = true;  // the format of other checkpoints is unchanged
     j["dtype"] = dtype;
     j["num_ps"] = num_ps;
     j["rule"] = rule;
@@ -165,6 +169,10 @@ struct checkpoint_manifest {
     m.name = string_at(j, "name", what, "");
     require_confined(m.name, what, "name");
     m.global_step = count_at(j, "global_step", what, "");
+    if (j.contains("synchronous")) {
+      if (!j["synchronous"].is_boolean()) corrupt(what, "synchronous", "not a boolean");
+      m.synchronous = j["synchronous"].get<bool>();
+    }
     m.dtype = string_at(j, "dtype", what, "", 64);
     if (m.dtype != "float32") corrupt(what, "dtype", "dtype '" + m.dtype + "' (only float32 is supported)");
     m.rule = string_at(j, "rule", what, "", 64);

@@ -166,6 +166,7 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
   } release_on_exit{client, held.has_value()};
   m.name = options.prefix + "-" + std::to_string(held ? *held : step ? *step : client.global_step());
   m.num_ps = client.layout().num_ps;
+  m.synchronous = held.has_value();
   std::vector<rpc_call> calls;
   for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps)
     calls.push_back(client.request(ps, detail::message_kind::ps_save,
