@@ -11,11 +11,11 @@ log="$work/job.log"
   --replicas_to_aggregate 2 --epochs 4 --train_examples 3000 --log_every 5 --timeout_ms 20000 >"$log" 2>&1 &
 job=$!
 pids+=("$job")
-# worker.1's process: the task whose environment names it (dtfrun sets DTF_TASK).
+# worker.1's process: the child of this dtfrun whose environment names it (dtfrun sets DTF_TASK).
 worker1() {
   local p
-  for p in $(pgrep -f -- "$example/sync_sgd"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DTF_TASK=worker.1"; then
+  for p in $(pgrep -P "$job"); do
+    if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "DTF_TASK=worker.1"; then
       echo "$p"
       return 0
     fi
@@ -35,4 +35,5 @@ for t in ps.0 ps.1; do
   grep -q "^$t .*shut down by the chief" "$log" || fail "$t did not exit by itself"
 done
 echo "killed worker.1 (pid $victim); the job completed: $(grep -m1 -o 'final test accuracy.*' "$log")"
+grep "dtfrun:.*worker.1\|^worker.1 .*\(resum\|done at\)" "$log"
 echo "PASS"
