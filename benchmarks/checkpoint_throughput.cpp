@@ -11,6 +11,10 @@
 //      ps (streamed through the chief), of restore_checkpoint with each ps reading its own
 //      slices (restore_transfer::ps_reads_files), and of a resharded restore into 3 ps; GB/s
 //      of checkpoint bytes and the ratio to the baseline
+//   3. pulls during a save: one ps with one I/O thread holds the model; a worker pulls the whole
+//      model in a loop while the chief saves: the pulls' median and longest latency, next to
+//      the same pulls with no save (the ps writes its file on a thread of its own, so a pull
+//      waits for the copy of the shards at most, not for the file)
 // Every restore verifies SHA-256 of every file (one pass over the files), then streams each ps's
 // slices from them (a second pass, usually from the page cache), so it also measures both.
 // benchmarks/checkpoint_throughput.sh runs it beside dd and cp of the same bytes.
@@ -22,6 +26,7 @@
 #include <dtf/ps.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -165,6 +170,44 @@ int main(int argc, char** argv) try {
                 ckpt_bytes / save / 1e9, base_write / save, restore, ckpt_bytes / restore / 1e9, base_read / restore,
                 by_ps, ckpt_bytes / by_ps / 1e9, reshard, ckpt_bytes / reshard / 1e9);
     std::fflush(stdout);
+  }
+  // 3. Pull latency while a save is written.
+  {
+    const auto layout = dtf::partitioners::fixed_size{4}.place(vars, 1);
+    cluster a(dir, layout);
+    a.client->initialize(saved, {rule});
+    dtf::transport_options wo;
+    wo.cluster_id = "bench";
+    wo.identity = "worker.0";
+    wo.timeout_ms = 600000;
+    dtf::ps_client worker({"127.0.0.1:" + std::to_string(a.servers[0]->port())}, layout, wo);
+    worker.connect();
+    auto pulls_while = [&](const std::function<bool()>& go_on) {
+      std::vector<double> t;
+      do {
+        const auto t0 = clock_type::now();
+        worker.pull(restored);
+        t.push_back(std::chrono::duration<double>(clock_type::now() - t0).count());
+      } while (go_on());
+      std::sort(t.begin(), t.end());
+      return t;
+    };
+    std::size_t k = 0;
+    const auto idle = pulls_while([&] { return ++k < 20; });
+    std::atomic<bool> saving{true};
+    double save_s = 0;
+    std::thread saver([&] {
+      const auto t0 = clock_type::now();
+      save_checkpoint(*a.client, {dir, "latency", 1}, vars, 1);
+      save_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+      saving = false;
+    });
+    const auto during = pulls_while([&] { return saving.load(); });
+    saver.join();
+    std::printf("pulls of the whole model (%d MiB) on 1 ps, 1 I/O thread: idle median %.1f ms, max %.1f ms (%zu pulls)\n",
+                mib, idle[idle.size() / 2] * 1e3, idle.back() * 1e3, idle.size());
+    std::printf("  during a %.2f s save: median %.1f ms, max %.1f ms (%zu pulls)\n", save_s,
+                during[during.size() / 2] * 1e3, during.back() * 1e3, during.size());
   }
   fs::remove_all(dir);
   return 0;

@@ -67,8 +67,8 @@ class sync_client {
   /// counts the answered contributions, so a retry of one that got no answer (a timeout, a lost
   /// connection: ps_recovery runs the step again) has its id, and counts once.
   std::uint64_t incarnation() const noexcept { return incarnation_; }
-  std::uint64_t sequence() const noexcept { return sequence_; }
-  void answered() noexcept { ++sequence_; }
+  std::uint64_t sequence() const noexcept { return sequence_; }  ///< see incarnation()
+  void answered() noexcept { ++sequence_; }                      ///< a contribution was answered
 
   /// Sends decision d to ps 1 .. num_ps - 1; each has applied it (now or before) on return.
   void forward(const detail::sync_decision& d, std::size_t num_ps) {
