@@ -196,7 +196,7 @@ class parameter_server {
       case message_kind::ps_sync_decision:
       case message_kind::ps_sync_hold: {
         std::shared_lock lock(shards_mu_);
-        require_initialized();
+        if (h.kind != message_kind::ps_sync_hold) require_initialized();  // a model of tables alone saves
         return sync_requests_.handle(peer, h.kind, meta, payload, reply);
       }
       case message_kind::ps_embedding_init:

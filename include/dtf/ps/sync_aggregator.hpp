@@ -173,9 +173,9 @@ class sync_aggregator {
                 nonfinite_policy policy) {
     std::lock_guard g(mu_);
     if (n_ == 0) throw error(errc::invalid_argument, "synchronous part sent to a ps initialised for asynchronous training");
-    if (!failure_.empty()) throw error(errc::peer_failure, failure_);
     const contribution_id id{who, m.incarnation, m.sequence};
-    if (m.step < step_) return outcome{true, 0, false, {}};
+    if (m.step < step_) return outcome{true, 0, false, {}};  // ps 0 answers its commit (dropped)
+    if (!failure_.empty()) throw error(errc::peer_failure, failure_);
     if (m.step > step_)
       throw error(errc::invalid_argument, who + " staged a part for step " + std::to_string(m.step) +
                                               " but the ps is at step " + std::to_string(step_));
