@@ -13,6 +13,7 @@
 #        sync_sgd_backup (sync_sgd with N = workers - BACKUPS); sync_sgd runs with N = workers.
 #        The 4-worker jobs are the reference: the same ps code under light load, in the same run
 #   EPOCHS=10  BACKUPS=2  SEED=1  JOB_TIMEOUT_S=600  SAMPLE_S=0.5
+#   ROUNDS=1: the job list runs ROUNDS times, round after round (jobs interleaved)
 # Model: the examples' Fashion-MNIST MLP (784-256-128-10, 235,146 parameters, 940,584 bytes in
 # 6 shards), batch 64, EPOCHS passes over the training set split between the workers.
 #
@@ -44,6 +45,7 @@ backups=${BACKUPS:-2}
 seed=${SEED:-1}
 job_timeout=${JOB_TIMEOUT_S:-600}
 sample_s=${SAMPLE_S:-0.5}
+rounds=${ROUNDS:-1}
 here=$(cd "$(dirname "$0")" && pwd)
 dtfrun=$build/tools/dtfrun
 for f in "$dtfrun" "$build/examples/hogwild" "$build/examples/sync_sgd"; do
@@ -55,11 +57,13 @@ shim=$out/ps_request_count.so
 cc -O2 -shared -fPIC -o "$shim" "$here/ps_request_count.c" -ldl -lpthread || exit 2
 csv=$out/load_jobs.csv
 runs=$out/runs_$(date -u +%Y-%m-%d_%H%M).txt
-[ -s "$csv" ] || echo "job,scheme,workers,ps,replicas,epochs,status,exit,wall_s,chief_wall_s,done_lines,result,error_lines,ps_index,ps_bytes,ps_done_reports,cpu_s,serve_cpu_s,proc_cpu_s,requests,pulls,pushes,sync_pushes,positions,done_tasks,other,us_per_request,peak_estab,peak_open,accepted" >"$csv"
+[ -s "$csv" ] || echo "round,job,scheme,workers,ps,replicas,epochs,status,exit,wall_s,chief_wall_s,done_lines,result,error_lines,ps_index,ps_bytes,ps_done_reports,cpu_s,serve_cpu_s,proc_cpu_s,requests,pulls,pushes,sync_pushes,positions,done_tasks,other,us_per_request,peak_estab,peak_open,accepted" >"$csv"
 say() { echo "$*" | tee -a "$runs"; }
 tck=$(getconf CLK_TCK)
 say "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), load $(cut -d' ' -f1-3 /proc/loadavg), commit $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown), build $build"
-say "# jobs: $jobs_list; epochs $epochs; seed $seed; timeout ${job_timeout}s per job"
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+[ -n "$src" ] && say "# build configured from $src (HEAD $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo unknown), $(git -C "$src" status --porcelain 2>/dev/null | wc -l) changed files there now); dtfrun built $(date -u -r "$dtfrun" '+%Y-%m-%d %H:%M UTC')"
+say "# jobs: $jobs_list; rounds $rounds; epochs $epochs; seed $seed; timeout ${job_timeout}s per job"
 
 # kv FILE KEY: the value of KEY= in the shim's one-line report.
 kv() { sed -n "s/.*[ ^]$2=\([^ ]*\).*/\1/p; s/^$2=\([^ ]*\).*/\1/p" "$1" | head -n 1; }
@@ -71,7 +75,8 @@ run_job() {
     sync_sgd_backup) prog=sync_sgd replicas=$((w - backups)) args=(--replicas_to_aggregate "$replicas") ;;
     *) prog=$scheme ;;
   esac
-  local name=$scheme-w$w-p$p log stats
+  local name=$scheme-w$w-p$p log stats round=$4
+  [ "$rounds" -eq 1 ] || name=$name-r$round
   log=$out/logs/$name.log stats=$out/logs/$name.stats
   rm -rf "$stats" && mkdir -p "$stats"
   local t0 t1
@@ -146,13 +151,15 @@ run_job() {
     bytes=$(sed -n "s/^ps\.$i *| ps\.$i: serving [0-9]* shards (\([0-9]*\) bytes).*/\1/p" "$log" | head -n 1)
     local pcpu=""
     [ -n "${ticks[i]}" ] && pcpu=$(awk -v t="${ticks[i]}" -v h="$tck" 'BEGIN { printf "%.2f", t / h }')
-    echo "$name,$scheme,$w,$p,$replicas,$epochs,$status,$rc,$wall,$chief_wall,$done_lines,$result,$errors,$i,$bytes,$dn,$cpu,$serve,$pcpu,$req,$pulls,$pushes,$spush,$pos,$dt,$other,$upr,${peak[i]},$popen,$acc" >>"$csv"
+    echo "$round,$name,$scheme,$w,$p,$replicas,$epochs,$status,$rc,$wall,$chief_wall,$done_lines,$result,$errors,$i,$bytes,$dn,$cpu,$serve,$pcpu,$req,$pulls,$pushes,$spush,$pos,$dt,$other,$upr,${peak[i]},$popen,$acc" >>"$csv"
     say "    ps.$i (${bytes:-?} bytes): cpu ${cpu:-?}s (serving ${serve:-?}s, /proc ${pcpu:-?}s), requests ${req:-?} (pull ${pulls:-0}, push ${pushes:-0}, sync push ${spush:-0}, positions ${pos:-0}, done tasks ${dt:-0}, other $other), ${upr:-?} us/request, done reports ${dn:-?}/$w, peak ESTAB ${peak[i]}, peak open ${popen:-?} of ${acc:-?} accepted"
   done
 }
 
-for spec in $jobs_list; do
-  IFS=: read -r scheme w p <<<"$spec"
-  run_job "$scheme" "$w" "$p"
+for ((round = 1; round <= rounds; round++)); do
+  for spec in $jobs_list; do
+    IFS=: read -r scheme w p <<<"$spec"
+    run_job "$scheme" "$w" "$p" "$round"
+  done
 done
 say "# done $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
