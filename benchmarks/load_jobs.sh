@@ -28,6 +28,9 @@
 # - connections: `ss -tn state established` every SAMPLE_S, counting the sockets whose local
 #   port is the ps's (peak_estab); the shim's peak_open counts the connections the ps accepted
 #   and had not closed.
+# - threads (the most /proc/PID/stat showed) and context switches per request (voluntary +
+#   involuntary, getrusage at exit): a lock-free ps (Hogwild) runs one I/O thread per worker
+#   (include/dtf/train/through_ps.hpp).
 # - done reports: the workers' "done after" (asynchronous) or "done at global step"
 #   (synchronous) lines, the chief's RESULT line (printed only after its wait for every
 #   worker's done report, include/dtf/train/through_ps.hpp), and each ps's done requests
@@ -57,7 +60,7 @@ shim=$out/ps_request_count.so
 cc -O2 -shared -fPIC -o "$shim" "$here/ps_request_count.c" -ldl -lpthread || exit 2
 csv=$out/load_jobs.csv
 runs=$out/runs_$(date -u +%Y-%m-%d_%H%M).txt
-[ -s "$csv" ] || echo "round,job,scheme,workers,ps,replicas,epochs,status,exit,wall_s,chief_wall_s,done_lines,result,error_lines,ps_index,ps_bytes,ps_done_reports,cpu_s,serve_cpu_s,proc_cpu_s,requests,pulls,pushes,sync_pushes,positions,done_tasks,other,us_per_request,peak_estab,peak_open,accepted" >"$csv"
+[ -s "$csv" ] || echo "round,job,scheme,workers,ps,replicas,epochs,status,exit,wall_s,chief_wall_s,done_lines,result,error_lines,ps_index,ps_bytes,ps_done_reports,cpu_s,serve_cpu_s,proc_cpu_s,requests,pulls,pushes,sync_pushes,positions,done_tasks,other,us_per_request,peak_estab,peak_open,accepted,threads,csw_per_request" >"$csv"
 say() { echo "$*" | tee -a "$runs"; }
 tck=$(getconf CLK_TCK)
 say "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), load $(cut -d' ' -f1-3 /proc/loadavg), commit $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown), build $build"
@@ -90,9 +93,9 @@ run_job() {
   local job=$!
   # Sample until the job ends: each ps's established connections (local port = its port) and
   # its CPU ticks from /proc.
-  local -a port pid peak ticks
+  local -a port pid peak ticks threads
   local i
-  for ((i = 0; i < p; i++)); do port[i]="" pid[i]="" peak[i]=0 ticks[i]=""; done
+  for ((i = 0; i < p; i++)); do port[i]="" pid[i]="" peak[i]=0 ticks[i]="" threads[i]=0; done
   local peak_total=0
   while kill -0 "$job" 2>/dev/null; do
     for ((i = 0; i < p; i++)); do
@@ -110,7 +113,12 @@ run_job() {
       n=$(awk -v p=":${port[i]}" '{ if (substr($3, length($3) - length(p) + 1) == p) c++ } END { print c + 0 }' <<<"$ssout")
       [ "$n" -gt "${peak[i]}" ] && peak[i]=$n
       local st
-      st=$(cat "/proc/${pid[i]}/stat" 2>/dev/null) && ticks[i]=$(awk '{ sub(/.*\) /, ""); print $12 + $13 }' <<<"$st")
+      if st=$(cat "/proc/${pid[i]}/stat" 2>/dev/null); then
+        local tt nt
+        read -r tt nt < <(awk '{ sub(/.*\) /, ""); print $12 + $13, $18 }' <<<"$st")
+        ticks[i]=$tt
+        [ "$nt" -gt "${threads[i]}" ] && threads[i]=$nt
+      fi
     done
     local tot
     tot=$(wc -l <<<"$ssout")
@@ -135,7 +143,7 @@ run_job() {
   for ((i = 0; i < p; i++)); do
     local f
     f=$(ls "$stats"/ps."$i".*.txt 2>/dev/null | head -n 1)
-    local cpu="" serve="" req="" pulls="" pushes="" spush="" pos="" dt="" other="" dn="" upr="" popen="" acc=""
+    local cpu="" serve="" req="" pulls="" pushes="" spush="" pos="" dt="" other="" dn="" upr="" popen="" acc="" thr="" cpr=""
     if [ -n "$f" ]; then
       cpu=$(awk -v u="$(kv "$f" utime_s)" -v s="$(kv "$f" stime_s)" 'BEGIN { printf "%.2f", u + s }')
       serve=$(kv "$f" serve_cpu_s) req=$(kv "$f" requests)
@@ -143,16 +151,18 @@ run_job() {
       dt=$(kv "$f" kind_26) dn=$(kv "$f" kind_22) popen=$(kv "$f" peak_open) acc=$(kv "$f" accepted)
       other=$((req - ${pulls:-0} - ${pushes:-0} - ${spush:-0} - ${pos:-0} - ${dt:-0}))
       upr=$(awk -v c="$serve" -v r="$req" 'BEGIN { if (r > 0) printf "%.1f", c / r * 1e6 }')
+      cpr=$(awk -v a="$(kv "$f" vcsw)" -v b="$(kv "$f" ivcsw)" -v r="$req" 'BEGIN { if (r > 0) printf "%.2f", (a + b) / r }')
       [ "$(kv "$f" unparsed)" = 0 ] || say "    ps.$i: $(kv "$f" unparsed) bytes did not parse as dtf frames"
     else
       say "    ps.$i: no report from the shim (the ps did not exit normally)"
     fi
     local bytes
     bytes=$(sed -n "s/^ps\.$i *| ps\.$i: serving [0-9]* shards (\([0-9]*\) bytes).*/\1/p" "$log" | head -n 1)
+    thr=${threads[i]}
     local pcpu=""
     [ -n "${ticks[i]}" ] && pcpu=$(awk -v t="${ticks[i]}" -v h="$tck" 'BEGIN { printf "%.2f", t / h }')
-    echo "$round,$name,$scheme,$w,$p,$replicas,$epochs,$status,$rc,$wall,$chief_wall,$done_lines,$result,$errors,$i,$bytes,$dn,$cpu,$serve,$pcpu,$req,$pulls,$pushes,$spush,$pos,$dt,$other,$upr,${peak[i]},$popen,$acc" >>"$csv"
-    say "    ps.$i (${bytes:-?} bytes): cpu ${cpu:-?}s (serving ${serve:-?}s, /proc ${pcpu:-?}s), requests ${req:-?} (pull ${pulls:-0}, push ${pushes:-0}, sync push ${spush:-0}, positions ${pos:-0}, done tasks ${dt:-0}, other $other), ${upr:-?} us/request, done reports ${dn:-?}/$w, peak ESTAB ${peak[i]}, peak open ${popen:-?} of ${acc:-?} accepted"
+    echo "$round,$name,$scheme,$w,$p,$replicas,$epochs,$status,$rc,$wall,$chief_wall,$done_lines,$result,$errors,$i,$bytes,$dn,$cpu,$serve,$pcpu,$req,$pulls,$pushes,$spush,$pos,$dt,$other,$upr,${peak[i]},$popen,$acc,$thr,$cpr" >>"$csv"
+    say "    ps.$i (${bytes:-?} bytes): cpu ${cpu:-?}s (serving ${serve:-?}s, /proc ${pcpu:-?}s), requests ${req:-?} (pull ${pulls:-0}, push ${pushes:-0}, sync push ${spush:-0}, positions ${pos:-0}, done tasks ${dt:-0}, other $other), ${upr:-?} us/request, done reports ${dn:-?}/$w, peak ESTAB ${peak[i]}, peak open ${popen:-?} of ${acc:-?} accepted, ${thr:-?} threads, ${cpr:-?} context switches/request"
   done
 }
 

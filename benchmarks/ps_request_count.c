@@ -14,7 +14,8 @@
 // requests (frames of kind 16..63: ps requests), handshake (kinds 1..5), heartbeat (kind 6),
 // kind_<k> for each kind seen, accepted (connections accepted), peak_open (most accepted
 // connections open at once), bytes_in (bytes read from accepted connections), unparsed (bytes
-// of connections whose stream did not parse as dtf frames).
+// of connections whose stream did not parse as dtf frames), vcsw and ivcsw (voluntary and
+// involuntary context switches, getrusage).
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -219,7 +220,8 @@ __attribute__((destructor)) static void report(void) {
           (unsigned long long)kinds[6]);
   for (int k = 0; k < KINDS; ++k)
     if (kinds[k]) fprintf(f, " kind_%d=%llu", k, (unsigned long long)kinds[k]);
-  fprintf(f, " accepted=%llu peak_open=%ld bytes_in=%llu unparsed=%llu\n", (unsigned long long)accepted,
-          (long)peak_open, (unsigned long long)bytes_in, (unsigned long long)unparsed);
+  fprintf(f, " accepted=%llu peak_open=%ld bytes_in=%llu unparsed=%llu vcsw=%ld ivcsw=%ld\n",
+          (unsigned long long)accepted, (long)peak_open, (unsigned long long)bytes_in, (unsigned long long)unparsed,
+          u.ru_nvcsw, u.ru_nivcsw);
   fclose(f);
 }
