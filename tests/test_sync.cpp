@@ -464,6 +464,9 @@ TEST_CASE("a worker that pulled and died before contributing fails the step, nam
   std::vector<float> v(15, 0.0f), g(15, 1.0f);
   a.initialize(v, {optim::sgd{0.1f}, apply_mode::locked, 2, 2});
   a.pull(v);  // a live replica
+  ps_client evaluator({ps0.address()}, layout, opts("evaluator.0"));
+  evaluator.connect();
+  evaluator.pull(v);  // not a replica: it contributes nothing
   {
     ps_client b({ps0.address()}, layout, opts("worker.1"));
     b.connect();

@@ -232,8 +232,9 @@ class sync_aggregator {
   }
 
   /// A connection of `who` (at `remote`) pulled or contributed: it counts as a live replica
-  /// until it ends.
+  /// until it ends. An evaluator's or a ps's pulls do not: they contribute nothing.
   void seen(const std::string& remote, const std::string& who) {
+    if (who.starts_with("evaluator.") || who.starts_with("ps.")) return;
     std::lock_guard g(mu_);
     if (n_ > 0 && !alive_.count(remote)) alive_.emplace(remote, who);
   }
