@@ -649,3 +649,37 @@ TEST_CASE("a ps with one I/O thread serves pulls while its checkpoint file is wr
   r.read(0, 0, v);
   CHECK(v == init);
 }
+
+TEST_CASE("a restore or save beyond a frame's limits is refused before anything is sent, saying what to do",
+          "[checkpoint][errors]") {
+  temp_dir dir("frame_limits");
+  const auto vars = model_vars();
+  const auto layout = place_on(1);
+  cluster_of c(dir.path.string(), layout);
+  const auto init = seeded(num_parameters(vars), 3);
+  c.client->initialize(init, {optim::adam{}});
+  save_checkpoint(*c.client, {dir.path.string(), "ck", 0}, vars);
+  const std::string address = "127.0.0.1:" + std::to_string(c.servers[0]->port());
+  auto client_with = [&](std::uint64_t max_payload, std::uint32_t max_meta) {
+    auto o = dtf::test::opts("chief.0");
+    o.limits.max_payload_bytes = max_payload;
+    o.limits.max_meta_bytes = max_meta;
+    auto p = std::make_unique<ps_client>(std::vector<std::string>{address}, layout, o);
+    p->connect();
+    return p;
+  };
+  // Values and two slots of 35 floats: 420 bytes through the chief.
+  auto small_frames = client_with(400, 64 * 1024);
+  CHECK_THROWS_WITH(restore_latest(*small_frames, dir.path.string(), vars, {optim::adam{}}),
+                    Catch::Contains("420 bytes of values and slots") && Catch::Contains("ps_reads_files"));
+  // Each ps reading its own files sends no values: it passes.
+  REQUIRE(restore_checkpoint(*small_frames, dir.path.string(), "ck-0", vars, {optim::adam{}}, {},
+                             restore_transfer::ps_reads_files) == 0);
+  CHECK(pull_all(*small_frames) == init);
+  // Metadata: a save's answer lists every shard, a restore's message too.
+  auto small_meta = client_with(std::uint64_t(1) << 32, 200);
+  CHECK_THROWS_WITH(save_checkpoint(*small_meta, {dir.path.string(), "ck", 0}, vars),
+                    Catch::Contains("too many to list") && Catch::Contains("fewer, larger shards"));
+  CHECK_THROWS_WITH(restore_latest(*small_meta, dir.path.string(), vars, {optim::adam{}}),
+                    Catch::Contains("bytes of metadata") && Catch::Contains("fewer, larger shards"));
+}

@@ -77,14 +77,39 @@ inline ps_restore_msg restore_message(const ps_client& client, std::size_t ps, c
   return m;
 }
 
+// A restore's frame to ps `ps` must fit the transport's limits (a ps refuses a larger one): said
+// before anything is read or sent, with what to do instead.
+inline void check_restore_frame(const ps_client& client, std::size_t ps, std::size_t meta_bytes,
+                                std::uint64_t payload_bytes) {
+  const auto& lim = client.transport().limits;
+  const auto who = "restore of ps." + std::to_string(ps) + ": ";
+  if (meta_bytes > lim.max_meta_bytes)
+    throw error(errc::invalid_argument, who + std::to_string(client.shards_of(ps).size()) + " shards make " +
+                                            std::to_string(meta_bytes) + " bytes of metadata, over the " +
+                                            std::to_string(lim.max_meta_bytes) +
+                                            " a frame may carry: place fewer, larger shards on each ps");
+  if (payload_bytes > lim.max_payload_bytes)
+    throw error(errc::invalid_argument, who + std::to_string(payload_bytes) +
+                                            " bytes of values and slots through the chief, over the " +
+                                            std::to_string(lim.max_payload_bytes) +
+                                            " a frame may carry: restore with restore_transfer::ps_reads_files "
+                                            "(each ps reads its own slices of the files)");
+}
+
 inline std::int64_t restore_from(ps_client& client, const checkpoint_reader& ck, const restore_settings& how) {
   const auto& man = ck.manifest();
   const auto [saved, num_slots] = plan_restore(client, man, how);
+  std::vector<std::uint64_t> from;
+  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps) {  // every frame checked first
+    auto m = restore_message(client, ps, man, saved, num_slots, how, from);
+    std::uint64_t floats = 0;
+    for (auto n : m.init.sizes) floats += n * (1 + num_slots);
+    check_restore_frame(client, ps, encode_message(m).size(), floats * sizeof(float));
+  }
   // The positions first: a restore makes the ps ready, and a task that finds it ready reads its
   // position at once.
   restore_positions(client, man.positions);
   // One ps at a time: read its shards' values and slots from the files, send, release.
-  std::vector<std::uint64_t> from;
   for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps) {
     auto m = restore_message(client, ps, man, saved, num_slots, how, from);
     std::size_t floats = 0;
@@ -118,7 +143,9 @@ inline std::int64_t restore_by_ps(ps_client& client, const checkpoint_manifest& 
     auto m = restore_message(client, ps, man, saved, num_slots, how, from);
     m.from_files = true;
     m.from = from;
-    calls[ps] = client.request(ps, message_kind::ps_restore, encode_message(m));
+    auto meta = encode_message(m);
+    check_restore_frame(client, ps, meta.size(), 0);
+    calls[ps] = client.request(ps, message_kind::ps_restore, std::move(meta));
   }
   client.call_all(calls);  // every ps reads its own slices, in parallel
   if (!how.params.empty()) client.pull(how.params);
@@ -167,6 +194,13 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
   m.name = options.prefix + "-" + std::to_string(held ? *held : step ? *step : client.global_step());
   m.num_ps = client.layout().num_ps;
   m.synchronous = held.has_value();
+  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps)  // a ps's answer names each shard
+    if (const std::size_t reply = 4096 + 12 * client.shards_of(ps).size(); reply > client.transport().limits.max_meta_bytes)
+      throw error(errc::invalid_argument, "save_checkpoint: ps." + std::to_string(ps) + " holds " +
+                                              std::to_string(client.shards_of(ps).size()) +
+                                              " shards, too many to list in one answer (" +
+                                              std::to_string(client.transport().limits.max_meta_bytes) +
+                                              " bytes of metadata): place fewer, larger shards on each ps");
   std::vector<rpc_call> calls;
   for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps)
     calls.push_back(client.request(ps, detail::message_kind::ps_save,
