@@ -11,7 +11,8 @@
 //
 // Tokens: task, pid, utime_s, stime_s (getrusage at exit, every thread), serve_cpu_s (CPU
 // since the first request frame: the process's start-up, e.g. loading the data set, left out),
-// requests (frames of kind 16..63: ps requests), handshake (kinds 1..5), heartbeat (kind 6),
+// requests (frames of kind 16..63: ps requests, the synchronous protocol's 33 stage, 34 apply,
+// 35 decision and 36 hold included), handshake (kinds 1..5), heartbeat (kind 6),
 // kind_<k> for each kind seen, accepted (connections accepted), peak_open (most accepted
 // connections open at once), bytes_in (bytes read from accepted connections), unparsed (bytes
 // of connections whose stream did not parse as dtf frames), vcsw and ivcsw (voluntary and
