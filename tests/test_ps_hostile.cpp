@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 using namespace dtf;
@@ -375,6 +376,44 @@ TEST_CASE("a ps destroyed while the chief waits for done reports releases the wa
   waiter.join();
   CHECK(answer != "a reply");  // the connection closed unanswered: the chief sees an error
   CHECK(answer != "none yet");
+}
+
+TEST_CASE("a ps on two I/O threads destroyed while three done waits are pending touches no freed memory",
+          "[ps][hostile]") {
+  // Issue 31 item 8: every done wait holds its connection and a timer on the ps's I/O context
+  // (peer.defer_until); destroying the ps must release them all before the transport goes,
+  // whichever thread took them. Under AddressSanitizer (dtf_asan_tests) a release after the
+  // transport is a heap-use-after-free.
+  running_ps ps(opts("ps.0"), 2);
+  std::vector<std::unique_ptr<rpc_client>> clients;
+  std::vector<std::string> answers(3, "none yet");
+  std::vector<std::thread> waiters;
+  for (std::size_t k = 0; k < 3; ++k) {
+    clients.push_back(std::make_unique<rpc_client>(opts(k == 0 ? "chief.0" : "worker." + std::to_string(k))));
+    clients[k]->add_peer("ps.0", ps.address());
+    clients[k]->connect_all();
+  }
+  for (std::size_t k = 0; k < 3; ++k)  // the clients are all made: the threads read a vector that no longer grows
+    waiters.emplace_back([&, k] {
+      std::vector<rpc_call> c(1);
+      c[0].kind = detail::message_kind::ps_done_tasks;
+      c[0].meta = detail::encode_message(detail::ps_done_tasks_msg{{}, 10, 60000});
+      try {
+        clients[k]->call_all(c);
+        answers[k] = "a reply";
+      } catch (const error& e) {
+        answers[k] = e.what();
+      }
+    });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ps.ps->done_waiters() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(ps.ps->done_waiters() == 3);
+  ps.kill();  // stop, join and destroy the ps while the three requests wait
+  for (auto& t : waiters) t.join();
+  for (const auto& a : answers) {
+    CHECK(a != "a reply");  // each connection closed unanswered
+    CHECK(a != "none yet");
+  }
 }
 
 TEST_CASE("a synchronous step's per-worker tables take only known workers, or a bounded number of names",
