@@ -11,14 +11,21 @@
 #include <dtf/strategies/ring_allreduce.hpp>
 #include <dtf/strategies/sync.hpp>
 #include <dtf/train.hpp>
+#include <dtf/train/resume.hpp>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint_helpers.hpp"
 #include "helpers.hpp"
 #include "train_helpers.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -442,4 +449,258 @@ TEST_CASE("train: a synchronous job restarted from a checkpoint resumes every wo
   }
   REQUIRE(resumed.size() == uninterrupted.size());
   CHECK(resumed == uninterrupted);
+}
+
+// Issue 31: a checkpoint whose global step or data positions the run's configuration never
+// reaches is refused, naming the checkpoint and the value; one at the end of the run makes every
+// task say that the training is already finished (nothing ends after 0 steps without a word).
+
+namespace {
+
+// What this process prints on stdout (dtf::train's lines) while it lives, up to text().
+class captured_stdout {
+ public:
+  captured_stdout() : file_(std::tmpfile()), saved_(::dup(1)) {
+    std::fflush(stdout);
+    ::dup2(::fileno(file_), 1);
+  }
+  ~captured_stdout() { (void)text(); }
+  captured_stdout(const captured_stdout&) = delete;
+  captured_stdout& operator=(const captured_stdout&) = delete;
+  // Ends the capture (once) and returns what was printed.
+  std::string text() {
+    if (saved_ >= 0) {
+      std::fflush(stdout);
+      ::dup2(saved_, 1);
+      ::close(saved_);
+      saved_ = -1;
+      std::rewind(file_);
+      for (int c; (c = std::fgetc(file_)) != EOF;) text_ += char(c);
+      std::fclose(file_);
+    }
+    return text_;
+  }
+
+ private:
+  std::FILE* file_;
+  int saved_;
+  std::string text_;
+};
+
+// Rewrites checkpoint `name`'s manifest in `dir` after `edit`.
+template <class Edit>
+void rewrite_manifest(const std::string& dir, const std::string& name, Edit edit) {
+  const auto path = dir + "/" + name + ".manifest.json";
+  nlohmann::json j;
+  std::ifstream(path) >> j;
+  edit(j);
+  std::ofstream(path, std::ios::trunc) << j.dump(1);
+}
+
+// A ps job of one worker (the chief) on a fresh ps: its result, the batches it trained, what it printed.
+struct one_worker_job {
+  dtf::train_result result;
+  std::vector<std::vector<float>> seen;
+  std::string printed;
+};
+template <class Strategy>
+one_worker_job run_one_worker(const dtf::data::dataset& data, const dtf::train_options& o, Strategy strategy) {
+  using namespace dtf;
+  ps_options po{test::opts("ps.0")};
+  po.transport.cluster_id.clear();  // the spec's id depends on the free port
+  po.transport.log = [](const std::string&) {};
+  po.checkpoint_dir = o.model_dir;
+  serving_ps ps(po);
+  cluster c;
+  c.source = "test";
+  c.spec.jobs["ps"][0] = "127.0.0.1:" + std::to_string(ps.server.port());
+  c.spec.jobs["worker"][0] = "127.0.0.1:1";  // listens nowhere (a ps strategy)
+  c.self = {"worker", 0};
+  one_worker_job job;
+  recording_net net{.seen = &job.seen};
+  captured_stdout out;
+  try {
+    job.result = train(c, net, data, std::move(strategy), o);
+  } catch (...) {
+    job.printed = out.text();
+    throw;
+  }
+  job.printed = out.text();
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE("a restored global step or data position is checked against the run's end, naming the source and value",
+          "[data][positions]") {
+  using dtf::detail::check_position;
+  using dtf::detail::check_start_step;
+  using dtf::detail::run_end;
+  // A position dtf::train produces: 203 examples in batches of 8 (26 batches an epoch, the last of
+  // 3 rows), after 30 batches: epoch 1, batch 4, 30 steps, 203 + 32 examples.
+  position p = position::start_of(1, 203, 8, 5);
+  for (std::uint64_t i = 0; i < 30; ++i) p.trained(i / 26, i % 26, i % 26 == 25 ? 3 : 8, 26);
+  REQUIRE(p.epoch == 1);
+  REQUIRE(p.batch == 4);
+  REQUIRE(p.examples == 235);
+  CHECK_FALSE(check_position(p, 26, std::nullopt, "worker.1", "ckpt-9"));
+  CHECK_FALSE(check_position(p, 26, 2, "worker.1", "ckpt-9"));
+  CHECK_THROWS_WITH(check_position(p, 26, 1, "worker.1", "checkpoint ckpt-9 of d"),
+                    Catch::Contains("checkpoint ckpt-9 of d: the data position of worker.1 (epoch 1, batch 4, 30 steps, "
+                                    "235 examples) is past the end of the --epochs 1 this run trains"));
+  position end = position::start_of(1, 203, 8, 5);
+  end.epoch = 2, end.steps = 52, end.examples = 406;
+  CHECK(check_position(end, 26, 2, "worker.1", "ckpt-9"));  // the end of its 2 epochs: finished
+  position crafted = p;
+  crafted.epoch = 1000000;  // steps and examples left as they were
+  CHECK_THROWS_WITH(check_position(crafted, 26, std::nullopt, "worker.1", "ckpt-9"),
+                    Catch::Contains("(epoch 1000000, batch 4, 30 steps, 235 examples) is not one a run produces: at "
+                                    "batch 26000004 of its stream it has passed 26000004 steps and 203000032 examples"));
+  crafted.epoch = std::uint64_t(1) << 62;
+  CHECK_THROWS_WITH(check_position(crafted, 26, std::nullopt, "worker.1", "ckpt-9"),
+                    Catch::Contains("overflows its arithmetic"));
+  crafted = p;
+  crafted.batch = 26;
+  CHECK_THROWS_WITH(check_position(crafted, 26, std::nullopt, "worker.1", "ckpt-9"),
+                    Catch::Contains("names a batch past the 26 of an epoch"));
+
+  const run_end sync{.last_step = 26, .what = "--epochs 1"};
+  CHECK(check_start_step(25, sync, "ckpt-25").empty());
+  CHECK(check_start_step(26, sync, "checkpoint ckpt-26 of d") ==
+        "global step 26 (checkpoint ckpt-26 of d) is at or past the last step of this run, 26 (--epochs 1): training "
+        "already finished, nothing to train");
+  CHECK_THROWS_WITH(check_start_step(std::int64_t(1) << 62, sync, "checkpoint ckpt-26 of d"),
+                    Catch::Contains("global step 4611686018427387904 (checkpoint ckpt-26 of d) is beyond the last step "
+                                    "of this run, 26 (--epochs 1): this configuration never reaches it"));
+  CHECK_THROWS_WITH(check_start_step(-1, sync, "ckpt-x"), Catch::Contains("global step -1 (ckpt-x) is negative"));
+  // Asynchronous: pushes in flight carry the step past --last_step; it is finished, not refused.
+  const run_end async{.last_step = 26, .exact = false, .what = "--last_step"};
+  CHECK_THAT(check_start_step(30, async, "ckpt-30"), Catch::Contains("training already finished"));
+  const run_end more{.num_steps = 10};
+  CHECK(check_start_step(1000, more, "ckpt-1000").empty());
+  CHECK_THROWS_WITH(check_start_step(std::numeric_limits<std::int64_t>::max() - 5, more, "ckpt-x"),
+                    Catch::Contains("plus --num_steps 10 overflows"));
+}
+
+TEST_CASE("train: a collective run restarted at its last step says it is finished, and a checkpoint past the end is "
+          "refused naming it and its step",
+          "[train][positions]") {
+  using namespace dtf;
+  test::ckpt::temp_dir dir("collective_end");
+  const std::string d = dir.path.string();
+  const auto data = test::synthetic(203, 3, test::labels::argmax);  // 26 batches of 8 an epoch
+  train_options o{.name = "end", .epochs = 1, .batch = 8, .seed = 5, .log_every = 0};
+  o.model_dir = d;
+  o.summary_every = 0;
+  o.last_step = 10;
+  std::vector<std::vector<float>> first_life, second_life;
+  recording_net first{.seen = &first_life};
+  REQUIRE(train(local_cluster(), first, data, strategies::ring_allreduce<>(), o).global_step == 10);
+  REQUIRE(first_life.size() == 10);
+  REQUIRE(latest_checkpoint(d) == "ckpt-10");
+  // The same command again: nothing is left to train, and it says so.
+  recording_net second{.seen = &second_life};
+  captured_stdout out;
+  const auto again = train(local_cluster(), second, data, strategies::ring_allreduce<>(), o);
+  const std::string printed = out.text();
+  CHECK(again.exit_code == 0);
+  CHECK(again.global_step == 10);
+  CHECK(second_life.empty());
+  CHECK_THAT(printed, Catch::Contains("global step 10 (checkpoint ckpt-10 of " + d + ") is at or past the last step "
+                                      "of this run, 10 (--last_step): training already finished, nothing to train"));
+  // Its step made 2^62: past the 26 steps of --epochs 1, refused before any value is restored.
+  rewrite_manifest(d, "ckpt-10", [](nlohmann::json& j) { j["global_step"] = std::int64_t(1) << 62; });
+  o.last_step = 0;
+  CHECK_THROWS_WITH(train(local_cluster(), second, data, strategies::ring_allreduce<>(), o),
+                    Catch::Contains("global step 4611686018427387904 (checkpoint ckpt-10 of " + d + ") is beyond the "
+                                    "last step of this run, 26 (--epochs 1)"));
+  CHECK(second_life.empty());
+}
+
+TEST_CASE("train: an asynchronous job restarted at the end of its epochs says it is finished, and positions past "
+          "them are refused naming the checkpoint, the task and the position",
+          "[train][positions]") {
+  using namespace dtf;
+  test::ckpt::temp_dir dir("async_end");
+  const std::string d = dir.path.string();
+  const auto data = test::synthetic(203, 3, test::labels::argmax);  // one shard: 26 batches of 8 an epoch
+  train_options o{.name = "async_end", .epochs = 1, .batch = 8, .seed = 5, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000, .finish_timeout_s = 60};
+  o.model_dir = d;
+  const auto strategy = [] { return strategies::downpour({.fetch_every = 1, .push_every = 1}); };
+  const auto whole = run_one_worker(data, o, strategy());
+  REQUIRE(whole.result.exit_code == 0);
+  REQUIRE(whole.seen.size() == 26);
+  const auto name = latest_checkpoint(d);
+  REQUIRE(name);
+  const auto saved = read_manifest(d, *name).positions;
+  REQUIRE(saved.size() == 1);
+  CHECK(saved[0].task == "worker.0");
+  CHECK(saved[0].at.epoch == 1);  // the end of its one epoch
+  CHECK(saved[0].at.batch == 0);
+  // The same job again: its position is the end of its epoch; it says so and trains nothing.
+  const auto again = run_one_worker(data, o, strategy());
+  CHECK(again.result.exit_code == 0);
+  CHECK(again.seen.empty());
+  CHECK_THAT(again.printed, Catch::Contains("worker.0: that is the end of its 1 epochs: training already finished, "
+                                            "nothing to train"));
+  // The position made epoch 10^6 (its steps and examples to match, or not): refused before the
+  // ps gets any of the checkpoint.
+  const auto crafted = [&](bool consistent) {
+    rewrite_manifest(d, *name, [&](nlohmann::json& j) {
+      j["positions"][0]["epoch"] = 1000000;
+      j["positions"][0]["steps"] = consistent ? 26000000 : 26;
+      j["positions"][0]["examples"] = consistent ? 203000000 : 203;
+    });
+    std::string error;
+    try {
+      (void)run_one_worker(data, o, strategy());
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    return error;
+  };
+  CHECK_THAT(crafted(true), Catch::Contains("checkpoint " + *name + " of " + d + ": the data position of worker.0 "
+                                            "(epoch 1000000, batch 0, 26000000 steps, 203000000 examples) is past the "
+                                            "end of the --epochs 1 this run trains"));
+  CHECK_THAT(crafted(false), Catch::Contains("checkpoint " + *name + " of " + d + ": the data position of worker.0 "
+                                             "(epoch 1000000, batch 0, 26 steps, 203 examples) is not one a run "
+                                             "produces"));
+}
+
+TEST_CASE("train: a synchronous job restarted at its last step says on every worker that it is finished, and a "
+          "checkpoint past it is refused naming it and its step",
+          "[train][positions]") {
+  using namespace dtf;
+  test::ckpt::temp_dir dir("sync_end");
+  const std::string d = dir.path.string();
+  // Two shards of 102 and 101 examples in batches of 8: 13 batches an epoch each; 1 epoch is 13 steps.
+  const auto data = test::synthetic(203, 6, test::labels::argmax);
+  train_options o{.name = "sync_end", .epochs = 1, .batch = 8, .seed = 3, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000, .finish_timeout_s = 60};
+  o.model_dir = d;
+  std::vector<std::vector<float>> whole[2], again[2];
+  std::vector<float> ignored;
+  sync_job(data, o, whole, ignored);
+  REQUIRE(whole[0].size() == 13);
+  REQUIRE(latest_checkpoint(d) == "ckpt-13");
+  std::string printed;
+  {
+    captured_stdout out;
+    sync_job(data, o, again, ignored);
+    printed = out.text();
+  }
+  CHECK(again[0].empty());
+  CHECK(again[1].empty());
+  CHECK_THAT(printed, Catch::Contains("worker.0: global step 13 (checkpoint ckpt-13 of " + d + ") is at or past the "
+                                      "last step of this run, 13 (--epochs 1): training already finished, nothing to "
+                                      "train"));
+  CHECK_THAT(printed, Catch::Contains("worker.1: global step 13 (on the parameter servers) is at or past the last "
+                                      "step of this run, 13 (--epochs 1): training already finished"));
+  // Its step made 2^62 (a lone worker: the chief refuses the restore, so no other waits for it).
+  rewrite_manifest(d, "ckpt-13", [](nlohmann::json& j) { j["global_step"] = std::int64_t(1) << 62; });
+  const auto lone = data.shard(2, 0);  // the chief's shard alone: 13 batches, 1 epoch, 13 steps
+  CHECK_THROWS_WITH(run_one_worker(lone, o, strategies::sync_sgd({.replicas_to_aggregate = 1})),
+                    Catch::Contains("global step 4611686018427387904 (checkpoint ckpt-13 of " + d + ") is beyond the "
+                                    "last step of this run, 13 (--epochs 1)"));
 }

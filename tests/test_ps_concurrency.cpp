@@ -6,8 +6,11 @@
 #include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
 
+#include "checkpoint_helpers.hpp"
 #include "ps_helpers.hpp"
 
+#include <atomic>
+#include <cmath>
 #include <chrono>
 #include <set>
 #include <thread>
@@ -47,6 +50,43 @@ TEST_CASE("lock-free apply with 4 ps I/O threads loses no update", "[ps][hogwild
   std::vector<float> v(64);
   CHECK(chief.pull(v) == 400);
   for (float x : v) REQUIRE(x == -400.0f);  // integers: every partial sum is exact
+}
+
+TEST_CASE("a checkpoint saved while lock-free pushes run reads every value with atomic loads",
+          "[ps][hogwild][concurrency]") {
+  // Issue 31: the snapshot of a lock-free shard read its values with plain loads while pushes on
+  // other I/O threads updated them with atomic fetch_adds, a data race (ThreadSanitizer reports it
+  // in tests/tsan/run_ps_tsan.sh's build). Each push subtracts exactly 1 from every element, so
+  // every saved value is a whole number of pushes, and a save after the last push holds them all.
+  test::ckpt::temp_dir dir("lock_free_save");
+  ps_options o{opts("ps.0"), 4};
+  o.transport.log = [](const std::string&) {};  // a line per save
+  o.checkpoint_dir = dir.path.string();
+  running_ps ps0(o);
+  const auto layout = partitioners::fixed_size{2}.place(vars64(), 1);
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  chief.initialize(std::vector<float>(64, 0.0f), {optim::sgd{1.0f}, apply_mode::lock_free});
+  const checkpoint_options ck{.directory = dir.path.string(), .max_to_keep = 1000};
+  std::atomic<bool> pushing{true};
+  std::thread pushes([&] {
+    hammer(ps0.address(), layout, 3, 100);
+    pushing = false;
+  });
+  std::vector<std::string> saved;
+  do saved.push_back(save_checkpoint(chief, ck, vars64(), std::int64_t(saved.size())).name);
+  while (pushing);
+  pushes.join();
+  saved.push_back(save_checkpoint(chief, ck, vars64(), std::int64_t(saved.size())).name);
+  for (const auto& name : saved) {
+    CAPTURE(name);
+    std::vector<float> v(64);
+    checkpoint_reader::open(dir.path, name).read(0, 0, v);
+    for (float x : v) REQUIRE((x <= 0.0f && x >= -300.0f && x == std::floor(x)));
+  }
+  std::vector<float> last(64);
+  checkpoint_reader::open(dir.path, saved.back()).read(0, 0, last);
+  CHECK(last == std::vector<float>(64, -300.0f));
 }
 
 TEST_CASE("locked apply of Adam with 4 ps I/O threads equals the same pushes in sequence", "[ps][concurrency]") {

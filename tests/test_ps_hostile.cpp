@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 using namespace dtf;
@@ -221,6 +222,51 @@ TEST_CASE("a second init that trains the model another way is an error naming th
                     Catch::Contains("trains its model asynchronously, lock-free, the init asks for synchronously"));
 }
 
+TEST_CASE("a second init with other hyperparameters or other shard sizes is an error naming each difference",
+          "[ps][hostile]") {
+  // Issue 31: a second init compared the rule's name and the training mode only, so a restarted
+  // chief with another learning rate (or momentum, ...) was ignored, and a model of other shard
+  // sizes was refused without saying which shard.
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);  // sizes 15 15 2 1 4 3
+  ps_client chief({ps0.address()}, layout, opts("chief.0"));
+  chief.connect();
+  const optim::rule held = optim::momentum{.learning_rate = 0.1f, .momentum = 0.9f};
+  chief.initialize(iota(40, 1.0f), {held, apply_mode::locked, 2, 3});
+  chief.initialize(iota(40, 5.0f), {held, apply_mode::locked, 2, 3});  // the same: ignored
+  const auto refused = [&](ps_client& c, const ps_config& asked, const std::string& says) {
+    CHECK_THROWS_WITH(c.initialize(iota(40, 5.0f), asked),
+                      Catch::Contains("init from chief.0: " + says) && Catch::Contains("(restart the ps to change it)"));
+    c.connect();  // an error reply closes the client's connections
+  };
+  const std::string momentum_here = "momentum (learning_rate 0.1, momentum 0.9)";
+  refused(chief, {optim::momentum{.learning_rate = 0.05f, .momentum = 0.9f}, apply_mode::locked, 2, 3},
+          "this ps applies update rule " + momentum_here + ", the init asks for momentum (learning_rate 0.05, momentum 0.9)");
+  refused(chief, {optim::momentum{.learning_rate = 0.1f, .momentum = 0.9f, .nesterov = true}, apply_mode::locked, 2, 3},
+          "this ps applies update rule " + momentum_here + ", the init asks for momentum (learning_rate 0.1, momentum "
+          "0.9, nesterov)");
+  refused(chief, {optim::momentum{.learning_rate = 0.1f, .momentum = 0.99f}, apply_mode::locked, 2, 3},
+          "this ps applies update rule " + momentum_here + ", the init asks for momentum (learning_rate 0.1, momentum "
+          "0.99)");
+  // Every difference at once, each named.
+  refused(chief, {optim::adam{}, apply_mode::locked, 0, 3},
+          "this ps already holds another model: its update rule is " + momentum_here +
+              ", the init asks for adam (learning_rate 0.001, beta1 0.9, beta2 0.999, epsilon 1e-08); this ps trains "
+              "its model synchronously (replicas_to_aggregate 2), the init asks for asynchronously, locked");
+  // Other shards: fewer of them, or as many of other sizes (w of 9 rows, v of 10: 15 12 2 1 5 5).
+  ps_client fewer({ps0.address()}, partitioners::fixed_size{1}.place(vars40(), 1), opts("chief.0"));
+  fewer.connect();
+  refused(fewer, {held, apply_mode::locked, 2, 3}, "this ps already holds another model: 6 shards here, the init sends 3");
+  const std::vector<variable_spec> resized{{"w", {9, 3}, 0}, {"b", {3}, 27}, {"v", {10}, 30}};
+  ps_client other({ps0.address()}, partitioners::fixed_size{2}.place(resized, 1), opts("chief.0"));
+  other.connect();
+  refused(other, {held, apply_mode::locked, 2, 3},
+          "this ps already holds another model: shard 1 holds 15 elements here, the init sends 12");
+  std::vector<float> v(40);
+  chief.pull(v);
+  CHECK(v == iota(40, 1.0f));  // nothing refused changed a value
+}
+
 TEST_CASE("init refuses replicas_to_aggregate above the workers, and lock-free with a stateful rule", "[ps][hostile]") {
   running_ps ps0(opts("ps.0"));
   const auto layout = partitioners::fixed_size{1}.place(vars40(), 1);
@@ -330,6 +376,44 @@ TEST_CASE("a ps destroyed while the chief waits for done reports releases the wa
   waiter.join();
   CHECK(answer != "a reply");  // the connection closed unanswered: the chief sees an error
   CHECK(answer != "none yet");
+}
+
+TEST_CASE("a ps on two I/O threads destroyed while three done waits are pending touches no freed memory",
+          "[ps][hostile]") {
+  // Issue 31 item 8: every done wait holds its connection and a timer on the ps's I/O context
+  // (peer.defer_until); destroying the ps must release them all before the transport goes,
+  // whichever thread took them. Under AddressSanitizer (dtf_asan_tests) a release after the
+  // transport is a heap-use-after-free.
+  running_ps ps(opts("ps.0"), 2);
+  std::vector<std::unique_ptr<rpc_client>> clients;
+  std::vector<std::string> answers(3, "none yet");
+  std::vector<std::thread> waiters;
+  for (std::size_t k = 0; k < 3; ++k) {
+    clients.push_back(std::make_unique<rpc_client>(opts(k == 0 ? "chief.0" : "worker." + std::to_string(k))));
+    clients[k]->add_peer("ps.0", ps.address());
+    clients[k]->connect_all();
+  }
+  for (std::size_t k = 0; k < 3; ++k)  // the clients are all made: the threads read a vector that no longer grows
+    waiters.emplace_back([&, k] {
+      std::vector<rpc_call> c(1);
+      c[0].kind = detail::message_kind::ps_done_tasks;
+      c[0].meta = detail::encode_message(detail::ps_done_tasks_msg{{}, 10, 60000});
+      try {
+        clients[k]->call_all(c);
+        answers[k] = "a reply";
+      } catch (const error& e) {
+        answers[k] = e.what();
+      }
+    });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (ps.ps->done_waiters() < 3 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE(ps.ps->done_waiters() == 3);
+  ps.kill();  // stop, join and destroy the ps while the three requests wait
+  for (auto& t : waiters) t.join();
+  for (const auto& a : answers) {
+    CHECK(a != "a reply");  // each connection closed unanswered
+    CHECK(a != "none yet");
+  }
 }
 
 TEST_CASE("a synchronous step's per-worker tables take only known workers, or a bounded number of names",

@@ -1,6 +1,7 @@
 #!/bin/sh
-# Builds the ps concurrency, hostile-peer, multi-ps synchronous, sparse (rows of synchronous
-# steps included) and push-pieces (a push applied as it arrives) tests with ThreadSanitizer (a
+# Builds the ps concurrency (a checkpoint saved while lock-free pushes run included),
+# hostile-peer, multi-ps synchronous, sparse (rows of synchronous steps included) and
+# push-pieces (a push applied as it arrives) tests with ThreadSanitizer (a
 # separate small build, not part of CI: it takes minutes on a small machine) and runs them.
 #   tests/tsan/run_ps_tsan.sh [build dir, default build-tsan]
 set -eu

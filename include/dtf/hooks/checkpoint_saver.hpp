@@ -158,6 +158,9 @@ struct ps_scaffold_options {
   /// The run's embedding tables (each created by the chief before the session is): restored
   /// with the dense variables (restore_tables, dtf/ps/table_checkpoint.hpp); nullptr: none.
   embedding_tables* tables = nullptr;
+  /// Chief: sees the manifest of the checkpoint about to be restored, before anything is sent
+  /// to a ps; a throw refuses the restore (the session's creation fails with it).
+  std::function<void(const checkpoint_manifest&)> check;
 };
 
 /// The session scaffold of a ps cluster: the chief restores every ps from the latest
@@ -172,7 +175,7 @@ inline session_scaffold ps_scaffold(ps_client& ps, ps_scaffold_options o) {
     if (shared->checkpoint_dir.empty()) return std::nullopt;
     std::vector<float> values(num_parameters(shared->variables));
     auto step = restore_latest(ps, shared->checkpoint_dir, shared->variables, shared->config, values, shared->fallback,
-                               restore_transfer::through_chief, shared->tables);
+                               restore_transfer::through_chief, shared->tables, shared->check);
     if (step && shared->restored) shared->restored(values);
     return step;
   };

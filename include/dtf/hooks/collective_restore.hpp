@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -58,10 +59,13 @@ checkpoint_manifest save_replicated(const checkpoint_options& ck, const std::vec
 /// Every rank: rank 0 reads the latest checkpoint under `model_dir` (when there is one) and
 /// broadcasts it; every rank restores it into the engine. Returns the restored global step, or
 /// nullopt (no directory, no checkpoint). `restored_from` receives the checkpoint's name.
+/// `check` (rank 0) sees the manifest before anything is broadcast: a throw refuses the restore
+/// on every rank.
 template <class Engine>
 std::optional<std::int64_t> restore_and_broadcast(communicator& comm, const std::string& model_dir,
                                                   const std::vector<variable_spec>& variables, Engine& e,
-                                                  const std::string& me, std::string* restored_from = nullptr) {
+                                                  const std::string& me, std::string* restored_from = nullptr,
+                                                  const std::function<void(const checkpoint_manifest&)>& check = {}) {
   if (model_dir.empty()) return std::nullopt;
   // header: found (1), none (0) or failed (-1); global step; update count; slots
   std::int64_t header[4] = {0, 0, 0, 0};
@@ -82,6 +86,7 @@ std::optional<std::int64_t> restore_and_broadcast(communicator& comm, const std:
         header[2] = ck->manifest().variables.empty() ? 0 : ck->manifest().variables.front().iterations;
         header[3] = std::int64_t(ck->manifest().num_slots);
         for (const auto& v : variables) ck->match(v);  // every model variable, same shape
+        if (check) check(ck->manifest());
       }
     } catch (...) {
       header[0] = -1;
@@ -117,12 +122,13 @@ std::optional<std::int64_t> restore_and_broadcast(communicator& comm, const std:
 
 /// The scaffold of a collective session: restore (rank 0) and wait_ready (the others) both run
 /// restore_and_broadcast, so every rank takes part in the broadcast; the global step is the
-/// engine's.
+/// engine's. `check`: as restore_and_broadcast's.
 template <class Engine>
 session_scaffold collective_scaffold(communicator& comm, std::string model_dir, std::vector<variable_spec> variables,
-                                     Engine& e, std::string me) {
-  auto share = [&comm, &e, model_dir, variables, me] {
-    return restore_and_broadcast(comm, model_dir, variables, e, me);
+                                     Engine& e, std::string me,
+                                     std::function<void(const checkpoint_manifest&)> check = {}) {
+  auto share = [&comm, &e, model_dir, variables, me, check] {
+    return restore_and_broadcast(comm, model_dir, variables, e, me, nullptr, check);
   };
   return {.restore = share, .wait_ready = [share] { share(); }, .global_step = [&e] { return e.global_step(); }};
 }

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -279,16 +280,20 @@ inline std::int64_t restore_checkpoint(ps_client& client, const std::string& dir
 /// none verifies, the error is thrown (errc::corrupt_data naming the latest's cause). The
 /// chief verifies the candidates either way (reading every file once, holding nothing).
 /// With `tables`, their rows are restored from the same checkpoint (see restore_checkpoint).
+/// `check` sees the chosen checkpoint's manifest before anything is sent to a ps: a throw refuses
+/// the restore (dtf::train checks the global step and the data positions against its options).
 inline std::optional<std::int64_t> restore_latest(ps_client& client, const std::string& directory,
                                                   const std::vector<variable_spec>& vars, const ps_config& config,
                                                   std::span<float> params = {},
                                                   checkpoint_fallback fallback = checkpoint_fallback::newest_valid,
                                                   restore_transfer transfer = restore_transfer::through_chief,
-                                                  embedding_tables* tables = nullptr) {
+                                                  embedding_tables* tables = nullptr,
+                                                  const std::function<void(const checkpoint_manifest&)>& check = {}) {
   auto reader = open_latest_checkpoint(directory, fallback, [&client](const std::string& line) {
     detail::log_line(client.transport(), "dtf " + client.identity() + ": " + line);
   });
   if (!reader) return std::nullopt;
+  if (check) check(reader->manifest());
   const detail::restore_settings how{vars, config, params};
   if (tables) restore_tables(client, *tables, *reader);  // before the ps is ready (restore_checkpoint)
   return transfer == restore_transfer::ps_reads_files ? detail::restore_by_ps(client, reader->manifest(), how)

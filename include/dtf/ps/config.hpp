@@ -13,7 +13,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace dtf {
 
@@ -110,16 +114,63 @@ inline ps_config config_of(const detail::ps_init_msg& m) {
   return c;
 }
 
-/// Empty when `asked` trains as a ps already does (held_n contributions per step, 0:
-/// asynchronous; held_mode); otherwise what differs, for the error a second init gets.
-inline std::string training_change(std::size_t held_n, apply_mode held_mode, const ps_config& asked) {
+/// What a ps holds and how it trains it: what a second init (a restarted chief's) is compared
+/// with. config.num_workers is not compared: it only bounds N when an init is checked.
+struct held_model {
+  ps_config config;
+  std::map<std::uint32_t, std::uint64_t> shard_sizes;  ///< elements of each shard held, by id
+};
+
+/// A rule as the errors name it: "momentum (learning_rate 0.1, momentum 0.9, nesterov)".
+inline std::string describe_rule(const optim::rule& rule) {
+  const auto num = [](float x) {  // the shortest text that reads back as x
+    char buf[32];
+    for (int digits = 6; digits <= 9; ++digits)
+      if (std::snprintf(buf, sizeof buf, "%.*g", digits, double(x)); std::strtof(buf, nullptr) == x) break;
+    return std::string(buf);
+  };
+  const detail::rule_msg r = detail::rule_msg::from(rule);
+  std::string out = r.name + " (learning_rate " + num(r.learning_rate);
+  if (r.name == "momentum") out += ", momentum " + num(r.momentum) + (r.nesterov ? ", nesterov" : "");
+  if (r.name == "adagrad") out += ", initial_accumulator " + num(r.initial_accumulator) + ", epsilon " + num(r.epsilon);
+  if (r.name == "adam") out += ", beta1 " + num(r.beta1) + ", beta2 " + num(r.beta2) + ", epsilon " + num(r.epsilon);
+  return out + ")";
+}
+
+/// Empty when init `m` (checked: `asked`) is of the model a ps holds, trained as it trains it:
+/// the same shards of the same sizes, the same update rule with the same hyperparameters, the
+/// same apply mode and N (0: asynchronous). Otherwise every difference, for the error a second
+/// init gets (a restarted chief's init is ignored only when it would change nothing).
+inline std::string training_change(const held_model& held, const detail::ps_init_msg& m, const ps_config& asked) {
+  std::vector<std::string> changes;
+  const auto ids = std::to_string(held.shard_sizes.size()), sent = std::to_string(m.ids.size());
+  if (m.ids.size() != held.shard_sizes.size())
+    changes.push_back("this ps already holds another model: " + ids + " shards here, the init sends " + sent);
+  for (std::size_t i = 0; i < m.ids.size() && i < m.sizes.size() && changes.empty(); ++i) {
+    const auto it = held.shard_sizes.find(m.ids[i]);
+    if (it == held.shard_sizes.end())
+      changes.push_back("this ps already holds another model: shard " + std::to_string(m.ids[i]) + " is not held here");
+    else if (it->second != m.sizes[i])
+      changes.push_back("this ps already holds another model: shard " + std::to_string(m.ids[i]) + " holds " +
+                        std::to_string(it->second) + " elements here, the init sends " + std::to_string(m.sizes[i]));
+  }
+  const std::string rule = describe_rule(held.config.rule), wanted_rule = describe_rule(asked.rule);
+  if (held.config.rule.index() != asked.rule.index())
+    changes.push_back("this ps already holds another model: its update rule is " + rule + ", the init asks for " +
+                      wanted_rule);
+  else if (rule != wanted_rule)  // every hyperparameter is in the text, at the precision that tells floats apart
+    changes.push_back("this ps applies update rule " + rule + ", the init asks for " + wanted_rule);
   const auto how = [](std::size_t n, apply_mode mode) {
     return n > 0 ? "synchronously (replicas_to_aggregate " + std::to_string(n) + ")"
                  : std::string(mode == apply_mode::lock_free ? "asynchronously, lock-free" : "asynchronously, locked");
   };
-  const std::string held = how(held_n, held_mode), wanted = how(asked.replicas_to_aggregate, asked.mode);
-  if (held == wanted) return {};
-  return "this ps trains its model " + held + ", the init asks for " + wanted + " (restart the ps to change it)";
+  const std::string trains = how(held.config.replicas_to_aggregate, held.config.mode),
+                    wanted = how(asked.replicas_to_aggregate, asked.mode);
+  if (trains != wanted) changes.push_back("this ps trains its model " + trains + ", the init asks for " + wanted);
+  if (changes.empty()) return {};
+  std::string out;
+  for (const auto& c : changes) out += (out.empty() ? "" : "; ") + c;
+  return out + " (restart the ps to change it)";
 }
 }  // namespace ps_detail
 

@@ -239,10 +239,7 @@ class parameter_server {
     std::unique_lock lock(shards_mu_);
     if (initialized_) {
       // A restarted chief's init: the values here win (TensorFlow's rule) if the model and its training are the same.
-      if (!store_.same_model(m.ids, m.sizes, m.rule.name))
-        throw error(errc::invalid_argument, "init from " + peer.identity + ": this ps already holds another model "
-                                            "(other shards, sizes or update rule)");
-      if (const auto change = ps_detail::training_change(sync_.replicas(), store_.mode(), cfg); !change.empty())
+      if (const auto change = ps_detail::training_change(store_.held(sync_.replicas()), m, cfg); !change.empty())
         throw error(errc::invalid_argument, "init from " + peer.identity + ": " + change);
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": init from " + peer.identity +
                                                " ignored: already initialised");

@@ -1,7 +1,10 @@
 // dtf/ps/shard_snapshot.hpp — a ps's shards saved as its file of a checkpoint: a copy of every
 // shard's values and optimiser slots, each taken under its shard's lock (so no locked update is
 // half-applied in it), then the file written from the copies outside every lock
-// (dtf/checkpoint/writer.hpp), so training goes on while the file is written.
+// (dtf/checkpoint/writer.hpp), so training goes on while the file is written. A lock-free
+// (Hogwild) shard's values are copied with relaxed atomic loads, as its pulls are: its pushes
+// update them with atomic fetch_adds and take no lock, so a plain read would be a data race
+// (pushes may land part-way through the copy, as in a pull).
 #pragma once
 
 #include <dtf/checkpoint.hpp>
@@ -23,8 +26,8 @@ struct shard_snapshot {
   std::size_t num_slots = 0;
 };
 
-/// Copies every shard of `store`, each under its own lock; the caller keeps the map of shards
-/// steady (the server's shared lock). Records the shards' ids and iterations in `out`.
+/// Copies every shard of `store`, each under its own lock (lock-free: with atomic loads); the
+/// caller keeps the map of shards steady (the server's shared lock). Records the shards' ids and iterations in `out`.
 inline shard_snapshot snapshot_shards(const shard_store& store, detail::ps_saved_msg& out) {
   shard_snapshot snap;
   for (const auto& [id, s] : store.shards()) {
@@ -32,8 +35,13 @@ inline shard_snapshot snapshot_shards(const shard_store& store, detail::ps_saved
     snap.num_slots = optim::detail::slot_count(s->opt->update_rule());
     const auto it = shard_store::iterations(*s);
     snap.records.push_back({id, s->values.size(), it, {}});
-    const auto v = s->values.view();
-    snap.copies.emplace_back(v.begin(), v.end());
+    if (store.mode() == apply_mode::lock_free) {
+      snap.copies.emplace_back(s->values.size());
+      store.copy_out({id}, reinterpret_cast<std::byte*>(snap.copies.back().data()));
+    } else {
+      const auto v = s->values.view();
+      snap.copies.emplace_back(v.begin(), v.end());
+    }
     for (std::size_t k = 0; k < snap.num_slots; ++k) {
       auto slot = s->opt->slot(k);
       snap.copies.emplace_back(slot.begin(), slot.end());

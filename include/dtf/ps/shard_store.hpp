@@ -7,8 +7,8 @@
 //
 // Modes: locked (the shard's mutex is held for the whole update, and a pull leases the values
 // under it, so a pull never sees an update half-applied; the reply is written from the leased
-// buffer without a copy: see shard_values) and lock-free (Hogwild; a pull copies with relaxed
-// atomic loads). Lock-free is allowed only
+// buffer without a copy: see shard_values) and lock-free (Hogwild; a pull, and a checkpoint's
+// snapshot, copy with relaxed atomic loads: copy_out). Lock-free is allowed only
 // for plain SGD, whose only state is the update count: every element is updated with an atomic
 // relaxed fetch_add (updates from several I/O threads interleave element by element, none is
 // lost, and none is a data race) and the count is an atomic. Rules with slots (momentum,
@@ -142,6 +142,7 @@ class shard_store {
     check_mode(rule, mode);
     shards_ = std::move(fresh);
     mode_ = mode;
+    rule_ = rule;
     rule_name_ = std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule);
   }
 
@@ -249,15 +250,11 @@ class shard_store {
                                             ") would be corrupted by concurrent updates");
   }
 
-  /// True when the store holds exactly these shards of these sizes under this rule.
-  bool same_model(const std::vector<std::uint32_t>& ids, const std::vector<std::uint64_t>& sizes,
-                  const std::string& rule_name) const {
-    if (ids.size() != shards_.size() || ids.size() != sizes.size() || rule_name != rule_name_) return false;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      auto it = shards_.find(ids[i]);
-      if (it == shards_.end() || it->second->values.size() != sizes[i]) return false;
-    }
-    return true;
+  /// What it holds and how it trains it (N: the sync aggregator's), for a second init's check.
+  held_model held(std::size_t replicas_to_aggregate) const {
+    held_model h{{rule_, mode_, replicas_to_aggregate}, {}};
+    for (const auto& [id, s] : shards_) h.shard_sizes[id] = s->values.size();
+    return h;
   }
 
   shard& find(std::uint32_t id) const {
@@ -358,6 +355,7 @@ class shard_store {
 
   std::map<std::uint32_t, std::unique_ptr<shard>> shards_;
   apply_mode mode_ = apply_mode::locked;
+  optim::rule rule_ = optim::sgd{};
   std::string rule_name_ = "sgd";
 };
 

@@ -15,6 +15,7 @@
 #include <dtf/session.hpp>
 #include <dtf/train/buffers.hpp>
 #include <dtf/train/report.hpp>
+#include <dtf/train/resume.hpp>
 #include <dtf/transport/credentials.hpp>
 
 #include <algorithm>
@@ -106,7 +107,17 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   engine.initialize(o.seed);
   const auto vars = net.variables();
   const bool is_chief = comm.rank() == 0;
-  session_scaffold scaffold = hooks::collective_scaffold(comm, o.model_dir, vars, engine, me);
+  // Rank 0 refuses a checkpoint whose step this configuration never reaches (dtf/train/resume.hpp).
+  const run_end end{
+      .last_step = o.num_steps > 0 ? std::nullopt : std::optional(o.last_step > 0 ? o.last_step : epochs_last_step),
+      .num_steps = o.num_steps,
+      .what = o.last_step > 0 ? "--last_step" : "--epochs " + std::to_string(o.epochs)};
+  std::string restored;  // "checkpoint NAME of DIR" on rank 0, once restored
+  session_scaffold scaffold =
+      hooks::collective_scaffold(comm, o.model_dir, vars, engine, me, [&](const checkpoint_manifest& man) {
+        restored = "checkpoint " + man.name + " of " + o.model_dir;
+        (void)check_start_step(man.global_step, end, restored);
+      });
   if constexpr (has_buffers<M>) {
     // Every copy of the buffers starts as rank 0's: the restored checkpoint's when there is one
     // (before the session's first checkpoint can overwrite that checkpoint's buffers file).
@@ -139,6 +150,13 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   session.add_hook(hooks::agreed_stop{&comm});  // last: sees every other hook's stop request
   session.create();  // resumes from model_dir's latest checkpoint
   const std::int64_t last_step = o.last_step > 0 ? o.last_step : epochs_last_step;
+  // Every rank says so when it starts at or past its end (its restore checked the step).
+  const std::int64_t start = engine.global_step();
+  const std::string from = !restored.empty() ? restored : start > 0 ? "restored from " + o.model_dir : "a fresh start";
+  if (const auto line = check_start_step(start, end, from); !line.empty()) {
+    std::printf("%s: %s\n", me.c_str(), line.c_str());
+    std::fflush(stdout);
+  }
   if (is_chief) {
     std::printf("%s: %s with %zu replicas x %zu processes (source %s%s), %zu parameters, batch %zu per replica; %lld "
                 "steps\n",

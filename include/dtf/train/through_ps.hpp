@@ -25,6 +25,7 @@
 #include <dtf/strategies/staleness_watch.hpp>
 #include <dtf/strategies/sync.hpp>
 #include <dtf/train/report.hpp>
+#include <dtf/train/resume.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -169,6 +170,14 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
                   trainers, num_parameters(vars), c.num_ps());
   };
 
+  // The chief refuses a checkpoint whose step or positions this configuration never reaches
+  // (dtf/train/resume.hpp), before the ps tasks get any of it; every task checks its start.
+  const run_end end{.last_step = o.last_step > 0 ? std::optional(o.last_step)
+                                 : sync && o.num_steps == 0 ? std::optional(epochs_last_step) : std::nullopt,
+                    .exact = sync, .num_steps = o.num_steps,
+                    .what = o.last_step > 0 ? "--last_step" : "--epochs " + std::to_string(o.epochs)};
+  const auto async_epochs = sync ? std::nullopt : std::optional(std::uint64_t(o.epochs));
+  std::string restored;  // "checkpoint NAME of DIR", once the chief restores one
   session_scaffold scaffold = ps_scaffold(ps, {.checkpoint_dir = o.model_dir,
                                               .variables = vars,
                                               .config = config,
@@ -177,7 +186,13 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
                                               .restored = [&](std::span<const float> v) {
                                                 std::copy(v.begin(), v.end(), w.params().begin());
                                               },
-                                              .tables = tables});
+                                              .tables = tables,
+                                              .check = [&](const checkpoint_manifest& man) {
+                                                restored = "checkpoint " + man.name + " of " + o.model_dir;
+                                                (void)check_start_step(man.global_step, end, restored);
+                                                check_positions(man.positions, train_set, trainers, o.batch, o.seed,
+                                                                async_epochs, restored);
+                                              }});
   if constexpr (has_buffers<M>)  // the chief's buffers come back with the checkpoint it restored
     scaffold.restore = [restore = scaffold.restore, &net, dir = o.model_dir, me]() -> std::optional<std::int64_t> {
       const auto step = restore();
@@ -224,6 +239,12 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   if constexpr (embedding_model<M>)
     if (is_chief) recoverable([&] { w.create_tables(); });
   session.create();
+  // A start at or past the end says so; one beyond what this configuration reaches is an error.
+  if (const auto line = check_start_step(session.global_step(), end,
+                                         restored.empty() ? "on the parameter servers" : restored); !line.empty()) {
+    std::printf("%s: %s\n", me.c_str(), line.c_str());
+    std::fflush(stdout);
+  }
 
   // Where this task is in its data: its recorded position when it has one (a restarted task,
   // or a job resumed from a checkpoint that carries positions), else the start of its shard.
@@ -237,9 +258,13 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
                      me.c_str(), why->c_str());
       } else {
         at = *recorded;
+        const bool finished = check_position(at, batches_per_epoch, async_epochs, me, "the position ps 0 holds");
         std::printf("%s: resuming its shard at epoch %llu, batch %llu (%llu examples in %llu steps trained before)\n",
                     me.c_str(), static_cast<unsigned long long>(at.epoch), static_cast<unsigned long long>(at.batch),
                     static_cast<unsigned long long>(at.examples), static_cast<unsigned long long>(at.steps));
+        if (finished)
+          std::printf("%s: that is the end of its %d epochs: training already finished, nothing to train\n", me.c_str(),
+                      o.epochs);
         std::fflush(stdout);
       }
     }
