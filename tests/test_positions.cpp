@@ -697,8 +697,12 @@ TEST_CASE("train: a synchronous job restarted at its last step says on every wor
                                       "train"));
   CHECK_THAT(printed, Catch::Contains("worker.1: global step 13 (on the parameter servers) is at or past the last "
                                       "step of this run, 13 (--epochs 1): training already finished"));
-  // Its step made 2^62 (a lone worker: the chief refuses the restore, so no other waits for it).
-  rewrite_manifest(d, "ckpt-13", [](nlohmann::json& j) { j["global_step"] = std::int64_t(1) << 62; });
+  // Its step made 2^62 (a lone worker: the chief refuses the restore, so no other waits for it),
+  // in a manifest that does not say it is synchronous (the reader would refuse its files' step).
+  rewrite_manifest(d, "ckpt-13", [](nlohmann::json& j) {
+    j["global_step"] = std::int64_t(1) << 62;
+    j.erase("synchronous");
+  });
   const auto lone = data.shard(2, 0);  // the chief's shard alone: 13 batches, 1 epoch, 13 steps
   CHECK_THROWS_WITH(run_one_worker(lone, o, strategies::sync_sgd({.replicas_to_aggregate = 1})),
                     Catch::Contains("global step 4611686018427387904 (checkpoint ckpt-13 of " + d + ") is beyond the "
