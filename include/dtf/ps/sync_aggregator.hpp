@@ -3,10 +3,9 @@
 // and applied (through shard_store::apply), the step advances and every committer is released
 // with the decision; on ps p > 0 parts are staged and a forwarded decision applies the average
 // of its parts. Contributions for an older step are dropped and counted per worker.
-// A contribution may carry rows of embedding tables (an embedding model's row gradients): each
-// row any contributor sent is summed over the step's contributions, divided by N (the dense
-// average, a contributor that did not touch a row counting as a zero gradient: what a dense
-// synchronous step computes for those rows) and applied once with the step by the table's rule,
+// A contribution may carry rows of embedding tables: each row any contributor sent is summed
+// over the step's contributions, divided by N (a contributor that did not touch a row counts
+// as a zero gradient, as in a dense step) and applied once with the step by the table's rule,
 // lazily; a dropped contribution's rows are dropped with it.
 // A contribution is recorded only after it is validated (its step, its shard ids: exactly the
 // shards this ps holds, its size, its values' finiteness, its kind matching the step's first
@@ -84,16 +83,14 @@ class sync_aggregator {
     kind_.reset();
   }
 
-  /// ps 0: validates and records `who`'s commit (`payload` its dense shards, `rows` its
-  /// embedding rows). When it is the N-th, averages, applies with `apply(shard id, update)` and
-  /// tables.apply_rows (every row any contributor sent, its sum / N: a row a contributor did not
-  /// touch counts as a zero gradient, as in the dense average), advances the step and releases
-  /// every committer with `status(reply, decision, dropped, dropped_total)` after `advanced(new step, positions)` (the
-  /// data positions the step's contributions carried, recorded before anyone is released).
+  /// ps 0: validates and records `who`'s commit (`payload` its dense shards, `rows` its embedding
+  /// rows). The N-th averages, applies with `apply(shard id, update)` and tables.apply_rows (any
+  /// row sent, its sum / N: an untouched row counts as a zero gradient), advances the step and
+  /// releases every committer with `status(reply, decision, dropped, dropped_total)` after
+  /// `advanced(new step, positions)` (the positions the step's contributions carried).
   /// tables.reserve_rows(rows) checks the ids (and makes a hashed table's rows) last before
-  /// recording. A commit already recorded (a retry) waits on the new request; one for a decided
-  /// step, and the one that completes a step, are answered with the decision. Returns nullopt
-  /// when the reply is deferred.
+  /// recording. A retry waits on the new request; a commit for a decided step, and the one that
+  /// completes a step, are answered with the decision. Returns nullopt when deferred.
   template <class Tables, class Apply, class Advanced, class Status>
   std::optional<outcome> contribute(const std::string& who, const detail::ps_sync_push_msg& m,
                                     std::span<const std::byte> payload, std::span<const contributed_rows> rows,
@@ -196,7 +193,7 @@ class sync_aggregator {
 
   /// ps p > 0: applies decision d (its staged parts averaged, as ps 0 did) and advances; false
   /// when d's step was applied here already. A decision naming a part never staged here fails
-  /// the ps (errc::internal): the steps of the ps would no longer be one model's.
+  /// the ps loudly (the steps of the ps would no longer be one model's).
   template <class Tables, class Apply, class Advanced>
   bool apply_decision(const sync_decision& d, Tables& tables, Apply&& apply, Advanced&& advanced) {
     std::lock_guard g(mu_);
