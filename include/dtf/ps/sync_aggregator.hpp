@@ -13,10 +13,9 @@
 // attributed to the authenticated connection's identity, never to a name in the message.
 //
 // An apply that fails part-way (bad_alloc in copy on write) fails the ps loudly: every waiting
-// and later synchronous request gets the error, never half a step silently.
-// Liveness: the connections that pulled or contributed are counted; when one ends without a
-// done report and fewer than N workers have a connection left, every synchronous request fails
-// with an error naming the task that left.
+// and later synchronous request gets the error. Liveness: the connections that pulled or
+// contributed are counted; when one ends without a done report and fewer than N workers keep
+// one, every synchronous request fails with an error naming the task that left.
 //
 // Thread safety: every member takes the aggregator's mutex.
 #pragma once
@@ -26,6 +25,7 @@
 #include <dtf/ps/sync_protocol.hpp>
 #include <dtf/transport.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -255,14 +255,15 @@ class sync_aggregator {
     return dropped_;
   }
 
-  /// Whether `who` is in the per-worker tables already, and how many names they hold (the ps
-  /// admits a new name as it admits a done report: ps_detail::admit_task_name).
+  /// Whether `who` is in the per-worker tables already, else how many names they hold (admitted as done reports are).
   std::pair<bool, std::size_t> named(const std::string& who) const {
     std::lock_guard g(mu_);
+    if (dropped_.count(who) || std::any_of(alive_.begin(), alive_.end(), [&](const auto& a) { return a.second == who; }))
+      return {true, 0};  // known: the names are counted for a new one only
     std::set<std::string> names;
     for (const auto& [w, n] : dropped_) names.insert(w);
     for (const auto& [r, w] : alive_) names.insert(w);
-    return {names.count(who) > 0, names.size()};
+    return {false, names.size()};
   }
 
   /// N, the contributions a step aggregates (0: asynchronous training).
@@ -353,8 +354,8 @@ class sync_aggregator {
   // way fails the ps (fail()): the shards would otherwise hold half a step.
   template <class Tables, class Apply, class Advanced>
   void finish(Tables& tables, Apply& apply, Advanced& advanced) {
+    const float inv = 1.0f / float(n_);
     try {
-      const float inv = 1.0f / float(n_);
       for (auto& [id, acc] : acc_) {
         for (auto& v : acc) v *= inv;
         apply(id, update{*kind_, acc, lr_, 1.0f});
@@ -366,7 +367,7 @@ class sync_aggregator {
     }
     for (auto& [table, sum] : rows_) {
       if (sum.ids.empty()) continue;
-      for (auto& v : sum.values) v *= inv_n();
+      for (auto& v : sum.values) v *= inv;
       // Does not throw: the ids were checked when recorded (see sparse_service::apply_rows).
       tables.apply_rows(table, sum.ids, sum.values, *kind_ == detail::update_kind::delta);
       sum.at.clear();  // emptied, not freed: the next step reuses the buffers
@@ -377,7 +378,6 @@ class sync_aggregator {
     kind_.reset();
     advanced(step_, positions_);
   }
-  float inv_n() const { return 1.0f / float(n_); }
 
   // Step d was decided: apply it, release its committers with the decision, and the commits
   // that arrived while it was held with N in, as dropped.
