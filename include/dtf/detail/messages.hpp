@@ -125,9 +125,12 @@ struct ps_init_msg {
   bool lock_free = false;
   std::uint64_t replicas_to_aggregate = 0;  // > 0: synchronous mode, N gradients per step
   std::uint64_t num_workers = 0;            // > 0: N must not exceed it
+  // An init or restore in parts (dtf/ps/incoming_model.hpp): this is part `part` of `parts`,
+  // ids and sizes being this part's shards.
+  std::uint32_t part = 0, parts = 1;
   template <class A>
   void serialize(A& ar) {
-    ar(ids, sizes, rule, lock_free, replicas_to_aggregate, num_workers);
+    ar(ids, sizes, rule, lock_free, replicas_to_aggregate, num_workers, part, parts);
   }
 };
 struct ps_pull_msg {
@@ -146,9 +149,12 @@ struct ps_push_msg {
   /// Whether every value is finite, as the sender checked (a push the ps may apply a piece at
   /// a time as it arrives); none: not checked.
   std::optional<bool> all_finite;
+  /// Whether this request ends the push (a push in parts counts as one update, with its last:
+  /// dtf/ps/request_parts.hpp).
+  bool counts = true;
   template <class A>
   void serialize(A& ar) {
-    ar(ids, kind, learning_rate, increment_step, seen_updates, all_finite);
+    ar(ids, kind, learning_rate, increment_step, seen_updates, all_finite, counts);
   }
 };
 /// Rows of one embedding table in a synchronous contribution: after the dense shards' floats

@@ -10,6 +10,7 @@
 #include <dtf/checkpoint.hpp>
 #include <dtf/ps/client.hpp>
 #include <dtf/ps/positions.hpp>
+#include <dtf/ps/request_parts.hpp>
 #include <dtf/ps/sparse_client.hpp>
 #include <dtf/ps/table_checkpoint.hpp>
 
@@ -78,77 +79,85 @@ inline ps_restore_msg restore_message(const ps_client& client, std::size_t ps, c
   return m;
 }
 
-// A restore's frame to ps `ps` must fit the transport's limits (a ps refuses a larger one): said
-// before anything is read or sent, with what to do instead.
-inline void check_restore_frame(const ps_client& client, std::size_t ps, std::size_t meta_bytes,
-                                std::uint64_t payload_bytes) {
-  const auto& lim = client.transport().limits;
-  const auto who = "restore of ps." + std::to_string(ps) + ": ";
-  if (meta_bytes > lim.max_meta_bytes)
-    throw error(errc::invalid_argument, who + std::to_string(client.shards_of(ps).size()) + " shards make " +
-                                            std::to_string(meta_bytes) + " bytes of metadata, over the " +
-                                            std::to_string(lim.max_meta_bytes) +
-                                            " a frame may carry: place fewer, larger shards on each ps");
-  if (payload_bytes > lim.max_payload_bytes)
-    throw error(errc::invalid_argument, who + std::to_string(payload_bytes) +
-                                            " bytes of values and slots through the chief, over the " +
-                                            std::to_string(lim.max_payload_bytes) +
-                                            " a frame may carry: restore with restore_transfer::ps_reads_files "
-                                            "(each ps reads its own slices of the files)");
+// ps `ps`'s restore in parts (dtf/ps/request_parts.hpp: through the chief each carries at most
+// max_request_bytes of values and slots; read by the ps, at most max_shards_per_request shards),
+// each part's message with part and parts set; from[k][i]: part k's shard i's first saved element.
+inline std::vector<ps_restore_msg> restore_parts(const ps_client& client, std::size_t ps, const checkpoint_manifest& man,
+                                                 const std::vector<const checkpoint_variable*>& saved,
+                                                 std::size_t num_slots, const restore_settings& how, bool by_ps,
+                                                 std::vector<std::vector<std::uint64_t>>& from) {
+  std::vector<std::uint64_t> all;
+  const auto whole = restore_message(client, ps, man, saved, num_slots, how, all);
+  const auto parts = ps_detail::request_parts(client.shards_of(ps), client.layout(), by_ps ? 0 : 1 + num_slots,
+                                              client.transport(), "restore_checkpoint", ps);
+  std::vector<ps_restore_msg> out;
+  std::size_t i = 0;
+  for (const auto& part : parts) {
+    auto& m = out.emplace_back(whole);
+    auto& f = from.emplace_back();
+    m.init.ids = part;
+    m.init.sizes.clear();
+    m.iterations.clear();
+    for (std::size_t j = 0; j < part.size(); ++j, ++i) {
+      m.init.sizes.push_back(whole.init.sizes[i]);
+      m.iterations.push_back(whole.iterations[i]);
+      f.push_back(all[i]);
+    }
+    m.init.part = std::uint32_t(out.size() - 1);
+    m.init.parts = std::uint32_t(parts.size());
+    m.from_files = by_ps;
+    if (by_ps) m.from = f;
+  }
+  return out;
 }
 
 inline std::int64_t restore_from(ps_client& client, const checkpoint_reader& ck, const restore_settings& how) {
   const auto& man = ck.manifest();
   const auto [saved, num_slots] = plan_restore(client, man, how);
-  std::vector<std::uint64_t> from;
-  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps) {  // every frame checked first
-    auto m = restore_message(client, ps, man, saved, num_slots, how, from);
-    std::uint64_t floats = 0;
-    for (auto n : m.init.sizes) floats += n * (1 + num_slots);
-    check_restore_frame(client, ps, encode_message(m).size(), floats * sizeof(float));
-  }
+  std::vector<std::vector<ps_restore_msg>> msgs;  // every ps's parts, checked before anything is sent
+  std::vector<std::vector<std::vector<std::uint64_t>>> from(client.layout().num_ps);
+  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps)
+    msgs.push_back(restore_parts(client, ps, man, saved, num_slots, how, false, from[ps]));
   // The positions first: a restore makes the ps ready, and a task that finds it ready reads its
   // position at once.
   restore_positions(client, man.positions);
-  // One ps at a time: read its shards' values and slots from the files, send, release.
-  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps) {
-    auto m = restore_message(client, ps, man, saved, num_slots, how, from);
-    std::size_t floats = 0;
-    for (auto n : m.init.sizes) floats += n * (1 + num_slots);
-    std::vector<float> payload(floats);
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < m.init.ids.size(); ++i) {
-      const std::size_t n = m.init.sizes[i];
-      for (std::size_t k = 0; k <= num_slots; ++k) {
-        ck.read(k, from[i], std::span<float>(payload).subspan(at, n));
-        if (k == 0 && !how.params.empty())
-          std::copy_n(payload.begin() + std::ptrdiff_t(at), n,
-                      how.params.begin() + std::ptrdiff_t(client.layout().shards[m.init.ids[i]].offset));
-        at += n;
+  // One part at a time: read its shards' values and slots from the files into one buffer, send.
+  std::vector<float> payload;
+  for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps)
+    for (std::size_t k = 0; k < msgs[ps].size(); ++k) {
+      const auto& m = msgs[ps][k];
+      std::size_t floats = 0;
+      for (auto n : m.init.sizes) floats += n * (1 + num_slots);
+      payload.resize(floats);
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < m.init.ids.size(); ++i) {
+        const std::size_t n = m.init.sizes[i];
+        for (std::size_t j = 0; j <= num_slots; ++j) {
+          ck.read(j, from[ps][k][i], std::span<float>(payload).subspan(at, n));
+          if (j == 0 && !how.params.empty())
+            std::copy_n(payload.begin() + std::ptrdiff_t(at), n,
+                        how.params.begin() + std::ptrdiff_t(client.layout().shards[m.init.ids[i]].offset));
+          at += n;
+        }
       }
+      rpc_call c = client.request(ps, message_kind::ps_restore, encode_message(m));
+      c.payload.push_back(asio::buffer(payload.data(), payload.size() * sizeof(float)));
+      std::vector<rpc_call> one{std::move(c)};
+      client.call_all(one);
     }
-    rpc_call c = client.request(ps, message_kind::ps_restore, encode_message(m));
-    c.payload.push_back(asio::buffer(payload.data(), payload.size() * sizeof(float)));
-    std::vector<rpc_call> one{std::move(c)};
-    client.call_all(one);
-  }
   return man.global_step;
 }
 
 inline std::int64_t restore_by_ps(ps_client& client, const checkpoint_manifest& man, const restore_settings& how) {
   const auto [saved, num_slots] = plan_restore(client, man, how);
-  restore_positions(client, man.positions);  // before the ps is ready, as restore_from
-  std::vector<rpc_call> calls(client.layout().num_ps);
-  std::vector<std::uint64_t> from;
+  std::vector<rpc_call> calls;
   for (std::size_t ps = 0; ps < client.layout().num_ps; ++ps) {
-    auto m = restore_message(client, ps, man, saved, num_slots, how, from);
-    m.from_files = true;
-    m.from = from;
-    auto meta = encode_message(m);
-    check_restore_frame(client, ps, meta.size(), 0);
-    calls[ps] = client.request(ps, message_kind::ps_restore, std::move(meta));
+    std::vector<std::vector<std::uint64_t>> from;
+    for (const auto& m : restore_parts(client, ps, man, saved, num_slots, how, true, from))
+      calls.push_back(client.request(ps, message_kind::ps_restore, encode_message(m)));
   }
-  client.call_all(calls);  // every ps reads its own slices, in parallel
+  restore_positions(client, man.positions);  // before the ps is ready, as restore_from
+  client.call_all(calls);  // every ps reads its own slices, in parallel; one ps's parts in order
   if (!how.params.empty()) client.pull(how.params);
   return man.global_step;
 }
@@ -247,8 +256,9 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
 /// (initialised or not). `config` is as in ps_client::initialize().
 /// Returns the restored global step; the values are left in `params` when it is non-empty.
 /// Streaming (restore_transfer::through_chief): each ps's slices are read from the shard
-/// files and sent before the next ps's are read, so the chief holds one ps's share of the
-/// checkpoint, never the whole model. With ps_reads_files the chief reads only the manifest
+/// files and sent a part at a time (at most transport_options::max_request_bytes of values and
+/// slots, or one shard: docs/design/large-models.md), so the chief holds one part, never a
+/// ps's share of the checkpoint. With ps_reads_files the chief reads only the manifest
 /// and each ps opens, verifies and reads its own slices from its own ps_options::checkpoint_dir
 /// (which must hold the same checkpoint; params are then pulled from the ps).
 /// With `tables` (the restoring run's embedding tables, each created first), their rows are

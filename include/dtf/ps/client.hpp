@@ -5,8 +5,10 @@
 //
 // Communication volume: a pull moves every requested shard's bytes once, server to worker;
 // a push moves them once the other way. The worker's bytes go from its buffer to the socket
-// and from the socket into its buffer (scatter/gather, no copy on the worker). Device memory
-// (the device_span forms): dtf/ps/device_forms.hpp.
+// and from the socket into its buffer (scatter/gather, no copy on the worker). A ps's share of
+// an init, pull or push from host memory goes in requests of at most
+// transport_options::max_request_bytes (dtf/ps/request_parts.hpp). Device memory (the
+// device_span forms, not cut: one frame per ps): dtf/ps/device_forms.hpp.
 //
 // Thread safety: a ps_client serves one thread.
 #pragma once
@@ -17,6 +19,7 @@
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/device_forms.hpp>
 #include <dtf/ps/done_client.hpp>
+#include <dtf/ps/request_parts.hpp>
 #include <dtf/ps/sync_client.hpp>
 #include <dtf/transport.hpp>
 
@@ -25,32 +28,18 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace dtf {
 
-/// Rows of one embedding table contributed to a synchronous step with the dense gradient
-/// (ps_client::push_sync; dtf/ps/sparse_client.hpp's lookup gives the layout): ps p's ids are
-/// ids[ps_begin[p], ps_begin[p + 1]), each with dim floats of rows (read only by the push; a
-/// strategy may scale them before, as it scales the dense gradient).
-struct sync_rows {
-  /// The table's handle and its floats per row.
-  ///@{
-  std::uint32_t table = 0, dim = 0;
-  ///@}
-  /// The ids contributed, grouped by ps.
-  std::span<const std::uint64_t> ids;
-  /// num_ps + 1 offsets into ids: ps p's are ids[ps_begin[p], ps_begin[p + 1]).
-  std::span<const std::size_t> ps_begin;
-  /// The ids' rows' gradients, dim floats each.
-  std::span<float> rows;
-};
 
 /// A worker's (or the chief's) view of the parameter servers.
 ///
@@ -97,14 +86,19 @@ class ps_client : public ps_detail::device_forms<ps_client>,
   /// invalid_argument (a ps already holds another model).
   void initialize(std::span<const float> params, const ps_config& config) {
     check_size(params.size(), "initialize");
-    std::vector<rpc_call> calls(layout_.num_ps);
+    std::vector<rpc_call> calls;
     for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
-      detail::ps_init_msg m;
-      m.ids = ids_[ps];
-      for (auto id : m.ids) m.sizes.push_back(layout_.shards[id].size);
-      set_config(m, config);
-      calls[ps] = make_call(ps, detail::message_kind::ps_init, detail::encode_message(m));
-      gather(calls[ps], ps, params);
+      const auto parts = ps_detail::request_parts(ids_[ps], layout_, 1, rpc_.options(), "initialize", ps);
+      for (std::uint32_t k = 0; k < parts.size(); ++k) {
+        detail::ps_init_msg m;
+        m.ids = parts[k];
+        for (auto id : m.ids) m.sizes.push_back(layout_.shards[id].size);
+        set_config(m, config);
+        m.part = k;
+        m.parts = std::uint32_t(parts.size());
+        calls.push_back(make_call(ps, detail::message_kind::ps_init, detail::encode_message(m)));
+        gather(calls.back(), parts[k], params);
+      }
     }
     run(calls);
   }
@@ -135,13 +129,13 @@ class ps_client : public ps_detail::device_forms<ps_client>,
   /// Reads every shard into params. Returns the global step. The update counts read with it
   /// are what the next push's staleness (DynSGD's τ) is counted from.
   std::int64_t pull(std::span<float> params) {
-    return read(params.size(), true, [&](rpc_call& c, std::size_t ps) { scatter(c, ps, params); }, no_finish{});
+    return read(params.size(), true, host_reply{*this, params}, no_finish{});
   }
 
   /// Reads every shard into params without counting as this client's pull: an evaluation of
   /// the centre variable on a worker's client leaves that worker's τ alone.
   std::int64_t read_values(std::span<float> params) {
-    return read(params.size(), false, [&](rpc_call& c, std::size_t ps) { scatter(c, ps, params); }, no_finish{});
+    return read(params.size(), false, host_reply{*this, params}, no_finish{});
   }
 
 
@@ -149,21 +143,56 @@ class ps_client : public ps_detail::device_forms<ps_client>,
   struct no_finish {
     void operator()(std::size_t) const noexcept {}
   };
-  // A request's payload from the caller's host buffer (gathered in place).
+  // A request's payload from, or its reply into, the caller's host buffer (in place), a part
+  // of a ps's shards at a time.
   struct host_payload {
     const ps_client& self;
     std::span<const float> buf;
-    void operator()(rpc_call& c, std::size_t ps) const { self.gather(c, ps, buf); }
+    void operator()(rpc_call& c, const std::vector<std::uint32_t>& ids) const { self.gather(c, ids, buf); }
+  };
+  struct host_reply {
+    const ps_client& self;
+    std::span<float> buf;
+    void operator()(rpc_call& c, const std::vector<std::uint32_t>& ids) const { self.scatter(c, ids, buf); }
   };
 
-  // A pull of n floats: attach(call, ps) says where ps's reply lands; finish(ps) waits for what
-  // the reply started (the staged copies to device memory) before the call is read again.
+  // A request per part of each ps's shards (attach(call, ids): the host forms, cut by
+  // request_parts), or one per ps (attach(call, ps): the device forms, whose staging buffer is
+  // the ps's, checked against the frame limit).
+  template <class Attach>
+  std::vector<std::pair<std::size_t, std::vector<std::uint32_t>>> parts_for(Attach&, const char* what) const {
+    std::vector<std::pair<std::size_t, std::vector<std::uint32_t>>> out;
+    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps)
+      if constexpr (std::is_invocable_v<Attach&, rpc_call&, const std::vector<std::uint32_t>&>) {
+        for (auto& p : ps_detail::request_parts(ids_[ps], layout_, 1, rpc_.options(), what, ps)) out.emplace_back(ps, std::move(p));
+      } else {
+        std::uint64_t bytes = 0;
+        for (auto id : ids_[ps]) bytes += layout_.shards[id].size * sizeof(float);
+        if (bytes > rpc_.options().limits.max_payload_bytes)
+          throw error(errc::invalid_argument, std::string(what) + ": ps." + std::to_string(ps) + "'s " + std::to_string(bytes) +
+                                                  " bytes in device memory exceed one frame (device forms are not cut)");
+        out.emplace_back(ps, ids_[ps]);
+      }
+    return out;
+  }
+  template <class Attach>
+  static void attach_part(Attach& attach, rpc_call& c, std::size_t ps, const std::vector<std::uint32_t>& ids) {
+    if constexpr (std::is_invocable_v<Attach&, rpc_call&, const std::vector<std::uint32_t>&>)
+      attach(c, ids);
+    else
+      attach(c, ps);
+  }
+
+  // A pull of n floats: attach says where each reply lands; finish(ps) waits for what the
+  // reply started (the staged copies to device memory) before the call is read again.
   template <class Attach, class Finish>
   std::int64_t read(std::size_t n, bool track, Attach attach, Finish finish) {
     check_size(n, "pull");
-    auto pull_from = [&](std::size_t ps) {
-      auto c = make_call(ps, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{ids_[ps]}));
-      attach(c, ps);
+    const auto parts = parts_for(attach, "pull");
+    auto pull_from = [&](std::size_t i) {
+      const auto& [ps, ids] = parts[i];
+      auto c = make_call(ps, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{ids}));
+      attach_part(attach, c, ps, ids);
       return c;
     };
     const auto run_and_finish = [&](std::vector<rpc_call>& cs) {
@@ -171,7 +200,7 @@ class ps_client : public ps_detail::device_forms<ps_client>,
       for (const auto& c : cs) finish(c.peer);
     };
     std::vector<rpc_call> calls;
-    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) calls.push_back(pull_from(ps));
+    for (std::size_t i = 0; i < parts.size(); ++i) calls.push_back(pull_from(i));
     run_and_finish(calls);
     // Synchronous training: a ps still completing the step the others finished (its admitted
     // contributions are on their way) is read again until it has, so the values returned are
@@ -187,31 +216,34 @@ class ps_client : public ps_detail::device_forms<ps_client>,
         sync = sync || st.synchronous;
         most = std::max(most, st.global_step);
       }
-      std::vector<std::size_t> behind;
-      std::vector<std::int64_t> missed;  // the steps of the ps behind ps 0 (decided, not applied there)
+      std::vector<std::size_t> behind;  // the parts read at an earlier step
+      std::map<std::size_t, std::int64_t> missed;  // ps p > 0 behind: its step (decided, not applied there)
       for (std::size_t i = 0; sync && i < calls.size(); ++i)
         if (const auto at = detail::decode_message<detail::ps_status_msg>(calls[i].reply_meta, "status").global_step;
             at < most) {
           behind.push_back(i);
-          if (calls[i].peer != 0) missed.push_back(at);
+          if (calls[i].peer != 0) missed.emplace(calls[i].peer, at);
         }
       if (behind.empty()) break;
       // A ps behind ps 0 misses a decision its committers did not forward (they died after it
       // was made): ps 0 gives it, this worker forwards it (dtf/ps/sync_protocol.hpp).
-      for (std::size_t j = 0, k = 0; j < behind.size(); ++j)
-        if (calls[behind[j]].peer != 0) this->forward_decision(calls[behind[j]].peer, missed[k++]);
+      for (const auto& [ps, at] : missed) this->forward_decision(ps, at);
       if (std::chrono::steady_clock::now() > deadline)
         throw error(errc::timeout, "pull: ps." + std::to_string(calls[behind[0]].peer) + " did not reach step " +
                                        std::to_string(most) + " within " + std::to_string(rpc_.options().timeout_ms) +
                                        " ms");
       std::vector<rpc_call> again;
-      for (auto i : behind) again.push_back(pull_from(calls[i].peer));
+      for (auto i : behind) again.push_back(pull_from(i));
       run_and_finish(again);
       for (std::size_t j = 0; j < behind.size(); ++j) calls[behind[j]] = std::move(again[j]);
     }
-    if (track)
+    if (track) {  // the least update count of a ps's parts: staleness is over-, never under-, counted
+      std::vector<std::uint64_t> least(layout_.num_ps, std::numeric_limits<std::uint64_t>::max());
       for (const auto& c : calls)
-        seen_[c.peer] = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").updates;
+        least[c.peer] = std::min(least[c.peer], detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status").updates);
+      for (std::size_t ps = 0; ps < least.size(); ++ps)
+        if (least[ps] != std::numeric_limits<std::uint64_t>::max()) seen_[ps] = least[ps];
+    }
     track_done(calls);
     return step_of(calls);
   }
@@ -272,45 +304,7 @@ class ps_client : public ps_detail::device_forms<ps_client>,
   sync_result sync_push(std::size_t n, Attach attach, std::int64_t step, std::optional<float> learning_rate,
                         bool delta, std::span<const sync_rows> rows = {},
                         const data::position* position = nullptr, bool all_finite = true) {
-    check_size(n, "push_sync");
-    for (const auto& r : rows)
-      if (r.ps_begin.size() != layout_.num_ps + 1 || r.ps_begin.back() != r.ids.size() ||
-          r.rows.size() != r.ids.size() * r.dim)
-        throw error(errc::shape_mismatch, "push_sync: rows of table " + std::to_string(r.table) + " (" +
-                                              std::to_string(r.ids.size()) + " ids, " + std::to_string(r.rows.size()) +
-                                              " floats of dim " + std::to_string(r.dim) + ") laid out for another ps count");
-    auto call_to = [&](std::size_t ps, detail::message_kind kind) {
-      detail::ps_sync_push_msg m{ids_[ps], step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
-                                 learning_rate};
-      m.incarnation = this->incarnation();
-      m.sequence = this->sequence();
-      for (const auto& r : rows)
-        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) m.rows.push_back({r.table, e - b});
-      if (ps == 0 && position) m.position = *position;
-      if (ps == 0) m.all_finite = all_finite;
-      auto c = make_call(ps, kind, detail::encode_message(m));
-      attach(c, ps);
-      for (const auto& r : rows)
-        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) {
-          c.payload.push_back(asio::buffer(r.ids.data() + b, (e - b) * sizeof(std::uint64_t)));
-          c.payload.push_back(asio::buffer(r.rows.data() + b * r.dim, (e - b) * r.dim * sizeof(float)));
-        }
-      return c;
-    };
-    // The protocol of dtf/ps/sync_protocol.hpp: the parts are staged on ps 1.., then the commit
-    // goes to ps 0, which admits the first N of the step and answers with its decision; the
-    // decision is forwarded to ps 1.. (each applies it once). Every request may be retried.
-    std::vector<rpc_call> stages;
-    for (std::size_t ps = 1; ps < layout_.num_ps; ++ps) stages.push_back(call_to(ps, detail::message_kind::ps_sync_stage));
-    run(stages);
-    std::vector<rpc_call> first{call_to(0, detail::message_kind::ps_sync_push)};
-    run(first);
-    track_done(first);
-    const auto st0 = detail::decode_message<detail::ps_status_msg>(first[0].reply_meta, "status");
-    sync_result r{st0.global_step, st0.dropped, st0.skipped, st0.dropped_total};
-    if (st0.decision) this->forward(*st0.decision, layout_.num_ps);
-    this->answered();
-    return r;
+    return this->contribute(n, attach, step, learning_rate, delta, rows, position, all_finite);
   }
 
  public:
@@ -365,16 +359,17 @@ class ps_client : public ps_detail::device_forms<ps_client>,
     return c;
   }
 
-  void scatter(rpc_call& c, std::size_t ps, std::span<float> buf) const {
-    for (auto id : ids_[ps])
+  void scatter(rpc_call& c, const std::vector<std::uint32_t>& ids, std::span<float> buf) const {
+    for (auto id : ids)
       c.reply_payload.push_back(
           asio::buffer(buf.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
   }
 
-  void gather(rpc_call& c, std::size_t ps, std::span<const float> buf) const {
-    for (auto id : ids_[ps])
+  void gather(rpc_call& c, const std::vector<std::uint32_t>& ids, std::span<const float> buf) const {
+    for (auto id : ids)
       c.payload.push_back(asio::buffer(buf.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
   }
+  void gather(rpc_call& c, std::size_t ps, std::span<const float> buf) const { gather(c, ids_[ps], buf); }
 
   std::vector<rpc_call> broadcast(detail::message_kind kind) const {
     std::vector<rpc_call> calls;
@@ -391,22 +386,26 @@ class ps_client : public ps_detail::device_forms<ps_client>,
                    bool increment_step, std::span<const float> host = {}) {
     check_size(n, "push");
     std::vector<rpc_call> calls;
-    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps) {
-      // ps 0 holds the global step, so it always gets a push (possibly of no shards).
-      if (ids_[ps].empty() && !(ps == 0 && increment_step)) continue;
-      detail::ps_push_msg m{ids_[ps], kind, lr, increment_step && ps == 0, seen_[ps], std::nullopt};
+    const auto parts = parts_for(attach, "push");
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const auto& [ps, ids] = parts[i];
+      // ps 0 holds the global step, so it always gets a push (possibly of no shards). A push in
+      // parts counts as one update, with its last part (which advances the step on ps 0).
+      if (ids.empty() && !(ps == 0 && increment_step)) continue;
+      const bool last = i + 1 == parts.size() || parts[i + 1].first != ps;
+      detail::ps_push_msg m{ids, kind, lr, increment_step && ps == 0 && last, seen_[ps], std::nullopt, last};
       std::size_t floats = 0;
-      for (auto id : ids_[ps]) floats += layout_.shards[id].size;
-      if (!host.empty() && ids_[ps].size() > 1 && floats * sizeof(float) >= rpc_.options().pieces_min_bytes) {
+      for (auto id : ids) floats += layout_.shards[id].size;
+      if (!host.empty() && ids.size() > 1 && floats * sizeof(float) >= rpc_.options().pieces_min_bytes) {
         bool finite = true;
-        for (auto id : ids_[ps]) {
+        for (auto id : ids) {
           const auto part = host.subspan(layout_.shards[id].offset, layout_.shards[id].size);
           finite = finite && std::all_of(part.begin(), part.end(), [](float x) { return std::isfinite(x); });
         }
         m.all_finite = finite;
       }
       calls.push_back(make_call(ps, detail::message_kind::ps_push, detail::encode_message(m)));
-      attach(calls.back(), ps);
+      attach_part(attach, calls.back(), ps, ids);
     }
     run(calls);
     track_done(calls);
@@ -435,7 +434,9 @@ class ps_client : public ps_detail::device_forms<ps_client>,
     return sync ? least : step;
   }
 
-  void run(std::vector<rpc_call>& calls) { rpc_.call_all(std::span<rpc_call>(calls)); }
+  void run(std::vector<rpc_call>& calls) {
+    ps_detail::run_in_rounds(calls, [this](std::vector<rpc_call>& round) { rpc_.call_all(std::span<rpc_call>(round)); });
+  }
 
   placement layout_;
   rpc_client rpc_;

@@ -44,6 +44,7 @@
 #include <dtf/detail/messages.hpp>
 #include <dtf/ps/config.hpp>
 #include <dtf/ps/done_tasks.hpp>
+#include <dtf/ps/incoming_model.hpp>
 #include <dtf/ps/position_table.hpp>
 #include <dtf/ps/push_pieces.hpp>
 #include <dtf/ps/save_thread.hpp>
@@ -155,7 +156,8 @@ class parameter_server {
     };
     s.finish = [this, p, who = peer.identity](rpc_reply& reply) {
       ++pieced_;
-      const std::uint64_t updates = p->shards_applied() > 0 ? updates_.fetch_add(1) + 1 : updates_.load();
+      const bool counts = p->shards_applied() > 0 && p->message().counts;  // a push's last part counts
+      const std::uint64_t updates = counts ? updates_.fetch_add(1) + 1 : updates_.load();
       if (!p->failure().empty()) throw error(errc::invalid_argument, "push of " + who + " " + p->failure());
       if (p->message().increment_step) ++global_step_;
       status(reply, updates, p->staleness());
@@ -234,28 +236,38 @@ class parameter_server {
   }
   void status(rpc_reply& reply) const { status(reply, updates_.load()); }
 
+  // Init and restore come in parts, the last installing the model (dtf/ps/incoming_model.hpp). A restarted
+  // chief's init of an initialised ps: the values here win (TensorFlow's rule) if model and training are the same.
   void init(const rpc_peer& peer, const detail::ps_init_msg& m, std::span<const std::byte> payload, rpc_reply& reply) {
     const ps_config cfg = ps_detail::config_of(m);
+    ps_detail::shard_store::check_mode(cfg.rule, cfg.mode);
     std::unique_lock lock(shards_mu_);
-    if (initialized_) {
-      // A restarted chief's init: the values here win (TensorFlow's rule) if the model and its training are the same.
-      if (const auto change = ps_detail::training_change(store_.held(sync_.replicas()), m, cfg); !change.empty())
+    const bool again = initialized_;
+    auto part = again ? ps_detail::shard_map{} : ps_detail::shard_store::from_payload(
+        m.ids, m.sizes, std::vector<std::int64_t>(m.ids.size()), cfg.rule, 0, payload);
+    if (!incoming_.add("init", peer.identity, again ? "of an initialised ps" : "", m, std::move(part)))
+      return status(reply);
+    const auto whole = incoming_.whole();
+    auto shards = incoming_.take_shards();
+    if (again) {
+      if (const auto change = ps_detail::training_change(store_.held(sync_.replicas()), whole, cfg); !change.empty())
         throw error(errc::invalid_argument, "init from " + peer.identity + ": " + change);
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": init from " + peer.identity +
                                                " ignored: already initialised");
       return status(reply);
     }
-    store_.init(m.ids, m.sizes, cfg.rule, cfg.mode, payload);
+    std::uint64_t floats = 0;
+    for (const auto n : whole.sizes) floats += n;
+    store_.install(std::move(shards), cfg.rule, cfg.mode);
     ++generation_;
-    model_bytes_ = payload.size();
+    model_bytes_ = floats * sizeof(float);
     sync_.configure(cfg.replicas_to_aggregate, store_, 0, "initialised");
     synchronous_ = cfg.replicas_to_aggregate > 0;
     initialized_ = true;
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": initialised " +
-                                             std::to_string(m.ids.size()) + " shards (" +
-                                             std::to_string(payload.size() / sizeof(float)) + " floats) by " +
-                                             peer.identity + ", rule " + m.rule.name +
-                                             (m.lock_free ? ", lock-free" : ", locked"));
+                                             std::to_string(whole.ids.size()) + " shards (" + std::to_string(floats) +
+                                             " floats in " + std::to_string(m.parts) + " parts) by " + peer.identity +
+                                             ", rule " + m.rule.name + (m.lock_free ? ", lock-free" : ", locked"));
     status(reply);
   }
 
@@ -302,23 +314,13 @@ class parameter_server {
 
   void restore(const rpc_peer& peer, const detail::ps_restore_msg& m, std::span<const std::byte> payload,
                rpc_reply& reply) {
-    const auto& init = m.init;
-    const ps_config cfg = ps_detail::config_of(init);
-    if (init.ids.size() != m.iterations.size())
-      throw error(errc::corrupt_data, "restore: ids and iterations differ in length");
-    if (optim::detail::slot_count(cfg.rule) != m.num_slots)
-      throw error(errc::invalid_argument, "restore: rule " + init.rule.name + " has " +
-                                              std::to_string(optim::detail::slot_count(cfg.rule)) + " slots, " +
-                                              std::to_string(m.num_slots) + " sent");
-    ps_detail::shard_store::check_mode(cfg.rule, cfg.mode);
-    std::map<std::uint32_t, std::unique_ptr<ps_detail::shard>> fresh;
-    if (m.from_files) {
-      fresh = ps_detail::shard_store::from_files(options_.checkpoint_dir, options_.transport.identity, m, cfg.rule,
-                                                 payload);
-    } else {
-      fresh = ps_detail::shard_store::from_payload(init.ids, init.sizes, m.iterations, cfg.rule, m.num_slots, payload);
-    }
+    const ps_config cfg = ps_detail::config_of(m.init);
+    auto fresh = ps_detail::shard_store::from_restore(options_.checkpoint_dir, options_.transport.identity, m, cfg, payload);
     std::unique_lock lock(shards_mu_);
+    if (!incoming_.add("restore", peer.identity, m.checkpoint + " at step " + std::to_string(m.global_step), m.init,
+                       std::move(fresh)))
+      return status(reply);
+    fresh = incoming_.take_shards();
     std::uint64_t floats = 0;
     for (const auto& [id, sh] : fresh) floats += sh->values.size();
     store_.install(std::move(fresh), cfg.rule, cfg.mode);
@@ -332,7 +334,7 @@ class parameter_server {
     synchronous_ = cfg.replicas_to_aggregate > 0;
     initialized_ = true;
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": restored " +
-                                             std::to_string(init.ids.size()) + " shards from checkpoint " +
+                                             std::to_string(store_.shards().size()) + " shards from checkpoint " +
                                              m.checkpoint + " (global step " + std::to_string(m.global_step) +
                                              (m.from_files ? ") read from its files, asked by " : ") sent by ") +
                                              peer.identity);
@@ -413,7 +415,7 @@ class parameter_server {
           store_.apply(s, {m.kind, in.subspan(at, n), m.learning_rate, scale});
           at += n;
         }
-        updates = m.ids.empty() ? updates_.load() : updates_.fetch_add(1) + 1;
+        updates = m.ids.empty() || !m.counts ? updates_.load() : updates_.fetch_add(1) + 1;  // a push's last part counts
         if (m.increment_step) ++global_step_;
       } else {
         updates = updates_.load();
@@ -426,6 +428,7 @@ class parameter_server {
   std::shared_mutex shards_mu_;  // init/restore (exclusive) against everything else (shared)
   std::shared_mutex step_mu_;    // synchronous: a step's apply (exclusive) against pulls (shared)
   ps_detail::shard_store store_;
+  ps_detail::incoming_model incoming_;  // an init or restore whose parts are arriving (under shards_mu_)
   ps_detail::sync_aggregator sync_;
   ps_detail::sparse_service sparse_{options_};  // embedding tables (their own lock)
   ps_detail::position_table positions_{options_};  // the training tasks' data positions (their own lock)

@@ -110,6 +110,9 @@ struct shard {
   std::atomic<std::int64_t> lock_free_iterations{0};
 };
 
+/// Shards by id.
+using shard_map = std::map<std::uint32_t, std::unique_ptr<shard>>;
+
 /// True when every value is finite.
 inline bool all_finite(std::span<const float> v) noexcept {
   for (float x : v)
@@ -119,25 +122,7 @@ inline bool all_finite(std::span<const float> v) noexcept {
 
 class shard_store {
  public:
-  /// Replaces every shard: ids[i] gets sizes[i] elements read from `values` (in order).
-  /// Errors: corrupt_data / shape_mismatch when the sizes and the bytes disagree;
-  /// invalid_config when lock-free is asked for a rule with slots.
-  void init(const std::vector<std::uint32_t>& ids, const std::vector<std::uint64_t>& sizes, const optim::rule& rule,
-            apply_mode mode, std::span<const std::byte> values) {
-    check_model(ids, sizes, values.size(), 1, "init");
-    check_mode(rule, mode);
-    std::map<std::uint32_t, std::unique_ptr<shard>> fresh;
-    std::size_t at = 0;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      auto s = make(rule, sizes[i]);
-      std::memcpy(s->values.unshared().data(), values.data() + at, sizes[i] * sizeof(float));
-      at += sizes[i] * sizeof(float);
-      fresh[ids[i]] = std::move(s);
-    }
-    install(std::move(fresh), rule, mode);
-  }
-
-  /// Installs shards built elsewhere (a restore).
+  /// Installs shards built elsewhere (an init or a restore, dtf/ps/incoming_model.hpp).
   void install(std::map<std::uint32_t, std::unique_ptr<shard>> fresh, const optim::rule& rule, apply_mode mode) {
     check_mode(rule, mode);
     shards_ = std::move(fresh);
@@ -214,6 +199,22 @@ class shard_store {
       fresh[init.ids[i]] = std::move(s);
     }
     return fresh;
+  }
+
+  /// The shards of one restore message (one part of a restore): from its payload, or read by
+  /// the ps from its own checkpoint files (m.from_files). Errors: as from_payload and
+  /// from_files, and when the message's slots or mode do not fit its rule.
+  static shard_map from_restore(const std::string& checkpoint_dir, const std::string& identity,
+                                const detail::ps_restore_msg& m, const ps_config& cfg, std::span<const std::byte> payload) {
+    if (m.init.ids.size() != m.iterations.size())
+      throw error(errc::corrupt_data, "restore: ids and iterations differ in length");
+    if (optim::detail::slot_count(cfg.rule) != m.num_slots)
+      throw error(errc::invalid_argument, "restore: rule " + m.init.rule.name + " has " +
+                                              std::to_string(optim::detail::slot_count(cfg.rule)) + " slots, " +
+                                              std::to_string(m.num_slots) + " sent");
+    check_mode(cfg.rule, cfg.mode);
+    if (m.from_files) return from_files(checkpoint_dir, identity, m, cfg.rule, payload);
+    return from_payload(m.init.ids, m.init.sizes, m.iterations, cfg.rule, m.num_slots, payload);
   }
 
   static std::unique_ptr<shard> make(const optim::rule& rule, std::size_t n) {

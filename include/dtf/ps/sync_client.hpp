@@ -1,12 +1,16 @@
 // dtf/ps/sync_client.hpp — ps_client's part in the synchronous protocol over several ps (the
-// protocol: dtf/ps/sync_protocol.hpp), a base of ps_client (dtf/ps/client.hpp): the id of this
-// client's contributions, the forwarding of ps 0's decisions to the other ps, and the hold of
-// the steps a synchronous checkpoint takes (dtf/ps/checkpointing.hpp).
+// protocol: dtf/ps/sync_protocol.hpp), a base of ps_client (dtf/ps/client.hpp): a contribution
+// (staged, committed, its decision forwarded) and its id, the forwarding of ps 0's decisions to
+// the other ps, and the hold of the steps a synchronous checkpoint takes
+// (dtf/ps/checkpointing.hpp). A contribution's part for one ps is one frame: synchronous
+// contributions are not cut into parts (docs/design/large-models.md), so it is checked against
+// the frame limit before anything is sent.
 //
 // Thread safety: as the ps_client's (one thread).
 #pragma once
 
 #include <dtf/detail/messages.hpp>
+#include <dtf/ps/config.hpp>
 #include <dtf/transport.hpp>
 
 #include <chrono>
@@ -14,8 +18,30 @@
 #include <cstdint>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
+
+namespace dtf {
+
+/// Rows of one embedding table contributed to a synchronous step with the dense gradient
+/// (ps_client::push_sync; dtf/ps/sparse_client.hpp's lookup gives the layout): ps p's ids are
+/// ids[ps_begin[p], ps_begin[p + 1]), each with dim floats of rows (read only by the push; a
+/// strategy may scale them before, as it scales the dense gradient).
+struct sync_rows {
+  /// The table's handle and its floats per row.
+  ///@{
+  std::uint32_t table = 0, dim = 0;
+  ///@}
+  /// The ids contributed, grouped by ps.
+  std::span<const std::uint64_t> ids;
+  /// num_ps + 1 offsets into ids: ps p's are ids[ps_begin[p], ps_begin[p + 1]).
+  std::span<const std::size_t> ps_begin;
+  /// The ids' rows' gradients, dim floats each.
+  std::span<float> rows;
+};
+
+}  // namespace dtf
 
 namespace dtf::ps_detail {
 
@@ -62,6 +88,59 @@ class sync_client {
   }
 
  protected:
+  /// A synchronous contribution (ps_client::push_sync, and its device forms).
+  template <class Attach>
+  sync_result contribute(std::size_t n, Attach attach, std::int64_t step, std::optional<float> learning_rate,
+                        bool delta, std::span<const sync_rows> rows = {},
+                        const data::position* position = nullptr, bool all_finite = true) {
+    self().check_size(n, "push_sync");
+    for (const auto& r : rows)
+      if (r.ps_begin.size() != self().layout().num_ps + 1 || r.ps_begin.back() != r.ids.size() ||
+          r.rows.size() != r.ids.size() * r.dim)
+        throw error(errc::shape_mismatch, "push_sync: rows of table " + std::to_string(r.table) + " (" +
+                                              std::to_string(r.ids.size()) + " ids, " + std::to_string(r.rows.size()) +
+                                              " floats of dim " + std::to_string(r.dim) + ") laid out for another ps count");
+    auto call_to = [&](std::size_t ps, detail::message_kind kind) {
+      detail::ps_sync_push_msg m{self().shards_of(ps), step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
+                                 learning_rate};
+      m.incarnation = incarnation();
+      m.sequence = sequence();
+      for (const auto& r : rows)
+        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) m.rows.push_back({r.table, e - b});
+      if (ps == 0 && position) m.position = *position;
+      if (ps == 0) m.all_finite = all_finite;
+      auto c = self().make_call(ps, kind, detail::encode_message(m));
+      Client::attach_part(attach, c, ps, self().shards_of(ps));
+      std::uint64_t bytes = 0;
+      for (auto id : self().shards_of(ps)) bytes += self().layout().shards[id].size * sizeof(float);
+      for (const auto& r : rows) bytes += (r.ps_begin[ps + 1] - r.ps_begin[ps]) * (sizeof(std::uint64_t) + r.dim * sizeof(float));
+      if (bytes > self().transport().limits.max_payload_bytes)  // not cut: docs/design/large-models.md
+        throw error(errc::invalid_argument, "push_sync: ps." + std::to_string(ps) + "'s part is " + std::to_string(bytes) +
+                                                " bytes, over the " + std::to_string(self().transport().limits.max_payload_bytes) +
+                                                " one frame may carry (synchronous contributions are not cut)");
+      for (const auto& r : rows)
+        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) {
+          c.payload.push_back(asio::buffer(r.ids.data() + b, (e - b) * sizeof(std::uint64_t)));
+          c.payload.push_back(asio::buffer(r.rows.data() + b * r.dim, (e - b) * r.dim * sizeof(float)));
+        }
+      return c;
+    };
+    // The protocol of dtf/ps/sync_protocol.hpp: the parts are staged on ps 1.., then the commit
+    // goes to ps 0, which admits the first N of the step and answers with its decision; the
+    // decision is forwarded to ps 1.. (each applies it once). Every request may be retried.
+    std::vector<rpc_call> stages;
+    for (std::size_t ps = 1; ps < self().layout().num_ps; ++ps) stages.push_back(call_to(ps, detail::message_kind::ps_sync_stage));
+    self().run(stages);
+    std::vector<rpc_call> first{call_to(0, detail::message_kind::ps_sync_push)};
+    self().run(first);
+    self().track_done(first);
+    const auto st0 = detail::decode_message<detail::ps_status_msg>(first[0].reply_meta, "status");
+    sync_result r{st0.global_step, st0.dropped, st0.skipped, st0.dropped_total};
+    if (st0.decision) forward(*st0.decision, self().layout().num_ps);
+    answered();
+    return r;
+  }
+
   /// With the task's identity, the id of a contribution: the incarnation is drawn per client, so
   /// a restarted task's contributions are never taken for its earlier life's; the sequence
   /// counts the answered contributions, so a retry of one that got no answer (a timeout, a lost

@@ -1,0 +1,197 @@
+// Transfers cut into bounded requests (docs/design/large-models.md): a ps's share of an init,
+// pull, push or restore goes in parts of at most transport_options::max_request_bytes. The
+// values must be exactly those of an independent computation, a push in parts must count once,
+// and a ps must refuse parts out of order.
+#include <catch2/catch.hpp>
+
+#include <dtf/checkpoint.hpp>
+#include <dtf/partitioners.hpp>
+#include <dtf/ps.hpp>
+
+#include "ps_helpers.hpp"
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <unistd.h>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace lm {
+// 12 shards of 1,000 floats (4,000 bytes) over 2 ps: 6 per ps.
+constexpr std::size_t rows = 12, cols = 1000, n = rows * cols;
+const std::vector<dtf::variable_spec> vars{{"w", {rows, cols}, 0}};
+dtf::placement layout2() { return dtf::partitioners::fixed_size{rows}.place(vars, 2); }
+
+std::vector<float> seeded(std::uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = scale * d(gen);
+  return v;
+}
+
+// Options whose requests carry at most `bytes` of payload (0: the default, one part per ps here).
+dtf::transport_options cut_at(std::string identity, std::size_t bytes) {
+  auto o = dtf::test::opts(std::move(identity));
+  if (bytes) o.max_request_bytes = bytes;
+  return o;
+}
+
+struct two_ps {
+  std::vector<std::unique_ptr<dtf::test::running_ps>> ps;
+  explicit two_ps(const std::string& checkpoint_dir = "") {
+    for (int i = 0; i < 2; ++i) {
+      dtf::ps_options o{dtf::test::opts("ps." + std::to_string(i))};
+      o.transport.log = [](const std::string&) {};
+      o.checkpoint_dir = checkpoint_dir;
+      ps.push_back(std::make_unique<dtf::test::running_ps>(o));
+    }
+  }
+  std::unique_ptr<dtf::ps_client> client(std::string identity, std::size_t bytes) const {
+    auto c = std::make_unique<dtf::ps_client>(std::vector<std::string>{ps[0]->address(), ps[1]->address()},
+                                              layout2(), cut_at(std::move(identity), bytes));
+    c->connect();
+    return c;
+  }
+};
+
+// Momentum SGD (v = mu v + g; w -= lr v) on every element: the reference.
+void momentum_step(std::vector<float>& w, std::vector<float>& v, const std::vector<float>& g, float lr, float mu) {
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    v[i] = mu * v[i] + g[i];
+    w[i] -= lr * v[i];
+  }
+}
+
+struct temp_dir {
+  std::filesystem::path path;
+  explicit temp_dir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / ("dtf_large_" + name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+}  // namespace lm
+
+}  // namespace
+
+TEST_CASE("a model sent in parts trains to exactly the values of momentum SGD, a push in parts counting once",
+          "[ps][parts]") {
+  const float lr = 0.05f, mu = 0.9f;
+  // 4,000-byte shards: 9,000 bytes make parts of 2 shards (3 per ps), 4,000 parts of one (6 per
+  // ps), 1 byte too (a shard larger than the bound goes alone); 0 is one part per ps.
+  for (const std::size_t bytes : {std::size_t(9000), std::size_t(4000), std::size_t(1), std::size_t(0)}) {
+    DYNAMIC_SECTION("requests of at most " << bytes << " bytes") {
+      lm::two_ps cluster;
+      auto chief = cluster.client("chief.0", bytes);
+      auto w = lm::seeded(1, 1.0f);
+      std::vector<float> v(lm::n, 0.0f);
+      chief->initialize(w, {dtf::optim::momentum{lr, mu}});
+      auto other = cluster.client("worker.1", bytes);
+      std::vector<float> got(lm::n);
+      REQUIRE(other->pull(got) == 0);
+      CHECK(got == w);
+      for (std::uint32_t k = 0; k < 3; ++k) {
+        const auto g = lm::seeded(10 + k, 0.5f);
+        const auto r = chief->push_gradients(g);
+        CHECK(r.global_step == k + 1);  // one step per push, not per part
+        lm::momentum_step(w, v, g, lr, mu);
+      }
+      // worker.1 pulled before the 3 pushes: its push is 3 updates stale on each ps, whatever
+      // the number of parts each push took.
+      const auto r = other->push_gradients(lm::seeded(20, 0.5f));
+      CHECK(r.staleness == 3);
+      lm::momentum_step(w, v, lm::seeded(20, 0.5f), lr, mu);
+      CHECK(chief->pull(got) == 4);
+      for (std::size_t i = 0; i < lm::n; ++i) REQUIRE(got[i] == Approx(w[i]).epsilon(1e-6).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("a checkpoint restores in parts through the chief and by the ps, values and momentum exact",
+          "[ps][parts][checkpoint]") {
+  const float lr = 0.05f, mu = 0.9f;
+  lm::temp_dir dir("restore");
+  auto w = lm::seeded(2, 1.0f);
+  std::vector<float> v(lm::n, 0.0f);
+  {
+    lm::two_ps cluster(dir.path.string());
+    auto chief = cluster.client("chief.0", 9000);
+    chief->initialize(w, {dtf::optim::momentum{lr, mu}});
+    for (std::uint32_t k = 0; k < 2; ++k) {
+      chief->push_gradients(lm::seeded(30 + k, 0.5f));
+      lm::momentum_step(w, v, lm::seeded(30 + k, 0.5f), lr, mu);
+    }
+    dtf::save_checkpoint(*chief, {dir.path.string(), "parts", 3}, lm::vars);
+  }
+  // One more step after the restore needs the momentum slot exactly as saved.
+  auto w3 = w, v3 = v;
+  lm::momentum_step(w3, v3, lm::seeded(40, 0.5f), lr, mu);
+  for (const auto how : {dtf::restore_transfer::through_chief, dtf::restore_transfer::ps_reads_files}) {
+    DYNAMIC_SECTION((how == dtf::restore_transfer::through_chief ? "through the chief" : "read by the ps")) {
+      lm::two_ps cluster(dir.path.string());
+      auto chief = cluster.client("chief.0", 4000);
+      std::vector<float> got(lm::n);
+      REQUIRE(dtf::restore_checkpoint(*chief, dir.path.string(), "parts-2", lm::vars,
+                                      {dtf::optim::momentum{lr, mu}}, got, how) == 2);
+      for (std::size_t i = 0; i < lm::n; ++i) REQUIRE(got[i] == Approx(w[i]).epsilon(1e-6).margin(1e-6));
+      chief->push_gradients(lm::seeded(40, 0.5f));
+      chief->pull(got);
+      for (std::size_t i = 0; i < lm::n; ++i) REQUIRE(got[i] == Approx(w3[i]).epsilon(1e-6).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("a ps refuses init parts out of order or from another sender, and part 0 starts again",
+          "[ps][parts][hostile]") {
+  lm::two_ps cluster;
+  auto chief = cluster.client("chief.0", 0);
+  auto other = cluster.client("worker.1", 0);
+  const auto values = lm::seeded(3, 1.0f);
+  const auto& ids = chief->shards_of(0);  // 6 shards of 1,000 floats: parts of 3
+  auto part = [&](dtf::ps_client& c, std::uint32_t k, std::uint32_t first) {
+    dtf::detail::ps_init_msg m;
+    m.ids.assign(ids.begin() + first, ids.begin() + first + 3);
+    m.sizes.assign(3, lm::cols);
+    dtf::ps_client::set_config(m, {dtf::optim::sgd{0.1f}});
+    m.part = k;
+    m.parts = 2;
+    auto call = c.request(0, dtf::detail::message_kind::ps_init, dtf::detail::encode_message(m));
+    call.payload.push_back(asio::buffer(values.data(), 3 * lm::cols * sizeof(float)));
+    std::vector<dtf::rpc_call> one{std::move(call)};
+    try {
+      c.call_all(one);
+      return std::string();
+    } catch (const dtf::error& e) {
+      return std::string(e.what());
+    }
+  };
+  CHECK_THAT(part(*chief, 1, 3), Catch::Contains("no init is under way"));
+  CHECK(part(*chief, 0, 0).empty());
+  CHECK_THAT(part(*other, 1, 3), Catch::Contains("expected part 1 of 2 of the init from chief.0"));
+  CHECK(part(*chief, 0, 0).empty());  // a chief that starts again
+  CHECK_THAT(part(*chief, 1, 0), Catch::Contains("shard " + std::to_string(ids[0]) + " appears twice"));
+  CHECK_FALSE(cluster.ps[0]->ps->initialized());
+  CHECK(part(*chief, 0, 0).empty());
+  CHECK(part(*chief, 1, 3).empty());
+  CHECK(cluster.ps[0]->ps->initialized());
+}
+
+TEST_CASE("a shard no frame can carry is refused before anything is sent, saying what to do", "[ps][parts]") {
+  lm::two_ps cluster;
+  auto o = lm::cut_at("chief.0", 0);
+  o.limits.max_payload_bytes = 3000;  // below one shard's 4,000 bytes
+  dtf::ps_client c({cluster.ps[0]->address(), cluster.ps[1]->address()}, lm::layout2(), o);
+  c.connect();
+  const auto values = lm::seeded(4, 1.0f);
+  CHECK_THROWS_WITH(c.initialize(values, {dtf::optim::sgd{0.1f}}),
+                    Catch::Contains("over the 3000 one frame may carry") && Catch::Contains("max_shard_bytes"));
+  CHECK_FALSE(cluster.ps[0]->ps->initialized());
+  CHECK_FALSE(cluster.ps[1]->ps->initialized());
+  std::vector<float> buf(lm::n);
+  CHECK_THROWS_WITH(c.push_sync(buf, 0), Catch::Contains("synchronous contributions are not cut"));
+}
