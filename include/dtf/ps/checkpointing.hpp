@@ -107,6 +107,11 @@ inline std::vector<ps_restore_msg> restore_parts(const ps_client& client, std::s
     m.init.parts = std::uint32_t(parts.size());
     m.from_files = by_ps;
     if (by_ps) m.from = f;
+    if (const auto meta = encode_message(m).size(); meta > client.transport().limits.max_meta_bytes)
+      throw error(errc::invalid_argument, "restore of ps." + std::to_string(ps) + ": " + std::to_string(part.size()) +
+                                              " shards make " + std::to_string(meta) + " bytes of metadata, over the " +
+                                              std::to_string(client.transport().limits.max_meta_bytes) +
+                                              " a frame may carry: place fewer, larger shards on each ps");
   }
   return out;
 }

@@ -2,7 +2,8 @@
 // into requests of bounded size, and requests run so that each ps gets its own in order.
 //
 // The contract: docs/design/large-models.md. A part is consecutive whole shards of the ps (in
-// placement order) carrying at most transport_options::max_request_bytes of payload and at most
+// placement order) carrying at most transport_options::max_request_bytes of payload (and no more
+// than the frame limit, transport_options::limits, where that is lower) and at most
 // max_shards_per_request shards (its metadata stays far under the frame's 64 KiB); a shard
 // larger than the bound is a part of its own, and one larger than a frame may carry is refused
 // here, before anything is sent. A ps's parts are sent one after another (the next once the
@@ -13,6 +14,7 @@
 #include <dtf/partitioners.hpp>
 #include <dtf/transport.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -35,6 +37,7 @@ inline std::vector<std::vector<std::uint32_t>> request_parts(const std::vector<s
                                                              const transport_options& options, const char* what,
                                                              std::size_t ps) {
   std::vector<std::vector<std::uint32_t>> parts(1);
+  const std::uint64_t bound = std::min<std::uint64_t>(options.max_request_bytes, options.limits.max_payload_bytes);
   std::uint64_t bytes = 0;
   for (const auto id : ids) {
     const std::uint64_t b = std::uint64_t(layout.shards.at(id).size) * per * sizeof(float);
@@ -46,7 +49,7 @@ inline std::vector<std::vector<std::uint32_t>> request_parts(const std::vector<s
                       " one frame may carry: partition the variable into smaller shards "
                       "(variable_axis_size's max_shard_bytes)");
     if (!parts.back().empty() &&
-        (b > options.max_request_bytes - std::min<std::uint64_t>(bytes, options.max_request_bytes) ||
+        (b > bound - std::min(bytes, bound) ||
          parts.back().size() == max_shards_per_request)) {
       parts.emplace_back();
       bytes = 0;
