@@ -195,3 +195,47 @@ TEST_CASE("a shard no frame can carry is refused before anything is sent, saying
   std::vector<float> buf(lm::n);
   CHECK_THROWS_WITH(c.push_sync(buf, 0), Catch::Contains("synchronous contributions are not cut"));
 }
+
+TEST_CASE("a push whose apply throws part-way counts as one update and names the shards applied",
+          "[ps][parts][exception]") {
+  // 12 shards on one ps; the third shard's update throws bad_alloc, as copy on write's
+  // allocation may. Applied whole, or a piece (one shard) at a time as it arrives.
+  const auto layout = dtf::partitioners::fixed_size{lm::rows}.place(lm::vars, 1);
+  for (const bool as_received : {false, true}) {
+    DYNAMIC_SECTION((as_received ? "applied as it arrives" : "applied whole")) {
+      int calls = 0;
+      dtf::ps_options o{dtf::test::opts("ps.0")};
+      o.transport.log = [](const std::string&) {};
+      o.transport.pieces_min_bytes = 1000;
+      o.apply_as_received = as_received;
+      o.apply_piece_bytes = 4000;
+      o.apply_fault = [&calls] {
+        if (++calls == 3) throw std::bad_alloc();
+      };
+      dtf::test::running_ps ps(o);
+      auto co = dtf::test::opts("chief.0");
+      co.pieces_min_bytes = 1000;
+      dtf::ps_client chief({ps.address()}, layout, co), other({ps.address()}, layout, dtf::test::opts("worker.1"));
+      chief.connect();
+      other.connect();
+      auto w = lm::seeded(5, 1.0f);
+      chief.initialize(w, {dtf::optim::sgd{0.5f}});
+      std::vector<float> got(lm::n);
+      other.pull(got);
+      const auto g = lm::seeded(6, 1.0f);
+      CHECK_THROWS_WITH(chief.push_gradients(g), as_received ? Catch::Contains("its first 2 of 12 shards were applied")
+                                                             : Catch::Contains("failed after 2 of 12 shards were applied"));
+      CHECK(ps.ps->pushes_applied_as_received() == (as_received ? 1u : 0u));
+      // The two shards applied are in the values (w - 0.5 g), the others are as initialised.
+      for (const auto id : chief.shards_of(0)) {
+        const auto& sh = layout.shards[id];
+        const bool applied = id == chief.shards_of(0)[0] || id == chief.shards_of(0)[1];
+        for (std::size_t i = sh.offset; i < sh.offset + sh.size; ++i)
+          if (applied) w[i] -= 0.5f * g[i];
+      }
+      CHECK(chief.pull(got) == 0);  // the global step did not advance
+      for (std::size_t i = 0; i < lm::n; ++i) REQUIRE(got[i] == Approx(w[i]).epsilon(1e-6).margin(1e-6));
+      CHECK(other.push_gradients(lm::seeded(7, 0.1f)).staleness == 1);  // the failed push counted once
+    }
+  }
+}

@@ -51,6 +51,9 @@ struct ps_options {
   transport_options transport{};
   int threads = 1;  ///< I/O threads; with lock_free shards, updates from several run concurrently
   checkpoint_fault save_fault{};  ///< testing crash safety: a save stops part-way through its file
+  /// Testing exception safety: called before each shard's update (dense pushes and synchronous
+  /// applies); it may throw, as copy on write's allocation may.
+  std::function<void()> apply_fault{};
   /// Where this ps writes its checkpoint shard files and reads them for a restore
   /// (restore_transfer::ps_reads_files). Never taken from the wire; empty: saving is refused.
   std::string checkpoint_dir;

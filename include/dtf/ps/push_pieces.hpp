@@ -79,14 +79,13 @@ class push_pieces {
         at += n;
       }
     }
-    const float scale = 1.0f / float(staleness_ + 1);
-    std::size_t at = 0;
-    for (std::size_t i = first; i < shard_end_[k]; ++i) {
-      auto& s = store.find(m_.ids[i]);
-      const std::size_t n = s.values.size();
-      store.apply(s, {m_.kind, in.subspan(at, n), m_.learning_rate, scale});
-      at += n;
-      ++applied_;
+    // A shard that throws (bad_alloc in copy on write) ends the push like a lie: the reply
+    // names what was applied, and the update counts (finish) when any shard was.
+    const std::vector<std::uint32_t> ids(m_.ids.begin() + std::ptrdiff_t(first), m_.ids.begin() + std::ptrdiff_t(shard_end_[k]));
+    try {
+      store.apply_all(ids, {m_.kind, {}, m_.learning_rate, 1.0f / float(staleness_ + 1)}, in, applied_);
+    } catch (const std::exception& e) {
+      failure(k, std::string("could not be applied (") + e.what() + ")");
     }
   }
 

@@ -69,7 +69,7 @@ class parameter_server {
  public:
   /// Listens on bind_address ("host:port"; port 0 picks one). Errors: errc::io_error if unbound.
   parameter_server(const std::string& bind_address, ps_options options)
-      : options_(std::move(options)), server_(*this, options_.transport, bind_address, options_.threads) {}
+      : options_(std::move(options)), server_(*this, options_.transport, bind_address, options_.threads) { store_.set_fault(options_.apply_fault); }
   /// Waits for a save being written; releases the deferred replies (they hold connections)
   /// before the transport goes.
   ~parameter_server() { saves_.join(), sync_.clear_waiting(), done_.clear_waiting(); }
@@ -403,17 +403,17 @@ class parameter_server {
         skipped = true;
       }
       if (!skipped) {
-        // Staleness: updates applied since the pusher read the values this push was computed
-        // from; this update counts once it is applied.
+        // Staleness: updates applied since the pusher read its values; this one counts once applied.
         const std::uint64_t before = updates_.load();
         staleness = before >= m.seen_updates ? before - m.seen_updates : 0;
-        const float scale = 1.0f / float(staleness + 1);
-        std::size_t at = 0;
-        for (auto id : m.ids) {
-          auto& s = store_.find(id);
-          const std::size_t n = s.values.size();
-          store_.apply(s, {m.kind, in.subspan(at, n), m.learning_rate, scale});
-          at += n;
+        std::size_t applied = 0;
+        try {
+          store_.apply_all(m.ids, {m.kind, {}, m.learning_rate, 1.0f / float(staleness + 1)}, in, applied);
+        } catch (const std::exception& e) {  // the shards applied are in the values: the update counts
+          if (applied > 0) updates_.fetch_add(1);
+          throw error(errc::invalid_argument, "push of " + peer.identity + " failed after " + std::to_string(applied) +
+                                                  " of " + std::to_string(m.ids.size()) + " shards were applied (" +
+                                                  e.what() + "): counted as an update, the step not advanced");
         }
         updates = m.ids.empty() || !m.counts ? updates_.load() : updates_.fetch_add(1) + 1;  // a push's last part counts
         if (m.increment_step) ++global_step_;

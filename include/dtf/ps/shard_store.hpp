@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -277,8 +278,26 @@ class shard_store {
     return bytes;
   }
 
+  /// Applies update u's kind, rate and scale to shards `ids` in order, each with its slice of
+  /// `in`. `applied` counts the shards done, so a caller whose apply threw (bad_alloc in copy
+  /// on write) knows how much of the update is in the values.
+  void apply_all(const std::vector<std::uint32_t>& ids, update u, std::span<const float> in, std::size_t& applied) {
+    std::size_t at = 0;
+    for (const auto id : ids) {
+      auto& s = find(id);
+      u.values = in.subspan(at, s.values.size());
+      apply(s, u);
+      at += s.values.size();
+      ++applied;
+    }
+  }
+
+  /// A test's fault, called before each shard's update (ps_options::apply_fault).
+  void set_fault(std::function<void()> f) { fault_ = std::move(f); }
+
   /// Applies one update to shard s (its values span s.values.size() elements).
   void apply(shard& s, const update& u) {
+    if (fault_) fault_();
     const std::size_t n = s.values.size();
     if (u.values.size() != n) throw error(errc::shape_mismatch, "update of the wrong size");
     if (mode_ == apply_mode::lock_free) return apply_lock_free(s, u);
@@ -358,6 +377,7 @@ class shard_store {
   apply_mode mode_ = apply_mode::locked;
   optim::rule rule_ = optim::sgd{};
   std::string rule_name_ = "sgd";
+  std::function<void()> fault_;
 };
 
 }  // namespace dtf::ps_detail
