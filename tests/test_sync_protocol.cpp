@@ -304,7 +304,8 @@ TEST_CASE("a synchronous apply that fails part-way fails the ps loudly, never ha
   namespace detail = dtf::detail;
   shard_store store;
   const std::vector<float> init(6, 1.0f);
-  store.init({0, 1}, {3, 3}, optim::sgd{1.0f}, apply_mode::locked, std::as_bytes(std::span(init)));
+  store.install(shard_store::from_payload({0, 1}, {3, 3}, {0, 0}, optim::sgd{1.0f}, 0, std::as_bytes(std::span(init))),
+                optim::sgd{1.0f}, apply_mode::locked);
   sync_aggregator agg;
   agg.configure(2, store, 0, "initialised");
   sync_protocol_test::no_tables tables;
