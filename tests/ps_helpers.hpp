@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +62,15 @@ struct log_sink {
     return false;
   }
 };
+
+// n floats drawn uniformly from [-scale, scale] with `seed`.
+inline std::vector<float> seeded_uniform(std::size_t n, std::uint32_t seed, float scale) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = scale * d(gen);
+  return v;
+}
 
 inline transport_options opts(std::string identity, std::string secret = "", log_sink* log = nullptr) {
   transport_options o;

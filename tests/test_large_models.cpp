@@ -25,13 +25,7 @@ constexpr std::size_t rows = 12, cols = 1000, n = rows * cols;
 const std::vector<dtf::variable_spec> vars{{"w", {rows, cols}, 0}};
 dtf::placement layout2() { return dtf::partitioners::fixed_size{rows}.place(vars, 2); }
 
-std::vector<float> seeded(std::uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = scale * d(gen);
-  return v;
-}
+std::vector<float> seeded(std::uint32_t seed, float scale) { return dtf::test::seeded_uniform(n, seed, scale); }
 
 // Options whose requests carry at most `bytes` of payload (0: the default, one part per ps here).
 dtf::transport_options cut_at(std::string identity, std::size_t bytes) {

@@ -43,13 +43,7 @@ struct ps_with {
   }
 };
 
-std::vector<float> seeded(std::uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = scale * d(gen);
-  return v;
-}
+std::vector<float> seeded(std::uint32_t seed, float scale) { return dtf::test::seeded_uniform(n, seed, scale); }
 
 // A shard's range in the flat model.
 std::pair<std::size_t, std::size_t> range_of(const placement& layout, std::size_t row) {
