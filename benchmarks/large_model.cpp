@@ -3,9 +3,9 @@
 // The same binary plays every role; benchmarks/large_model.sh starts the processes, kills them
 // between runs and prints the summary table:
 //
-//   --role ps      a parameter server on 127.0.0.1, port 0: writes "PORT PID" to --port_file
-//                  (through a rename) and serves until shut down or killed; --dir is its
-//                  ps_options::checkpoint_dir
+//   --role ps      a parameter server on --host (default 127.0.0.1), port 0: writes "PORT PID"
+//                  to --port_file (through a rename) and serves until shut down or killed;
+//                  --dir is its ps_options::checkpoint_dir
 //   --role chief   the chief, which also trains (the job's one worker), in one of three runs:
 //     --run train          1. init: initialize() with the model's values and the momentum rule
 //                          2. --steps steps: pull the whole model, the gradient of the loss
@@ -26,8 +26,21 @@
 // before it kills them (a ps that is shut down prints its own).
 // The model: 4 variables of [rows, 1024] float32, placed by variable_axis_size with
 // --shard_mib MiB shards (default 64: a 6 GiB model is 96 shards) over the ps.
+// Transport options (transport(), the chief's and every ps's), for a loopback or a link of
+// 1 Gbit/s (large_model.sh --netns). A ps's share moves in requests of at most
+// max_request_bytes (64 MiB: about 0.55 s at 1 Gbit/s, 1.1 s when the two ps share the link),
+// one request per ps at a time, and the server's deadlines follow progress, so:
+//   frame_timeout_ms, write_timeout_ms  10 s (the defaults): the longest pause between two
+//       bytes of a frame or of a reply, which on a working link is far below a second whatever
+//       the frame's size (the shaper holds a packet at most 50 ms)
+//   timeout_ms  10 min: the longest request is not a transfer but a save or a restore with
+//       ps_reads_files: one request per ps that writes or reads the ps's whole share, values
+//       and momentum (6 GiB a ps for a 6 GiB model), so the disk sets it: 10 min allows 10 MB/s
+//   idle_timeout_ms  10 min (the default): the chief's longest quiet spell on a connection
+//       (filling the initial values, a gradient of the whole model: seconds)
 //
 //   build/benchmarks/bench_large_model --role ps --index 0 --port_file /tmp/d/ps0.port --dir /tmp/d/ckpt
+//       [--host 127.0.0.1]
 //   build/benchmarks/bench_large_model --role chief --run train --ps 127.0.0.1:P0,127.0.0.1:P1
 //       --dir /tmp/d/ckpt [--gib 6] [--steps 3] [--shard_mib 64] [--lr 0.1] [--momentum 0.9]
 //       [--secret_file F]
@@ -54,7 +67,7 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 struct settings {
-  std::string role, run = "train", ps, port_file, dir = "/tmp/dtf_large_model/ckpt", secret_file;
+  std::string role, run = "train", ps, port_file, dir = "/tmp/dtf_large_model/ckpt", secret_file, host = "127.0.0.1";
   int index = 0, steps = 3, samples = 1024, shard_mib = 64, ps_threads = 1;
   double gib = 6;
   float lr = 0.1f, momentum = 0.9f;
@@ -106,12 +119,11 @@ dtf::transport_options transport(const settings& s, const std::string& identity)
   o.cluster_id = "large_model";
   o.identity = identity;
   if (!s.secret_file.empty()) o.secret = dtf::read_secret_file(s.secret_file);
-  // Requests of gigabytes: a reply may take minutes, and the chief computes a gradient of the
-  // whole model between two requests.
-  o.timeout_ms = 3600000;
-  o.frame_timeout_ms = 600000;
-  o.write_timeout_ms = 600000;
-  o.idle_timeout_ms = 3600000;
+  // Why these: the header comment (requests of at most 64 MiB; a save is one request per ps).
+  o.timeout_ms = 600000;
+  o.frame_timeout_ms = 10000;
+  o.write_timeout_ms = 10000;
+  o.idle_timeout_ms = 600000;
   return o;
 }
 
@@ -122,13 +134,14 @@ int run_ps(const settings& s) {
   o.threads = s.ps_threads;
   o.checkpoint_dir = s.dir;
   o.chief = "chief.0";
-  dtf::parameter_server server("127.0.0.1:0", o);
+  dtf::parameter_server server(s.host + ":0", o);
   {
     const std::string tmp = s.port_file + ".tmp";
     std::ofstream(tmp) << server.port() << ' ' << ::getpid() << '\n';
     std::filesystem::rename(tmp, s.port_file);  // the script sees the whole line or nothing
   }
-  std::printf("ps.%d: serving on 127.0.0.1:%u, pid %d\n", s.index, unsigned(server.port()), int(::getpid()));
+  std::printf("ps.%d: serving on %s:%u, pid %d\n", s.index, s.host.c_str(), unsigned(server.port()),
+              int(::getpid()));
   std::fflush(stdout);
   server.run();
   std::printf("ps.%d: VmHWM %ld KiB\n", s.index, vm_hwm_kib());
@@ -282,6 +295,7 @@ int main(int argc, char** argv) try {
   flags.add("role", s.role, "ps or chief")
       .add("run", s.run, "chief: train (init, steps, save), restore_chief or restore_files")
       .add("index", s.index, "ps: its index (0 or 1)")
+      .add("host", s.host, "ps: the address it listens on (port 0: the system picks)")
       .add("port_file", s.port_file, "ps: where it writes \"PORT PID\" once it listens")
       .add("ps", s.ps, "chief: the two ps, host:port,host:port")
       .add("dir", s.dir, "checkpoint directory, the chief's and every ps's")

@@ -11,6 +11,14 @@
 #
 #   benchmarks/large_model.sh [--gib 6] [--steps 3] [--shard_mib 64] [--build build]
 #                             [--dir /tmp/dtf_large_model] [--samples 1024] [--keep] [--estimate_only]
+#                             [--netns]
+#
+# Link: by default every task on 127.0.0.1. --netns puts the tasks on two "hosts", as
+# benchmarks/overlap.sh does: both ps in one network namespace (10.78.0.1), the chief in another
+# (10.78.0.2), joined by a veth pair whose two ends are each shaped to 1 Gbit/s by a token bucket
+# (tc tbf rate 1gbit burst 256kb latency 50ms; this kernel has no netem). Where the machine
+# refuses namespaces, a veth pair or the shaper, the script says why and exits 1; the
+# namespaces are deleted on every exit. The calibration runs go over the same link.
 #
 # Memory: above 0.5 GiB the same three runs first run at 0.25 and 0.5 GiB (calibration, some
 # 30 s); each task's peak is fitted as a + b * GiB and extrapolated to --gib; the run needs 2 ps
@@ -19,7 +27,7 @@
 # (values and momentum). --estimate_only stops after printing it. The checkpoint directory is
 # deleted at the end unless --keep.
 set -euo pipefail
-gib=6 steps=3 shard_mib=64 build=build dir=/tmp/dtf_large_model samples=1024 keep=0 estimate_only=0
+gib=6 steps=3 shard_mib=64 build=build dir=/tmp/dtf_large_model samples=1024 keep=0 estimate_only=0 netns=0
 while (($#)); do
   case $1 in
     --gib | --steps | --shard_mib | --build | --dir | --samples)
@@ -29,6 +37,7 @@ while (($#)); do
       ;;
     --keep) keep=1 && shift ;;
     --estimate_only) estimate_only=1 && shift ;;
+    --netns) netns=1 && shift ;;
     *) echo "unknown argument $1 (see the header of $0)" >&2 && exit 2 ;;
   esac
 done
@@ -38,13 +47,56 @@ mkdir -p "$dir"
 rm -rf "$dir/ckpt" "$dir"/*.port "$dir"/*.log "$dir"/*.results
 secret=$dir/secret
 (umask 077 && head -c 32 /dev/urandom | base64 >"$secret")
+
+# --netns. host: the ps's address; in_ps, in_chief: the command prefixes that run a task on its
+# host (empty on loopback); namespaces: those to delete at exit.
+host=127.0.0.1 in_ps=() in_chief=() namespaces=()
+remove_netns() {
+  local ns pid
+  for ns in "${namespaces[@]}"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+}
+refuse_netns() { echo "--netns refused: $*" >&2 && exit 1; }
+# make_netns: the two namespaces, the veth pair (eth0 in each) and the shapers; sets host,
+# in_ps and in_chief, or exits 1 saying what the machine refused.
+make_netns() {
+  local err=$dir/netns.err i ns ends=("dlm$$a" "dlm$$b")
+  command -v ip >/dev/null || refuse_netns "no 'ip' command (iproute2)"
+  command -v tc >/dev/null || refuse_netns "no 'tc' command (iproute2)"
+  namespaces=("dlm$$ps" "dlm$$chief")
+  for ns in "${namespaces[@]}"; do
+    ip netns add "$ns" 2>"$err" || refuse_netns "this machine refuses network namespaces: $(head -n1 "$err")"
+    ip netns exec "$ns" true 2>"$err" || refuse_netns "cannot run a program in a namespace: $(head -n1 "$err")"
+  done
+  ip link add "${ends[0]}" netns "${namespaces[0]}" type veth peer name "${ends[1]}" netns "${namespaces[1]}" \
+    2>"$err" || refuse_netns "this machine refuses veth pairs: $(head -n1 "$err")"
+  for i in 0 1; do
+    ns=${namespaces[i]}
+    { ip -n "$ns" link set "${ends[i]}" name eth0 &&
+      ip -n "$ns" addr add "10.78.0.$((i + 1))/24" dev eth0 && ip -n "$ns" link set lo up &&
+      ip -n "$ns" link set eth0 up; } 2>"$err" || refuse_netns "cannot configure $ns: $(head -n1 "$err")"
+    ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate 1gbit burst 256kb latency 50ms 2>"$err" ||
+      refuse_netns "this machine refuses tc tbf: $(head -n1 "$err")"
+  done
+  if command -v ping >/dev/null && ! ip netns exec "${namespaces[1]}" ping -c1 -W2 10.78.0.1 >/dev/null 2>&1; then
+    refuse_netns "the namespaces cannot reach each other over the veth pair"
+  fi
+  host=10.78.0.1 in_ps=(ip netns exec "${namespaces[0]}") in_chief=(ip netns exec "${namespaces[1]}")
+  echo "netns: ps in ${namespaces[0]} (10.78.0.1), the chief in ${namespaces[1]} (10.78.0.2); each end:" \
+    "$(ip netns exec "$ns" tc qdisc show dev eth0 | head -n1)"
+}
+
 pids=()
 cleanup() {
   local p
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  remove_netns
   if ((keep)); then echo "kept $dir"; else rm -rf "$dir/ckpt" "$secret"; fi
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 source "$(dirname "$0")/../tests/script_lib.sh"  # wait_until: a bounded poll
 
@@ -53,13 +105,14 @@ ps_pid=() ps_port=()
 start_ps() {
   local log=$1 i=$2 port_file="$dir/ps$2.port" pid
   rm -f "$port_file"
-  "$bench" --role ps --index "$i" --port_file "$port_file" --dir "$dir/ckpt" --secret_file "$secret" >"$log" 2>&1 &
+  "${in_ps[@]}" "$bench" --role ps --index "$i" --host "$host" --port_file "$port_file" --dir "$dir/ckpt" \
+    --secret_file "$secret" >"$log" 2>&1 &
   pid=$!
   pids+=("$pid")
   wait_until 60 bash -c "test -s '$port_file' || ! kill -0 $pid 2>/dev/null" || true
   [[ -s $port_file ]] || { echo "ps.$i did not start:" >&2 && cat "$log" >&2 && exit 1; }
   read -r "ps_port[i]" _ <"$port_file"
-  ps_pid[i]=$pid
+  ps_pid[i]=$pid  # the ps itself under --netns too: ip netns exec execs it
 }
 
 # all_runs GIB TAG: the three runs at GIB GiB; results in $dir/TAG.results, logs in $dir/TAG.*.log;
@@ -73,9 +126,12 @@ all_runs() {
     start_ps "$dir/$tag.$run.ps0.log" 0
     start_ps "$dir/$tag.$run.ps1.log" 1
     log=$dir/$tag.$run.chief.log status=0
-    "$bench" --role chief --run "$run" --ps "127.0.0.1:${ps_port[0]},127.0.0.1:${ps_port[1]}" --gib "$g" \
+    # In the background, so that a signal to this script ends the run at once (the trap).
+    "${in_chief[@]}" "$bench" --role chief --run "$run" --ps "$host:${ps_port[0]},$host:${ps_port[1]}" --gib "$g" \
       --steps "$steps" --shard_mib "$shard_mib" --samples "$samples" --dir "$dir/ckpt" --secret_file "$secret" \
-      >"$log" 2>&1 || status=$?
+      >"$log" 2>&1 &
+    pids+=($!)
+    wait $! || status=$?
     [[ $tag == run ]] && { grep -v '^result ' "$log" || true; }
     grep '^result ' "$log" >>"$results" || true
     kib=$(awk '/^chief: VmHWM/ { print $3 }' "$log")
@@ -101,6 +157,11 @@ peak() { awk -v k="$2" '$1 == "rss" && index($3, k) == 1 && $4 > m { m = $4 } EN
 
 avail_mib=$(awk '/^MemAvailable:/ { printf "%.0f", $2 / 1024 }' /proc/meminfo)
 echo "machine: $(nproc) cores, MemAvailable $avail_mib MiB; load $(cut -d' ' -f1-3 /proc/loadavg)"
+link="loopback (127.0.0.1)"
+if ((netns)); then
+  make_netns
+  link="netns, veth shaped to 1 Gbit/s (tc tbf) each way"
+fi
 if awk -v g="$gib" 'BEGIN { exit !(g > 0.5) }'; then
   for g in 0.25 0.5; do
     all_runs "$g" "calib$g" >/dev/null || { echo "the calibration run at $g GiB failed (logs: $dir/calib$g.*.log)" >&2 && exit 1; }
@@ -130,9 +191,9 @@ fi
 failed=0
 all_runs "$gib" run || failed=1
 echo
-echo "== large model: $gib GiB of float32, momentum, 2 ps, $steps steps; GB = 1e9 bytes =="
+echo "== large model: $gib GiB of float32, momentum, 2 ps, $steps steps; $link; GB = 1e9 bytes =="
 awk '
-  $1 == "result" { printf "%-14s %-9s %9.3f s %8.2f GB/s   %8.0f MiB\n", $2, $3, $4, $5 / $4 / 1e9, $6 / 1024 }
+  $1 == "result" { printf "%-14s %-9s %9.3f s %8.3f GB/s   %8.0f MiB\n", $2, $3, $4, $5 / $4 / 1e9, $6 / 1024 }
 ' "$dir/run.results" | sed '1i run            phase       seconds       rate   chief VmHWM after it'
 echo
 echo "peak RSS (VmHWM) per task, MiB:"
