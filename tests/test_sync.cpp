@@ -475,6 +475,36 @@ TEST_CASE("a worker that pulled and died before contributing fails the step, nam
   CHECK_THROWS_WITH(a.push_sync(g, 0), Catch::Contains("worker.1 disconnected") && Catch::Contains("1 of the 2"));
 }
 
+TEST_CASE("a backup worker that dies without its done report counts as finished: steps and the chief's wait go on",
+          "[sync][errors][protocol]") {
+  running_ps ps0(opts("ps.0"));
+  const auto layout = partitioners::fixed_size{3}.place(two_ps_vars, 1);
+  ps_client a({ps0.address()}, layout, opts("worker.0")), b({ps0.address()}, layout, opts("worker.1"));
+  a.connect();
+  b.connect();
+  std::vector<float> v(15, 0.0f), g(15, 1.0f);
+  a.initialize(v, {optim::sgd{0.5f}, apply_mode::locked, 2, 3});  // N = 2 of 3 workers: one backup
+  a.pull(v);
+  b.pull(v);
+  {
+    ps_client c({ps0.address()}, layout, opts("worker.2"));
+    c.connect();
+    c.pull(v);
+  }  // worker.2 dies: the two left are the N each step needs
+  sync_result rb;
+  std::thread other([&] { rb = b.push_sync(g, 0); });
+  const auto ra = a.push_sync(g, 0);
+  other.join();
+  CHECK(ra.global_step == 1);
+  CHECK(rb.global_step == 1);
+  a.pull(v);
+  for (float x : v) REQUIRE(x == -0.5f);  // the average of the two contributions, at rate 0.5
+  a.mark_done();
+  b.mark_done();
+  CHECK(a.wait_workers_done(3, std::chrono::seconds(10)) == 3);  // worker.2 counted as finished
+  CHECK(ps0.ps->done_tasks() == std::set<std::string>{"worker.0", "worker.1", "worker.2"});
+}
+
 TEST_CASE("a skipped contribution and the next for the same step stage different parts on ps 1",
           "[sync][multi_ps][protocol]") {
   ps_options o0{opts("ps.0"), 1}, o1{opts("ps.1"), 1};

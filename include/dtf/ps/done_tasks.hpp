@@ -63,6 +63,16 @@ class done_registry {
       }
   }
 
+  /// A worker of a synchronous job with backups left without its done report, and the steps go
+  /// on without it (sync_aggregator::disconnected): it counts as done, so the chief's final wait
+  /// ends. A name the set may not take (admit_task_name) is left out.
+  void add_departed(const std::string& name) noexcept {
+    try {
+      add({name});
+    } catch (const std::exception&) {
+    }
+  }
+
   /// ps_done_tasks: the tasks a client knows to be done join the set (a restarted ps lost it);
   /// the reply is the whole set. With wait_for it is answered when the set holds that many or
   /// after wait_ms (at most the transport's timeout), whichever is first; one waiting request

@@ -3,9 +3,8 @@
 // sync_requests (the protocol: dtf/ps/sync_protocol.hpp).
 //
 // Requests (see dtf/detail/messages.hpp):
-//   init      the chief's initial values and ps_config (rule, apply mode, replicas); a second
-//             init of the same model trained the same way is ignored (a restarted chief), else
-//             an error naming what differs
+//   init      the chief's initial values and ps_config, in parts (dtf/ps/incoming_model.hpp); a
+//             second init of the same model trained the same way is ignored, else refused naming why
 //   ready     whether init has happened, so workers wait for it instead of racing it
 //   pull      current values of the requested shards (distinct, held here: the reply is bounded)
 //   push      gradients (the ps applies its rule) or deltas (added; DynSGD scales them by
@@ -15,8 +14,7 @@
 //   sync push, stage, apply, decision   a synchronous step's commit on ps 0, parts staged on
 //             the other ps, the decision forwarded to them (dtf/ps/sync_requests.hpp)
 //   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
-//   step, shutdown, save, restore, done, done tasks, positions   see ps_client,
-//   dtf/ps/checkpointing.hpp, dtf/ps/done_tasks.hpp and dtf/ps/position_table.hpp
+//   step, shutdown, save, restore, done (tasks), positions   ps_client, checkpointing, done_tasks, position_table
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
 //   make it allocate beyond the model: a request's announced payload is checked before the
 //   transport allocates for it (payload_limit: init and restore exactly what their meta names,
@@ -169,8 +167,10 @@ class parameter_server {
   void disconnected(const rpc_peer& peer) {
     const bool finished = done_.disconnected(peer);
     sync_requests_.disconnected(peer, shards_mu_);  // a checkpoint's hold ends with its connection
-    if (auto why = sync_.disconnected(peer.remote, peer.identity, finished))
-      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + *why);
+    if (const auto d = sync_.disconnected(peer.remote, peer.identity, finished)) {
+      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": " + d->why);
+      if (!d->fatal) done_.add_departed(peer.identity);  // a backup's loss: the chief's final wait ends
+    }
   }
 
  private:

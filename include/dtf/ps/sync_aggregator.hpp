@@ -13,9 +13,9 @@
 // attributed to the authenticated connection's identity, never to a name in the message.
 //
 // An apply that fails part-way (bad_alloc in copy on write) fails the ps loudly: every waiting
-// and later synchronous request gets the error. Liveness: the connections that pulled or
-// contributed are counted; when one ends without a done report and fewer than N workers keep
-// one, every synchronous request fails with an error naming the task that left.
+// and later synchronous request gets the error. Liveness: connections that pulled or contributed
+// count; when one ends without a done report, fewer than N workers left fail every synchronous
+// request naming it, N or more (backups) go on and it counts as done.
 //
 // Thread safety: every member takes the aggregator's mutex.
 #pragma once
@@ -236,18 +236,19 @@ class sync_aggregator {
     if (n_ > 0 && !alive_.count(remote)) alive_.emplace(remote, who);
   }
 
-  /// A connection ended: a worker that vanished without reporting done may leave fewer than N
-  /// replicas; then every waiting worker, and every later contribution, gets an error naming
-  /// it. Returns the failure message when this made the step impossible.
-  std::optional<std::string> disconnected(const std::string& remote, const std::string& who, bool finished) {
+  /// A connection ended: a worker gone without its done report leaves fewer than N replicas (fatal:
+  /// every synchronous request fails naming it) or, with backups, enough (the caller counts it done).
+  struct departure { std::string why; bool fatal = false; };
+  std::optional<departure> disconnected(const std::string& remote, const std::string& who, bool finished) {
     std::lock_guard g(mu_);
     if (n_ == 0 || !alive_.erase(remote) || finished) return std::nullopt;
     std::set<std::string> live;
     for (const auto& [r, w] : alive_) live.insert(w);
-    if (live.count(who) || live.size() >= n_ || !failure_.empty()) return std::nullopt;
-    fail_quietly("synchronous training cannot continue: " + who + " disconnected, leaving " +
-                 std::to_string(live.size()) + " of the " + std::to_string(n_) + " replicas each step needs");
-    return failure_;
+    if (live.count(who) || !failure_.empty()) return std::nullopt;
+    const auto left = std::to_string(live.size()) + " of the " + std::to_string(n_) + " replicas each step needs";
+    if (live.size() >= n_) return departure{who + " left without its done report, leaving " + left + ": the steps go on without it, and it counts as finished"};
+    fail_quietly("synchronous training cannot continue: " + who + " disconnected, leaving " + left);
+    return departure{failure_, true};
   }
 
   std::map<std::string, std::uint64_t> dropped() const {
@@ -271,7 +272,6 @@ class sync_aggregator {
     std::lock_guard g(mu_);
     return n_;
   }
-
   /// Commits waiting for their step's decision.
   std::size_t waiting() const {
     std::lock_guard g(mu_);
