@@ -50,6 +50,17 @@ std::map<std::uint32_t, std::int64_t> header_iterations(const fs::path& dir, con
   return out;
 }
 
+// Pushes `steps` seeded gradients to the ps and applies them to `values` with `reference` (the
+// rules are elementwise: one optimiser over the whole buffer is every shard's).
+void train_alongside(ps_client& ps, optim::optimizer<optim::host_space>& reference, std::vector<float>& values,
+                     std::uint64_t steps, std::uint64_t seed) {
+  for (std::uint64_t i = 0; i < steps; ++i) {
+    const auto g = seeded(values.size(), seed + i);
+    ps.push_gradients(g);
+    reference.apply(values, g);
+  }
+}
+
 // Elements [offset, offset + size) of `v`.
 std::vector<float> slice(const std::vector<float>& v, std::size_t offset, std::size_t size) {
   return {v.begin() + std::ptrdiff_t(offset), v.begin() + std::ptrdiff_t(offset + size)};
@@ -682,13 +693,8 @@ TEST_CASE("a ps's file holds every shard's values, Adam's moments and t as a ref
   cluster_of c(dir.path.string(), layout);
   auto values = seeded(n, 21);
   c.client->initialize(values, {rule});
-  // The rules are elementwise: one optimiser over the whole buffer is every shard's.
   optim::optimizer<optim::host_space> reference(rule, n);
-  for (std::uint64_t i = 0; i < 4; ++i) {
-    const auto g = seeded(n, 2100 + i);
-    c.client->push_gradients(g);
-    reference.apply(values, g);
-  }
+  train_alongside(*c.client, reference, values, 4, 2100);
   REQUIRE(pull_all(*c.client) == values);  // the ps's state at the step saved
   const auto m = save_checkpoint(*c.client, {dir.path.string(), "ckpt", 0}, vars);
   const auto r = checkpoint_reader::open(dir.path, m.name);
@@ -707,9 +713,7 @@ TEST_CASE("a ps's file holds every shard's values, Adam's moments and t as a ref
   // Restored, it trains on exactly as the reference does.
   cluster_of b(dir.path.string(), place_on(1));
   REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {rule}) == std::optional<std::int64_t>(m.global_step));
-  const auto g = seeded(n, 2200);
-  b.client->push_gradients(g);
-  reference.apply(values, g);
+  train_alongside(*b.client, reference, values, 1, 2200);
   CHECK(pull_all(*b.client) == values);
 }
 
@@ -743,11 +747,7 @@ TEST_CASE("a ps's save copies one shard at a time as its file is written, each w
   auto values = seeded(n, 33);
   c.client->initialize(values, {rule});
   optim::optimizer<optim::host_space> reference(rule, n);
-  for (std::uint64_t i = 0; i < 3; ++i) {
-    const auto g = seeded(n, 3200 + i);
-    c.client->push_gradients(g);
-    reference.apply(values, g);
-  }
+  train_alongside(*c.client, reference, values, 3, 3200);
   const auto before = values;
   const auto before_slot = reference.host_slots().at(0);
   reference.apply(values, extra);
