@@ -121,9 +121,6 @@ class atomic_file {
   atomic_file(const atomic_file&) = delete;
   atomic_file& operator=(const atomic_file&) = delete;
 
-  /// The bytes appended so far.
-  std::uint64_t size() const noexcept { return bytes_; }
-
   void append(const void* data, std::size_t size) {
     if (!rewrites_) hash_.update(data, size);
     const auto* at = static_cast<const char*>(data);
