@@ -11,6 +11,7 @@
 
 #include "checkpoint_helpers.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <thread>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -31,6 +33,37 @@ std::vector<fs::path> files_starting(const fs::path& dir, const std::string& pre
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path());
   return out;
+}
+
+// Each shard's update count as its ps's file header records it, by shard id (the files read
+// as the reader checks them: size, SHA-256, header).
+std::map<std::uint32_t, std::int64_t> header_iterations(const fs::path& dir, const checkpoint_manifest& m) {
+  std::map<std::uint32_t, std::int64_t> out;
+  for (const auto& f : m.files) {
+    const auto in = detail::ckpt::input_file::open(dir / f.name);
+    const auto text = detail::ckpt::verified_header_text(in, f);
+    const auto h = detail::ckpt::parse_shard_header(text, in.size(), f.ps, m.num_ps, m.num_slots, in.what());
+    // Written last over the length reserved for the widest counts: padded with spaces.
+    if (!h.entries.empty()) CHECK(text.back() == ' ');
+    for (const auto& e : h.entries) out[e.id] = e.iterations;
+  }
+  return out;
+}
+
+// Pushes `steps` seeded gradients to the ps and applies them to `values` with `reference` (the
+// rules are elementwise: one optimiser over the whole buffer is every shard's).
+void train_alongside(ps_client& ps, optim::optimizer<optim::host_space>& reference, std::vector<float>& values,
+                     std::uint64_t steps, std::uint64_t seed) {
+  for (std::uint64_t i = 0; i < steps; ++i) {
+    const auto g = seeded(values.size(), seed + i);
+    ps.push_gradients(g);
+    reference.apply(values, g);
+  }
+}
+
+// Elements [offset, offset + size) of `v`.
+std::vector<float> slice(const std::vector<float>& v, std::size_t offset, std::size_t size) {
+  return {v.begin() + std::ptrdiff_t(offset), v.begin() + std::ptrdiff_t(offset + size)};
 }
 }  // namespace
 
@@ -623,7 +656,7 @@ TEST_CASE("a ps with one I/O thread serves pulls while its checkpoint file is wr
   const auto released = release.get_future().share();
   std::atomic<bool> writing{false};
   checkpoint_fault f;
-  f.before_write = [&] {  // on the ps's save thread: the shards are copied, the file not yet written
+  f.before_write = [&] {  // on the ps's save thread, before it copies a shard or writes a byte
     writing = true;
     released.wait();
   };
@@ -648,6 +681,99 @@ TEST_CASE("a ps with one I/O thread serves pulls while its checkpoint file is wr
   std::vector<float> v(init.size());
   r.read(0, 0, v);
   CHECK(v == init);
+}
+
+TEST_CASE("a ps's file holds every shard's values, Adam's moments and t as a reference optimiser has them",
+          "[checkpoint][ps]") {
+  temp_dir dir("streamed_adam");
+  const auto vars = model_vars();
+  const auto n = num_parameters(vars);
+  const optim::rule rule = optim::adam{.learning_rate = 0.05f};
+  const auto layout = place_on(2, 3);  // 10 shards, 5 on each ps
+  cluster_of c(dir.path.string(), layout);
+  auto values = seeded(n, 21);
+  c.client->initialize(values, {rule});
+  optim::optimizer<optim::host_space> reference(rule, n);
+  train_alongside(*c.client, reference, values, 4, 2100);
+  REQUIRE(pull_all(*c.client) == values);  // the ps's state at the step saved
+  const auto m = save_checkpoint(*c.client, {dir.path.string(), "ckpt", 0}, vars);
+  const auto r = checkpoint_reader::open(dir.path, m.name);
+  const auto slots = reference.host_slots();
+  REQUIRE(slots.size() == 2);
+  std::vector<float> out(n);
+  r.read(0, 0, out);
+  CHECK(out == values);
+  for (std::size_t k = 0; k < 2; ++k) {
+    r.read(k + 1, 0, out);
+    CHECK(out == slots[k]);
+  }
+  const auto iterations = header_iterations(dir.path, m);
+  REQUIRE(iterations.size() == layout.shards.size());
+  for (const auto& [id, t] : iterations) CHECK(t == 4);
+  // Restored, it trains on exactly as the reference does.
+  cluster_of b(dir.path.string(), place_on(1));
+  REQUIRE(restore_latest(*b.client, dir.path.string(), vars, {rule}) == std::optional<std::int64_t>(m.global_step));
+  train_alongside(*b.client, reference, values, 1, 2200);
+  CHECK(pull_all(*b.client) == values);
+}
+
+TEST_CASE("a ps's save copies one shard at a time as its file is written, each with the update count read with it",
+          "[checkpoint][ps]") {
+  temp_dir dir("one_shard_at_a_time");
+  const auto vars = model_vars();
+  const auto n = num_parameters(vars);
+  const optim::rule rule = optim::momentum{.learning_rate = 0.1f, .momentum = 0.9f};
+  const auto layout = place_on(1, 3);  // 10 shards of 1 to 9 floats on one ps
+  // After the first shard is copied, a worker's push lands: every shard copied after it holds
+  // that update (and its count), the first does not.
+  const auto extra = seeded(n, 3300);
+  std::unique_ptr<ps_client> worker;
+  std::vector<std::uint64_t> held;  // the save's copy buffer, in bytes, after each shard's copy
+  std::string failure;
+  checkpoint_fault f;
+  f.shard_copied = [&](std::uint64_t bytes) {  // on the ps's save thread
+    held.push_back(bytes);
+    if (held.size() != 1) return;
+    try {
+      worker->push_gradients(extra);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  };
+  cluster_of c(dir.path.string(), layout, {f});
+  worker = std::make_unique<ps_client>(std::vector<std::string>{"127.0.0.1:" + std::to_string(c.servers[0]->port())},
+                                       layout, dtf::test::opts("worker.1"));
+  worker->connect();
+  auto values = seeded(n, 33);
+  c.client->initialize(values, {rule});
+  optim::optimizer<optim::host_space> reference(rule, n);
+  train_alongside(*c.client, reference, values, 3, 3200);
+  const auto before = values;
+  const auto before_slot = reference.host_slots().at(0);
+  reference.apply(values, extra);
+  const auto after_slot = reference.host_slots().at(0);
+  const auto m = save_checkpoint(*c.client, {dir.path.string(), "ckpt", 0}, vars);
+  CHECK(failure.empty());
+  // One copy buffer, grown to the largest shard's values and momentum, never more.
+  std::uint64_t largest = 0;
+  for (const auto& sh : layout.shards) largest = std::max<std::uint64_t>(largest, sh.size * 2 * sizeof(float));
+  REQUIRE(held.size() == layout.shards.size());
+  CHECK(*std::max_element(held.begin(), held.end()) == largest);
+  const auto iterations = header_iterations(dir.path, m);
+  REQUIRE(iterations.size() == layout.shards.size());
+  const auto r = checkpoint_reader::open(dir.path, m.name);
+  const std::uint32_t first = iterations.begin()->first;  // the file holds the shards by id
+  for (const auto& [id, t] : iterations) {
+    INFO("shard " << id);
+    const auto& sh = layout.shards[id];
+    const bool late = id != first;
+    CHECK(t == (late ? 4 : 3));
+    std::vector<float> v(sh.size), slot(sh.size);
+    r.read(0, sh.offset, v);
+    r.read(1, sh.offset, slot);
+    CHECK(v == slice(late ? values : before, sh.offset, sh.size));
+    CHECK(slot == slice(late ? after_slot : before_slot, sh.offset, sh.size));
+  }
 }
 
 TEST_CASE("a restore or save beyond a frame's limits is refused before anything is sent, saying what to do",

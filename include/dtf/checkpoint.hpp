@@ -18,6 +18,7 @@
 //   8   8  header length H
 //   16  H  header (JSON): {"format":1,"ps":I,"num_ps":N,"global_step":S,"num_slots":K,
 //                          "entries":[{"shard":id,"size":elements,"iterations":t}, ...]}
+//          (a ps writes it last, padded with spaces to H: dtf/ps/shard_snapshot.hpp)
 //   ... raw float32: for each entry in order, its values then its K slots (size floats each)
 // Tensor bytes are written raw, never through a serialisation archive; JSON holds only the
 // metadata.
@@ -46,7 +47,7 @@
 // checkpoint/shard_header.hpp (a shard file's header), checkpoint/fields.hpp (typed, checked
 // JSON fields), checkpoint/table_format.hpp and checkpoint/table_file.hpp (embedding tables), checkpoint/input_file.hpp (bounds-checked
 // reads), checkpoint/reader.hpp (reading, verifying, the fallback), checkpoint/writer.hpp
-// (crash-safe writing, commit and pruning).
+// (the files' contents, commit and pruning), checkpoint/atomic_file.hpp (crash-safe writing).
 //
 // Thread safety: free functions on distinct checkpoints may run concurrently; saving into one
 // directory is the chief's job (one writer of the manifest and state file).

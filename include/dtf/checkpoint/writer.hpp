@@ -1,35 +1,24 @@
 // dtf/checkpoint/writer.hpp — writing checkpoint files crash-safely and without trusting the
-// directory's contents.
-//
-// Every file is written to a fresh temporary name FINAL.tmp.<16 random hex digits>, opened
-// with O_CREAT|O_EXCL|O_NOFOLLOW (so whatever sits in the directory — a symlink planted at a
-// predictable name, yesterday's debris — is never written through or truncated), flushed
-// (fsync), renamed over FINAL, and the directory is synced. Names written are checked to be
-// plain file names inside the directory.
+// directory's contents: each file through detail::ckpt::atomic_file (a fresh temporary name,
+// never through a symlink, synced and renamed into place: dtf/checkpoint/atomic_file.hpp).
+// Names written are checked to be plain file names inside the directory.
 //
 // Thread safety: free functions; saving into one directory is the chief's job (one writer of
 // the manifest and state file). Errors: errc::io_error (a file cannot be created, written,
 // renamed), errc::invalid_argument (a name or state that cannot be written).
 #pragma once
 
+#include <dtf/checkpoint/atomic_file.hpp>
 #include <dtf/checkpoint/format.hpp>
 #include <dtf/checkpoint/reader.hpp>
-#include <dtf/detail/sha256.hpp>
 #include <dtf/error.hpp>
 #include <dtf/variable.hpp>
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/random.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <functional>
-#include <cerrno>
 #include <cstdint>
-#include <functional>
-#include <cstring>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,120 +32,9 @@ struct checkpoint_options {
   std::size_t max_to_keep = 5;    ///< older ones are deleted; 0 keeps all
 };
 
-/// Testing aid for crash safety: makes a write stop after `abort_after_bytes` bytes of a file,
-/// leaving its temporary file on disk as a crash would, and throw errc::io_error — or, with
-/// kill_process, SIGKILL this very process there (a real crash in the middle of a save).
-struct checkpoint_fault {
-  std::uint64_t abort_after_bytes = 0;  ///< 0: off
-  /// SIGKILL this process at that point instead of throwing.
-  bool kill_process = false;
-  /// Tests: called on a parameter server's save thread before it writes its files.
-  std::function<void()> before_write;
-};
-
 namespace detail::ckpt {
 
-/// A contiguous byte range to write.
-struct piece {
-  const void* data;
-  std::size_t size;
-};
-
-/// What was written.
-struct written {
-  std::uint64_t bytes = 0;
-  std::string sha256;
-};
-
-inline void fsync_directory(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw error(errc::io_error, "cannot open directory " + dir.string() + ": " + errno_text());
-  const int rc = ::fsync(fd);
-  const int saved = errno;
-  ::close(fd);
-  if (rc != 0 && saved != EINVAL)  // some file systems cannot sync a directory
-    throw error(errc::io_error, "cannot sync directory " + dir.string() + ": " + std::strerror(saved));
-}
-
-/// 16 hex digits from the kernel's random source: a temporary name nobody predicted.
-inline std::string random_suffix() {
-  std::uint64_t r = 0;
-  auto* at = reinterpret_cast<char*>(&r);
-  for (std::size_t got = 0; got < sizeof r;) {
-    const ssize_t n = ::getrandom(at + got, sizeof r - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw error(errc::io_error, std::string("getrandom: ") + errno_text());
-    }
-    got += std::size_t(n);
-  }
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string s(16, '0');
-  for (std::size_t i = 0; i < 16; ++i) s[i] = hex[(r >> (4 * i)) & 0xf];
-  return s;
-}
-
-/// Creates FINAL.tmp.<random> exclusively, never through a symlink. Returns its descriptor.
-inline int create_temporary(const std::filesystem::path& path, std::filesystem::path& tmp) {
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    tmp = std::filesystem::path(path.string() + ".tmp." + random_suffix());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd >= 0) return fd;
-    if (errno != EEXIST) throw error(errc::io_error, "cannot create " + tmp.string() + ": " + errno_text());
-  }
-  throw error(errc::io_error, "cannot create a temporary file beside " + path.string() + ": every name taken");
-}
-
-/// Writes `pieces` to `path` crash-safely (see the file comment).
-inline written write_atomically(const std::filesystem::path& path, std::span<const piece> pieces,
-                                const checkpoint_fault& fault = {}) {
-  std::filesystem::path tmp;
-  const int fd = create_temporary(path, tmp);
-  sha256 h;
-  written w;
-  auto fail = [&](const std::string& what) {
-    if (fault.kill_process && what.rfind("fault injection", 0) == 0) ::kill(::getpid(), SIGKILL);
-    ::close(fd);
-    throw error(errc::io_error, what);
-  };
-  for (const auto& p : pieces) {
-    const auto* at = static_cast<const char*>(p.data);
-    std::size_t left = p.size;
-    h.update(p.data, p.size);
-    while (left > 0) {
-      std::size_t chunk = std::min<std::size_t>(left, std::size_t(1) << 30);
-      if (fault.abort_after_bytes != 0) {
-        if (w.bytes >= fault.abort_after_bytes)
-          fail("fault injection: write of " + path.string() + " aborted after " + std::to_string(w.bytes) + " bytes");
-        chunk = std::min<std::size_t>(chunk, fault.abort_after_bytes - w.bytes);
-      }
-      const ssize_t n = ::write(fd, at, chunk);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        fail("cannot write " + tmp.string() + ": " + errno_text());
-      }
-      at += n;
-      left -= std::size_t(n);
-      w.bytes += std::uint64_t(n);
-    }
-  }
-  if (fault.abort_after_bytes != 0 && w.bytes >= fault.abort_after_bytes)
-    fail("fault injection: write of " + path.string() + " aborted after " + std::to_string(w.bytes) + " bytes");
-  if (::fsync(fd) != 0) fail("cannot sync " + tmp.string() + ": " + errno_text());
-  if (::close(fd) != 0) throw error(errc::io_error, "cannot close " + tmp.string() + ": " + errno_text());
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw error(errc::io_error, "cannot rename " + tmp.string() + " to " + path.string() + ": " + errno_text());
-  fsync_directory(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
-  w.sha256 = h.hex();
-  return w;
-}
-
-inline written write_text_atomically(const std::filesystem::path& path, const std::string& text) {
-  const piece p{text.data(), text.size()};
-  return write_atomically(path, std::span<const piece>(&p, 1));
-}
-
-/// One shard as a ps saves it: its values and slots (pointers into a snapshot).
+/// One shard as a ps saves it: its values and slots (pointers to them or to their copies).
 struct shard_record {
   std::uint32_t id = 0;
   std::uint64_t size = 0;
@@ -164,32 +42,81 @@ struct shard_record {
   std::vector<const float*> tensors;  ///< values, then num_slots slots
 };
 
+// Checks that `name` names ps `ps`'s shard file inside `dir` (`who` names the caller in the
+// error) and creates `dir`; returns the file's record, its bytes and SHA-256 still to fill.
+inline checkpoint_file shard_file_of(const std::filesystem::path& dir, const std::string& name, std::size_t ps,
+                                     std::size_t num_ps, const char* who) {
+  if (!confined_name(manifest_file_name(name)) || ps >= num_ps)
+    throw error(errc::invalid_argument, std::string(who) + ": '" + name.substr(0, 64) + "' (ps " + std::to_string(ps) +
+                                            " of " + std::to_string(num_ps) + ") names no file inside " + dir.string());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw error(errc::io_error, "cannot create checkpoint directory " + dir.string() + ": " + ec.message());
+  checkpoint_file f;
+  f.name = shard_file_name(name, ps, num_ps);
+  f.ps = ps;
+  return f;
+}
+
+// A shard file's JSON header (layout in dtf/checkpoint.hpp).
+inline std::string shard_header_text(std::size_t ps, std::size_t num_ps, std::int64_t global_step,
+                                     std::size_t num_slots, const std::vector<shard_record>& records) {
+  nlohmann::json header{{"format", 1}, {"ps", ps}, {"num_ps", num_ps}, {"global_step", global_step},
+                        {"num_slots", num_slots}, {"entries", nlohmann::json::array()}};
+  for (const auto& r : records)
+    header["entries"].push_back({{"shard", r.id}, {"size", r.size}, {"iterations", r.iterations}});
+  return header.dump();
+}
+
 /// Writes one ps's shard file of checkpoint `name` (crash-safely). Returns its file record.
 /// Errors: invalid_argument when `name` is not a plain file name; io_error.
 inline checkpoint_file write_shard_file(const std::filesystem::path& dir, const std::string& name, std::size_t ps,
                                         std::size_t num_ps, std::int64_t global_step, std::size_t num_slots,
                                         const std::vector<shard_record>& records, const checkpoint_fault& fault = {}) {
-  if (!confined_name(manifest_file_name(name)) || ps >= num_ps)
-    throw error(errc::invalid_argument, "write_shard_file: '" + name.substr(0, 64) + "' (ps " + std::to_string(ps) +
-                                            " of " + std::to_string(num_ps) + ") names no file inside " + dir.string());
-  nlohmann::json header{{"format", 1}, {"ps", ps}, {"num_ps", num_ps}, {"global_step", global_step},
-                        {"num_slots", num_slots}, {"entries", nlohmann::json::array()}};
-  for (const auto& r : records) {
-    DTF_ASSERT(r.tensors.size() == 1 + num_slots, "a shard record carries its values and every slot");
-    header["entries"].push_back({{"shard", r.id}, {"size", r.size}, {"iterations", r.iterations}});
-  }
-  const std::string text = header.dump();
+  auto f = shard_file_of(dir, name, ps, num_ps, "write_shard_file");
+  const std::string text = shard_header_text(ps, num_ps, global_step, num_slots, records);
   std::uint64_t len = text.size();
   std::vector<piece> pieces{{shard_magic, sizeof shard_magic}, {&len, sizeof len}, {text.data(), text.size()}};
-  for (const auto& r : records)
+  for (const auto& r : records) {
+    DTF_ASSERT(r.tensors.size() == 1 + num_slots, "a shard record carries its values and every slot");
     for (const float* t : r.tensors) pieces.push_back({t, r.size * sizeof(float)});
-  checkpoint_file f;
-  f.name = shard_file_name(name, ps, num_ps);
-  f.ps = ps;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw error(errc::io_error, "cannot create checkpoint directory " + dir.string() + ": " + ec.message());
+  }
   const auto w = write_atomically(dir / f.name, pieces, fault);
+  f.bytes = w.bytes;
+  f.sha256 = w.sha256;
+  return f;
+}
+
+/// The same file, written without holding every shard: `records` give each shard's id and size,
+/// and copy(r), called for each in the file's order just before its bytes are written, sets
+/// r.iterations and r.tensors (valid until the next call). Memory: what `copy` holds. The header
+/// comes first in the file but its iterations are known only as the shards are copied: its
+/// length is reserved with every count at its widest (INT64_MIN's 20 characters), and the real
+/// header is written over the reservation at the end, padded with spaces (JSON whitespace, which
+/// the reader's parse of the declared length accepts); the SHA-256 is then computed by reading
+/// the file back, before it is synced and renamed.
+inline checkpoint_file stream_shard_file(const std::filesystem::path& dir, const std::string& name, std::size_t ps,
+                                         std::size_t num_ps, std::int64_t global_step, std::size_t num_slots,
+                                         std::vector<shard_record> records,
+                                         const std::function<void(shard_record&)>& copy,
+                                         const checkpoint_fault& fault = {}) {
+  auto f = shard_file_of(dir, name, ps, num_ps, "stream_shard_file");
+  for (auto& r : records) r.iterations = std::numeric_limits<std::int64_t>::min();
+  const std::uint64_t len = shard_header_text(ps, num_ps, global_step, num_slots, records).size();
+  atomic_file out(dir / f.name, fault, true);
+  out.append(shard_magic, sizeof shard_magic);
+  out.append(&len, sizeof len);
+  out.append(std::string(len, ' ').data(), len);
+  for (auto& r : records) {
+    copy(r);
+    DTF_ASSERT(r.tensors.size() == 1 + num_slots, "a shard record carries its values and every slot");
+    for (const float* t : r.tensors) out.append(t, r.size * sizeof(float));
+  }
+  std::string text = shard_header_text(ps, num_ps, global_step, num_slots, records);
+  DTF_ASSERT(text.size() <= len, "a shard file's header fits the length reserved for it");
+  text.resize(len, ' ');
+  out.overwrite(shard_prefix_bytes, text.data(), text.size());
+  const auto w = out.commit();
   f.bytes = w.bytes;
   f.sha256 = w.sha256;
   return f;

@@ -1,7 +1,9 @@
 // dtf/ps/save_thread.hpp — where a parameter server writes its checkpoint files: a thread of
 // its own, so the I/O threads go on serving pulls and pushes while a multi-GiB file is written
-// (the shards were copied under the ps's locks before: dtf/ps/shard_snapshot.hpp). One save at
-// a time: a save that arrives while the previous one is still writing waits for it.
+// (each shard copied under its lock just before its bytes are written, into one buffer: a save
+// holds at most one shard's values and slots, dtf/ps/shard_snapshot.hpp). One save at a time:
+// a save that arrives while the previous one is still writing waits for it (so at most one
+// such buffer exists).
 #pragma once
 
 #include <functional>

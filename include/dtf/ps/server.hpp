@@ -30,7 +30,8 @@
 //   init; init, restore, save, hold the steps or shut down the ps when ps_options::chief names
 //   another task; choose where checkpoints are written or read (ps_options::checkpoint_dir;
 //   names are confined to it, the writer never follows a symlink). Saves are written on a
-//   thread of their own (dtf/ps/save_thread.hpp).
+//   thread of their own (dtf/ps/save_thread.hpp), each shard copied in its turn: a save holds at
+//   most one shard's values and slots more than the model (dtf/ps/shard_snapshot.hpp).
 // What a peer can do: everything an authenticated worker may — push finite garbage, push to
 // ps 0 without shards to advance the step when ps 0 holds none, forward a decision of its own
 // making (N distinct parts staged on the ps: which of them a step applies); without ps_options::chief,
@@ -271,36 +272,37 @@ class parameter_server {
     status(reply);
   }
 
-  // Snapshot of every shard, then the file is written outside the locks, on the save thread,
-  // into this ps's own checkpoint directory (dtf/ps/shard_snapshot.hpp); answered from there.
+  // Written on the save thread, into this ps's own checkpoint directory, each shard copied in
+  // its turn (dtf/ps/shard_snapshot.hpp: at most one shard's copy is held); answered from there.
+  // The save thread holds shards_mu_ (shared) for the whole write: an init or restore waits for
+  // it, pulls and pushes go on. Synchronous training also holds step_mu_ (shared), so the file
+  // is of one step: that step's apply waits (the chief holds ps 0's decisions while it saves).
   void save(const rpc_peer& peer, const detail::ps_save_msg& m, rpc_reply& reply) {
     if (options_.checkpoint_dir.empty())
       throw error(errc::invalid_config, options_.transport.identity + " has no checkpoint directory (ps_options::checkpoint_dir)");
-    detail::ps_saved_msg out;
-    ps_detail::shard_snapshot snap;
-    {
-      std::shared_lock lock(shards_mu_);
-      if (!sparse_.holds_tables()) require_initialized();  // a model of tables alone saves them
-      // Synchronous training: the shards and the step of one step (its apply holds step_mu_).
-      std::shared_lock step_lock(step_mu_, std::defer_lock);
-      if (synchronous_) step_lock.lock();
-      out.global_step = global_step_.load();
-      if (m.at_step && *m.at_step != out.global_step)
-        throw error(errc::peer_failure, options_.transport.identity + " is at step " + std::to_string(out.global_step) +
-                                            ", the checkpoint is of step " + std::to_string(*m.at_step));
-      out.rule = store_.rule_name();
-      snap = ps_detail::snapshot_shards(store_, out);
-    }
     reply.deferred = true;
-    saves_.run([this, m, out, snap = std::move(snap), respond = peer.defer()]() mutable {
+    saves_.run([this, m, respond = peer.defer()]() mutable {
       rpc_reply r;
       try {
         if (options_.save_fault.before_write) options_.save_fault.before_write();
-        ps_detail::write_snapshot(snap, options_.checkpoint_dir, m, options_.save_fault, out);
+        detail::ps_saved_msg out;
+        {
+          std::shared_lock lock(shards_mu_);
+          if (!sparse_.holds_tables()) require_initialized();  // a model of tables alone saves them
+          std::shared_lock step_lock(step_mu_, std::defer_lock);
+          if (synchronous_) step_lock.lock();
+          out.global_step = global_step_.load();
+          if (m.at_step && *m.at_step != out.global_step)
+            throw error(errc::peer_failure, options_.transport.identity + " is at step " +
+                                                std::to_string(out.global_step) + ", the checkpoint is of step " +
+                                                std::to_string(*m.at_step));
+          out.rule = store_.rule_name();
+          ps_detail::save_shards(store_, options_.checkpoint_dir, m, options_.save_fault, out);
+        }
         sparse_.save(options_.checkpoint_dir, m, options_.save_fault, out);
         detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": saved " +
-                                                 std::to_string(snap.records.size()) + " shards to " + out.file +
-                                                 " (" + std::to_string(out.bytes) + " bytes) at global step " +
+                                                 std::to_string(out.ids.size()) + " shards to " + out.file + " (" +
+                                                 std::to_string(out.bytes) + " bytes) at global step " +
                                                  std::to_string(out.global_step));
         r.meta = detail::encode_message(out);
       } catch (const error& e) {

@@ -8,7 +8,7 @@
 // Modes: locked (the shard's mutex is held for the whole update, and a pull leases the values
 // under it, so a pull never sees an update half-applied; the reply is written from the leased
 // buffer without a copy: see shard_values) and lock-free (Hogwild; a pull, and a checkpoint's
-// snapshot, copy with relaxed atomic loads: copy_out). Lock-free is allowed only
+// save, copy with relaxed atomic loads: copy_out). Lock-free is allowed only
 // for plain SGD, whose only state is the update count: every element is updated with an atomic
 // relaxed fetch_add (updates from several I/O threads interleave element by element, none is
 // lost, and none is a data race) and the count is an atomic. Rules with slots (momentum,
@@ -355,6 +355,7 @@ class shard_store {
   static std::int64_t iterations(const shard& s) { return s.opt->iterations() + s.lock_free_iterations.load(); }
 
   apply_mode mode() const noexcept { return mode_; }
+  const optim::rule& rule() const noexcept { return rule_; }  ///< the rule of every shard
   const std::string& rule_name() const noexcept { return rule_name_; }
   const std::map<std::uint32_t, std::unique_ptr<shard>>& shards() const noexcept { return shards_; }
 
