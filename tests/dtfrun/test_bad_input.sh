@@ -44,6 +44,8 @@ bad "--max-restarts needs N or role=N" --max-restarts ps=1,,worker=2 -- touch "$
 bad "--max-restarts worker needs a whole number" --max_restarts ps=1,worker= -- touch "$sentinel"
 bad "--max-restarts names 'ps' twice" --max-restarts ps=1,ps=2 -- touch "$sentinel"
 bad "--restart-delay-ms needs a whole number" --restart-delay-ms -5 -- touch "$sentinel"
+bad "--worker-failures-allowed needs a whole number from 0 to 1024" --worker-failures-allowed x -- touch "$sentinel"
+bad "--worker_failures_allowed needs a whole number" --worker_failures_allowed=1025 -- touch "$sentinel"
 bad "cannot resolve --host" --host no-such-host.invalid -- touch "$sentinel"
 
 bad "--port-base needs a whole number" --port-base 70000 -- touch "$sentinel"

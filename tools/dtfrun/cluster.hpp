@@ -33,6 +33,7 @@ struct task {
   pid_t pid = -1;       // also the task's process group id; -1 while not started
   bool running = false;
   std::optional<task_end> end;  // of the latest run
+  bool failed = false;          // failed by itself (not in a teardown) and not restarted
   long long restarts = 0;       // starts after the first
   std::optional<steady::time_point> restart_at;  // a failed task waiting to start again
   task_view view;  // progress tokens from its output, CPU and memory from /proc

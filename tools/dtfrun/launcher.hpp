@@ -199,6 +199,7 @@ class launcher {
       if (phase_ == phase::running && t.end->failed() && restarts_left(t, opts_.max_restarts)) {
         schedule_restart(t, &t == chief_, opts_);
       } else if (phase_ == phase::running || phase_ == phase::stopping) {
+        t.failed = phase_ == phase::running && t.end->failed();
         say(t.name + " (chief) ended (" + t.end->describe() + ")" + after_restarts(t) +
             (phase_ == phase::stopping ? " after the stop request" : ""));
         if (phase_ == phase::running) exit_status_ = t.end->shell_status();
@@ -214,9 +215,13 @@ class launcher {
     if (!t.end->failed()) return;
     if (may_restart && restarts_left(t, opts_.max_restarts)) {
       schedule_restart(t, &t == chief_, opts_);
-    } else if (phase_ == phase::running) {
+      return;
+    }
+    t.failed = phase_ != phase::terminating && phase_ != phase::killing;
+    if (phase_ == phase::running && let_worker_fail(t)) return;
+    if (phase_ == phase::running) {
       say(t.name + " failed (" + t.end->describe() + ")" + after_restarts(t) +
-          "; tearing down the cluster");
+          allowance_used_up(t) + "; tearing down the cluster");
       exit_status_ = exit_failure;
       begin_terminate();
     } else if (phase_ == phase::stopping) {
@@ -225,6 +230,27 @@ class launcher {
     } else if (phase_ == phase::grace) {
       say(t.name + " failed (" + t.end->describe() + ") after the chief ended");
     }
+  }
+
+  // --worker-failures-allowed: a worker (never the chief) that failed for good while fewer than
+  // K have leaves the job running. Whatever it left in its process group is killed, as before
+  // a restart; its zombie, reaped at the end, keeps the group id reserved for signal_all.
+  bool let_worker_fail(task& t) {
+    if (t.job != "worker" || worker_failures_ >= opts_.worker_failures_allowed) return false;
+    ++worker_failures_;
+    say(t.name + " failed (" + t.end->describe() + ")" + after_restarts(t) + "; " +
+        std::to_string(worker_failures_) + " of " + std::to_string(opts_.worker_failures_allowed) +
+        " allowed worker failures: the job goes on without it");
+    ::kill(-t.pid, SIGKILL);
+    return true;
+  }
+
+  // For the worker failure that tears the job down although some were allowed.
+  std::string allowance_used_up(const task& t) const {
+    const long long k = opts_.worker_failures_allowed;
+    if (t.job != "worker" || k == 0) return "";
+    return k == 1 ? "; the 1 allowed worker failure is used up"
+                  : "; the " + std::to_string(k) + " allowed worker failures are used up";
   }
 
   // Starts the failed tasks whose restart delay is over.
@@ -389,6 +415,7 @@ class launcher {
   std::optional<steady::time_point> deadline_;      // of the current phase
   std::optional<steady::time_point> job_deadline_;  // --timeout_s, while running
   std::optional<int> exit_status_;
+  long long worker_failures_ = 0;  // let go under --worker-failures-allowed
 };
 
 }  // namespace dtfrun

@@ -133,6 +133,7 @@ class job_monitor {
     if (t.running) return "running";
     if (t.restart_at) return "restarting";
     if (!t.end) return "not started";
+    if (t.failed) return "failed (" + t.end->describe() + ")";
     return t.end->failed() ? t.end->describe() : "done";
   }
 

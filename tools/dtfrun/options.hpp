@@ -58,6 +58,11 @@ options:
                   role, a role left out gets 0 (default 0)
   --restart_delay_ms MS
                   wait before a failed task is started again (default 1000)
+  --worker-failures-allowed K
+                  how many worker tasks (role worker only: not the chief, a ps or the
+                  evaluator) may fail with no restarts left without ending the job;
+                  the others go on without them, and the job's status is still the
+                  chief's (default 0)
   --live, --no-live
                   force the live view on or off (default: on when stdout is a
                   terminal)
@@ -91,7 +96,9 @@ restarts: a failed task with restarts left is started again with the same TF_CON
 (same address and port) and DTF_RESTART_COUNT=<k> (0 on the first start); whatever it
 left running in its process group is killed first. This holds for the chief too; a
 chief that exits with status 0 ends the job. A task without restarts left that fails
-ends the job as described below, with a line saying which task failed and how.
+ends the job as described below, with a line saying which task failed and how; up to
+--worker-failures-allowed workers may fail that way, each with a line saying the job
+goes on without it (a synchronous job with backup workers can finish without them).
 
 SIGINT (Ctrl-C): the first asks the chief to stop: SIGTERM goes to the chief's process
 group only (a dtf chief saves a checkpoint and ends the job normally); the other tasks
@@ -107,7 +114,8 @@ processes they started).
 exit status:
   the chief's       when the chief ends the job (128+N if signal N killed the chief)
   1                 a non-chief task failed (non-zero exit or killed by a signal) with no
-                    restarts left before the chief ended, or a task could not be started
+                    restarts left before the chief ended (a worker: beyond
+                    --worker-failures-allowed), or a task could not be started
   2                 bad command line; nothing was started
   124               the --timeout_s limit was reached
   128+N             dtfrun got signal N (SIGHUP 129, SIGINT 130, SIGTERM 143); after a
@@ -139,6 +147,7 @@ struct options {
   long long timeout_s = 0;
   restart_limits max_restarts;
   long long restart_delay_ms = 1000;
+  long long worker_failures_allowed = 0;  // workers that may fail for good, the job going on
   std::optional<long long> port_base;
   std::optional<bool> live;  // unset: when stdout is a terminal
   bool print_tf_config = false;
@@ -203,7 +212,8 @@ inline options parse_options(int argc, char** argv) {
     const bool takes_value = name == "ps" || name == "workers" || name == "host" ||
                              name == "grace_ms" || name == "timeout_s" ||
                              name == "max_restarts" || name == "restart_delay_ms" ||
-                             name == "port_base" || name == "hosts" || name == "task";
+                             name == "worker_failures_allowed" || name == "port_base" ||
+                             name == "hosts" || name == "task";
     if (!takes_value) {
       throw usage_error("unknown flag '--" + std::string(written) + "' (see dtfrun --help)");
     }
@@ -221,6 +231,8 @@ inline options parse_options(int argc, char** argv) {
       opts.max_restarts = parse_restarts(value);
     } else if (name == "restart_delay_ms") {
       opts.restart_delay_ms = parse_count(written, value, 1'000'000'000LL);
+    } else if (name == "worker_failures_allowed") {
+      opts.worker_failures_allowed = parse_count(written, value, max_tasks_per_job);
     } else if (name == "port_base") {
       opts.port_base = parse_count(written, value, 65535);
       if (*opts.port_base == 0) throw usage_error("--" + std::string(written) + " needs a port from 1 to 65535");
