@@ -280,7 +280,7 @@ class parameter_server {
   void save(const rpc_peer& peer, const detail::ps_save_msg& m, rpc_reply& reply) {
     if (options_.checkpoint_dir.empty())
       throw error(errc::invalid_config, options_.transport.identity + " has no checkpoint directory (ps_options::checkpoint_dir)");
-    reply.deferred = true;
+    reply.deferred = true;  // answered by the save thread
     saves_.run([this, m, respond = peer.defer()]() mutable {
       rpc_reply r;
       try {
@@ -293,9 +293,8 @@ class parameter_server {
           if (synchronous_) step_lock.lock();
           out.global_step = global_step_.load();
           if (m.at_step && *m.at_step != out.global_step)
-            throw error(errc::peer_failure, options_.transport.identity + " is at step " +
-                                                std::to_string(out.global_step) + ", the checkpoint is of step " +
-                                                std::to_string(*m.at_step));
+            throw error(errc::peer_failure, options_.transport.identity + " is at step " + std::to_string(out.global_step) +
+                                                ", the checkpoint is of step " + std::to_string(*m.at_step));
           out.rule = store_.rule_name();
           ps_detail::save_shards(store_, options_.checkpoint_dir, m, options_.save_fault, out);
         }
@@ -436,8 +435,7 @@ class parameter_server {
   ps_detail::position_table positions_{options_};  // the training tasks' data positions (their own lock)
   std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
   std::atomic<std::int64_t> global_step_{0};
-  std::atomic<std::uint64_t> updates_{0};
-  std::atomic<std::uint64_t> pieced_{0};
+  std::atomic<std::uint64_t> updates_{0}, pieced_{0};
   std::atomic<std::uint64_t> generation_{0};  // the model's replacements (init, restore): see push_pieces
   std::atomic<std::uint64_t> model_bytes_{0};  // the dense shards held here, in bytes (init/restore)
   ps_detail::done_registry done_{options_};  // tasks that reported the end of their training (its own lock)
