@@ -30,7 +30,7 @@ run_job() {
   local name=$1 log="$work/$1.log" job victim status t
   shift
   "$dtfrun" --ps 2 --workers 3 "$@" --grace_ms 20000 -- "$example/sync_sgd" \
-    --replicas_to_aggregate 2 --epochs 4 --train_examples 3000 --log_every 5 --timeout_ms 20000 >"$log" 2>&1 &
+    --replicas_to_aggregate 2 --epochs 4 --train_examples 12000 --log_every 5 --timeout_ms 20000 >"$log" 2>&1 &
   job=$!
   pids+=("$job")
   wait_until 120 grep -q "^worker.1 .*step=[0-9]" "$log" || fail "$name: worker.1 never trained: $(tail -5 "$log")"
@@ -53,6 +53,8 @@ grep -q "worker.1 .*restart" "$work/restarts.log" || grep -qi "restarting worker
 grep "dtfrun:.*worker.1\|^worker.1 .*\(resum\|done at\)" "$work/restarts.log"
 
 run_job allowed --worker-failures-allowed 1
+grep -q "^worker.1 .*done at" "$work/allowed.log" &&
+  fail "allowed: worker.1 finished before it was killed (the job is too short for this test)"
 grep -q "worker.1 failed .*the job goes on without it" "$work/allowed.log" ||
   fail "allowed: dtfrun did not let the job go on: $(grep -m2 'dtfrun:' "$work/allowed.log")"
 grep -q "^ps.0 .*worker.1 left without its done report" "$work/allowed.log" ||
