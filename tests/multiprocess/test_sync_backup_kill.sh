@@ -57,7 +57,9 @@ grep -q "^worker.1 .*done at" "$work/allowed.log" &&
   fail "allowed: worker.1 finished before it was killed (the job is too short for this test)"
 grep -q "worker.1 failed .*the job goes on without it" "$work/allowed.log" ||
   fail "allowed: dtfrun did not let the job go on: $(grep -m2 'dtfrun:' "$work/allowed.log")"
-grep -q "^ps.0 .*worker.1 left without its done report" "$work/allowed.log" ||
-  fail "allowed: ps.0 did not count worker.1 as finished"
+# The chief learns the done tasks from every ps: one that saw worker.1 leave is enough (a ps
+# may see the connection end only after the job ended, e.g. one whose request it was answering).
+grep -q "^ps\.[01] .*worker.1 left without its done report" "$work/allowed.log" ||
+  fail "allowed: no ps counted worker.1 as finished"
 grep "dtfrun:.*worker.1\|worker.1 left" "$work/allowed.log"
 echo "PASS"
