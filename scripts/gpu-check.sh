@@ -5,8 +5,9 @@
 # machine, configures the CUDA build for the card's architecture, builds the tests, examples and
 # benchmarks, and runs each part under its own time limit, going on after a part fails:
 #
-#   tests       dtf_tests (the whole unit suite on the GPU), then the other ctest entries that
-#               make sense on one GPU (the launcher's; the NCCL check skips itself below 2 GPUs)
+#   tests       dtf_tests (the whole unit suite on the GPU), each case in a process of its own
+#   ctest       the other ctest entries that make sense on one GPU (the launcher's; the NCCL
+#               check skips itself below 2 GPUs)
 #   sanitizer   compute-sanitizer memcheck over the tensor and nn tests
 #   examples    non_distributed, ring_allreduce (2 processes on the one GPU, TCP ring) and
 #               sync_sgd (1 ps, 2 workers) under dtfrun, with test accuracy
@@ -23,7 +24,7 @@
 #                       (non_distributed, dtfrun, or $DTF_GPU_TARGETS) and one short run
 #     --configure-only  stop after the configure step (scripts/gpu-rehearse.sh)
 #     --no-build        run the parts on the build already there (a second call on the same machine)
-#     --parts LIST      comma-separated subset of tests,sanitizer,examples,bench
+#     --parts LIST      comma-separated subset of tests,ctest,sanitizer,examples,bench
 # Environment: DTF_GPU_BUNDLE (default .gpu-bundle), DTF_GPU_PREFIX (default
 # /tmp/dtf-gpu-prefix-UID, emptied first), DTF_GPU_BUILD (default build-gpu, or build-gpu-dry), DTF_GPU_JOBS (default nproc).
 set -uo pipefail
@@ -33,7 +34,7 @@ budget=510
 mode=gpu
 configure_only=0
 no_build=0
-parts=tests,sanitizer,examples,bench
+parts=tests,ctest,sanitizer,examples,bench
 while (($#)); do
   case $1 in
     --budget) budget=$2; shift 2 ;;
@@ -227,7 +228,8 @@ if [[ $mode == gpu ]]; then
           -DCMAKE_CUDA_FLAGS=-allow-unsupported-compiler  # a host g++ newer than nvcc lists
           -DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES="$extra_includes" "${cublas_args[@]}" "${nccl_args[@]}")
   targets=()
-  want tests && targets+=(dtf_tests dtfrun) && ((have_nccl)) && targets+=(dtf_nccl_backend_check)
+  want tests && targets+=(dtf_tests)
+  want ctest && targets+=(dtf_tests dtfrun) && ((have_nccl)) && targets+=(dtf_nccl_backend_check)
   want sanitizer && targets+=(dtf_tests)
   want examples && targets+=(non_distributed ring_allreduce sync_sgd dtfrun)
   want bench && targets+=(bench_gpu)
@@ -301,10 +303,10 @@ isolated_tests() {
 }
 note_ctest() { grep -E "tests passed|Not Run|\*\*\*Skipped|Failed " "$1" | head -6 | cut -c1-160; }
 note_sanitizer() { grep -E "ERROR SUMMARY|All tests passed|test cases:" "$1" | tail -2; }
-if want tests && has "$t" tests; then
+if { want tests || want ctest; } && has "$t" tests; then
   say "GPUs visible: $gpus. With one GPU, mirrored's replicas share it (its NCCL reduction across GPUs needs 2 or more) and nccl_backend_check skips itself (exit 77)."
-  part tests 170 isolated_tests
-  part ctest 90 ctest --test-dir "$build" -E '^(dtf_tests|install_and_consume)$' -j 8 --timeout 60 --output-on-failure
+  want tests && part tests 200 isolated_tests
+  want ctest && part ctest 90 ctest --test-dir "$build" -E '^(dtf_tests|install_and_consume)$' -j 8 --timeout 60 --output-on-failure
 fi
 if want examples; then
   note_non_distributed() { acc "$logs/nd.json"; }
