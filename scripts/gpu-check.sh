@@ -61,6 +61,7 @@ failures=0
 
 say() { echo "$*" | tee -a "$summary"; }
 want() { [[ ",$parts," == *",$1,"* ]]; }
+want_any_tests() { want tests || want ctest || want sanitizer; }
 # part NAME LIMIT CMD...: runs CMD under min(LIMIT, time left) seconds, its output in
 # logs/NAME.log; prints and records "| NAME | ok/FAILED/TIMED OUT/skipped | seconds | note |",
 # the note from the function note_NAME if there is one (it reads the log).
@@ -259,6 +260,19 @@ keep_going=(-k)
 [[ ${#generator[@]} -gt 0 ]] && keep_going=(-k 0)
 note_build() { grep -cE "error:|Error [0-9]" "$1" | sed 's/^/errors: /'; grep -m3 -E "error:" "$1" | cut -c1-160; }
 ((no_build)) || part build 330 cmake --build "$build" -j "$jobs" --target "${targets[@]}" -- "${keep_going[@]}"
+# A test source that nvcc could not compile is left out of dtf_tests (DTF_TEST_EXCLUDE), and
+# the rest built again, so the other test cases still run; the summary names what was left out.
+failed_test_sources() { grep -E '^FAILED: |\] Error [0-9]' "$logs/build.log" 2>/dev/null |
+  grep -oE 'tests/CMakeFiles/dtf_tests\.dir/[A-Za-z0-9_]+\.cpp\.o' |
+  sed -E 's|.*/||; s|\.o$||' | sort -u | paste -sd ';'; }
+if ((!no_build)) && [[ $mode == gpu && ! -x $build/tests/dtf_tests ]] && want_any_tests; then
+  excluded=$(failed_test_sources)
+  if [[ -n $excluded ]]; then
+    say "| dtf_tests | without $excluded | 0 | nvcc could not compile them (build.log): built again without them |"
+    part configure_without 60 cmake -S "$root" -B "$build" -DDTF_TEST_EXCLUDE="$excluded" &&
+      part build_without 240 cmake --build "$build" -j "$jobs" --target dtf_tests -- "${keep_going[@]}"
+  fi
+fi
 # has PROGRAM PART: whether the build made PROGRAM; if not, PART is recorded as not built.
 has() {
   [[ -x $1 ]] && return 0
