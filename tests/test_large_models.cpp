@@ -1,7 +1,7 @@
 // Transfers cut into bounded requests (docs/design/large-models.md): a ps's share of an init,
 // pull, push or restore goes in parts of at most transport_options::max_request_bytes. The
 // values must be exactly those of an independent computation, a push in parts must count once,
-// and a ps must refuse parts out of order.
+// and a ps must refuse parts out of order; a synchronous contribution's part goes in segments.
 #include <catch2/catch.hpp>
 
 #include <dtf/checkpoint.hpp>
