@@ -100,11 +100,10 @@ class sync_client {
         throw error(errc::shape_mismatch, "push_sync: rows of table " + std::to_string(r.table) + " (" +
                                               std::to_string(r.ids.size()) + " ids, " + std::to_string(r.rows.size()) +
                                               " floats of dim " + std::to_string(r.dim) + ") laid out for another ps count");
-    // Each ps's part in segments of whole shards (host memory: dtf/ps/request_parts.hpp; device
-    // memory: one per ps, checked against the frame limit), the rows with the last, or alone
-    // after it when they would take the last over the bound.
+    // Each ps's part in segments of whole shards (dtf/ps/request_parts.hpp), the rows with the
+    // last, or alone after it when they would take the last over the bound.
     std::vector<std::vector<std::vector<std::uint32_t>>> segments(self().layout().num_ps);
-    for (auto& [ps, ids] : self().parts_for(attach, "push_sync")) segments[ps].push_back(std::move(ids));
+    for (const auto& [ps, ids] : self().parts_for("push_sync")) segments[ps].push_back(ids);
     const auto& t = self().transport();
     const std::uint64_t bound = std::min<std::uint64_t>(t.max_request_bytes, t.limits.max_payload_bytes);
     auto bytes_of = [&](const std::vector<std::uint32_t>& ids) {
@@ -135,25 +134,33 @@ class sync_client {
         if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; last && e > b) m.rows.push_back({r.table, e - b});
       if (ps == 0 && position) m.position = *position;
       if (ps == 0) m.all_finite = all_finite;
-      auto c = self().make_call(ps, kind, detail::encode_message(m));
-      if (!ids.empty() || segments[ps].size() == 1) Client::attach_part(attach, c, ps, ids);  // not a segment of rows alone
+      return self().make_call(ps, kind, detail::encode_message(m));
+    };
+    // The payload, attached just before the request goes (a device form's staging buffer is one
+    // per ps): the segment's shards, then the rows.
+    auto attach_to = [&](rpc_call& c, std::size_t ps, std::size_t k) {
+      const auto& ids = segments[ps][k];
+      if (!ids.empty() || segments[ps].size() == 1) attach(c, ps, ids);  // not a segment of rows alone
       for (const auto& r : rows)
-        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; last && e > b) {
+        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; k + 1 == segments[ps].size() && e > b) {
           c.payload.push_back(asio::buffer(r.ids.data() + b, (e - b) * sizeof(std::uint64_t)));
           c.payload.push_back(asio::buffer(r.rows.data() + b * r.dim, (e - b) * r.dim * sizeof(float)));
         }
-      return c;
     };
     // The protocol of dtf/ps/sync_protocol.hpp: the parts are staged on ps 1.. (and the
     // segments of ps 0's before its last on ps 0), then the commit goes to ps 0 with its last
     // segment; ps 0 admits the first N of the step and answers with its decision; the decision
     // is forwarded to ps 1.. (each applies it once). Every request may be retried.
     std::vector<rpc_call> stages;
+    std::vector<std::size_t> segment_of;
     for (std::size_t ps = 0; ps < segments.size(); ++ps)
-      for (std::size_t k = 0; k + (ps == 0) < segments[ps].size(); ++k)
+      for (std::size_t k = 0; k + (ps == 0) < segments[ps].size(); ++k) {
         stages.push_back(call_to(ps, k, detail::message_kind::ps_sync_stage));
-    self().run(stages);
+        segment_of.push_back(k);
+      }
+    self().run(stages, [&](std::size_t i, rpc_call& c) { attach_to(c, c.peer, segment_of[i]); }, [](const rpc_call&) {});
     std::vector<rpc_call> first{call_to(0, segments[0].size() - 1, detail::message_kind::ps_sync_push)};
+    attach_to(first[0], 0, segments[0].size() - 1);
     self().run(first);
     self().track_done(first);
     const auto st0 = detail::decode_message<detail::ps_status_msg>(first[0].reply_meta, "status");
