@@ -1,7 +1,7 @@
 // Transfers cut into bounded requests (docs/design/large-models.md): a ps's share of an init,
 // pull, push or restore goes in parts of at most transport_options::max_request_bytes. The
 // values must be exactly those of an independent computation, a push in parts must count once,
-// and a ps must refuse parts out of order.
+// and a ps must refuse parts out of order; a synchronous contribution's part goes in segments.
 #include <catch2/catch.hpp>
 
 #include <dtf/checkpoint.hpp>
@@ -15,6 +15,7 @@
 #include <random>
 #include <unistd.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -187,7 +188,8 @@ TEST_CASE("a shard no frame can carry is refused before anything is sent, saying
   CHECK_FALSE(cluster.ps[0]->ps->initialized());
   CHECK_FALSE(cluster.ps[1]->ps->initialized());
   std::vector<float> buf(lm::n);
-  CHECK_THROWS_WITH(c.push_sync(buf, 0), Catch::Contains("synchronous contributions are not cut"));
+  CHECK_THROWS_WITH(c.push_sync(buf, 0), Catch::Contains("over the 3000 one frame may carry") &&
+                                             Catch::Contains("max_shard_bytes"));
 }
 
 TEST_CASE("a push whose apply throws part-way counts as one update and names the shards applied",
@@ -232,4 +234,94 @@ TEST_CASE("a push whose apply throws part-way counts as one update and names the
       CHECK(other.push_gradients(lm::seeded(7, 0.1f)).staleness == 1);  // the failed push counted once
     }
   }
+}
+
+TEST_CASE("a synchronous contribution sent in segments averages to exactly the values of momentum SGD",
+          "[ps][parts][sync]") {
+  // N = 2 workers; each ps's part in segments of 2 shards, 1 shard, 1 byte (one shard each) or
+  // whole (0). Every step must apply the average of both workers' gradients once, on both ps.
+  const float lr = 0.05f, mu = 0.9f;
+  for (const std::size_t bytes : {std::size_t(9000), std::size_t(4000), std::size_t(1), std::size_t(0)}) {
+    DYNAMIC_SECTION("requests of at most " << bytes << " bytes") {
+      lm::two_ps cluster;
+      auto w = lm::seeded(8, 1.0f);
+      std::vector<float> v(lm::n, 0.0f);
+      std::vector<std::unique_ptr<dtf::ps_client>> workers;
+      workers.push_back(cluster.client("worker.0", bytes));
+      workers.push_back(cluster.client("worker.1", bytes));
+      workers[0]->initialize(w, {dtf::optim::momentum{lr, mu}, dtf::apply_mode::locked, 2, 2});
+      for (std::uint32_t t = 0; t < 3; ++t) {
+        std::vector<dtf::sync_result> r(2);
+        std::vector<std::thread> threads;
+        for (std::size_t k = 0; k < 2; ++k)
+          threads.emplace_back([&, k] {
+            std::vector<float> got(lm::n);
+            const auto step = workers[k]->pull(got);
+            r[k] = workers[k]->push_sync(lm::seeded(50 + 2 * t + std::uint32_t(k), 0.5f), step);
+          });
+        for (auto& th : threads) th.join();
+        for (const auto& x : r) {
+          CHECK(x.global_step == t + 1);
+          CHECK_FALSE(x.dropped);
+        }
+        const auto g0 = lm::seeded(50 + 2 * t, 0.5f), g1 = lm::seeded(51 + 2 * t, 0.5f);
+        std::vector<float> avg(lm::n);
+        for (std::size_t i = 0; i < lm::n; ++i) avg[i] = (g0[i] + g1[i]) * 0.5f;
+        lm::momentum_step(w, v, avg, lr, mu);
+      }
+      std::vector<float> got(lm::n);
+      CHECK(workers[1]->pull(got) == 3);
+      for (std::size_t i = 0; i < lm::n; ++i) REQUIRE(got[i] == Approx(w[i]).epsilon(1e-6).margin(1e-6));
+    }
+  }
+}
+
+TEST_CASE("a ps refuses segments of a synchronous part out of order, and a retried segment counts once",
+          "[ps][parts][sync][hostile]") {
+  lm::two_ps cluster;
+  auto a = cluster.client("worker.0", 0), b = cluster.client("worker.1", 0);
+  const auto w = lm::seeded(9, 1.0f);
+  a->initialize(w, {dtf::optim::sgd{1.0f}, dtf::apply_mode::locked, 2, 2});
+  const auto g = lm::seeded(10, 0.5f);
+  // Segment k of 2 (3 shards each) of ps `ps`'s part, from client c, as contribution `seq`.
+  auto segment = [&](dtf::ps_client& c, std::size_t ps, std::uint32_t k, std::uint32_t first, dtf::detail::message_kind kind,
+                     std::uint64_t seq = 0) {
+    const auto& ids = c.shards_of(ps);
+    dtf::detail::ps_sync_push_msg m;
+    m.ids.assign(ids.begin() + first, ids.begin() + first + 3);
+    m.segment = k;
+    m.segments = 2;
+    m.incarnation = 7;
+    m.sequence = seq;
+    auto call = c.request(ps, kind, dtf::detail::encode_message(m));
+    for (auto id : m.ids)
+      call.payload.push_back(asio::buffer(g.data() + lm::layout2().shards[id].offset, lm::cols * sizeof(float)));
+    std::vector<dtf::rpc_call> one{std::move(call)};
+    try {
+      c.call_all(one);
+      return std::string();
+    } catch (const dtf::error& e) {
+      return std::string(e.what());
+    }
+  };
+  using k = dtf::detail::message_kind;
+  CHECK_THAT(segment(*a, 1, 1, 3, k::ps_sync_stage), Catch::Contains("staged segment 1 of 2 with 0 staged here"));
+  CHECK_THAT(segment(*a, 0, 1, 3, k::ps_sync_push), Catch::Contains("committed segment 1 of 2 with 0 staged here"));
+  CHECK(segment(*a, 1, 0, 0, k::ps_sync_stage).empty());
+  CHECK_THAT(segment(*a, 1, 1, 0, k::ps_sync_stage), Catch::Contains("must carry every shard of this ps once"));
+  CHECK(segment(*a, 1, 1, 3, k::ps_sync_stage).empty());
+  CHECK(segment(*a, 1, 0, 0, k::ps_sync_stage).empty());  // a retry: kept as first staged
+  CHECK(segment(*a, 0, 0, 0, k::ps_sync_stage).empty());
+  // worker.0's commit waits for worker.1's contribution (whole parts): then step 0 applies the
+  // average of both, each once, on both ps.
+  std::string committed = "unanswered";
+  std::thread commit([&] { committed = segment(*a, 0, 1, 3, k::ps_sync_push); });
+  const auto gb = lm::seeded(11, 0.5f);
+  const auto rb = b->push_sync(gb, 0);
+  commit.join();
+  CHECK(committed.empty());
+  CHECK(rb.global_step == 1);
+  std::vector<float> got(lm::n);
+  CHECK(b->pull(got) == 1);  // forwards the decision to ps 1 if worker.0 did not (it did not: a raw commit)
+  for (std::size_t i = 0; i < lm::n; ++i) REQUIRE(got[i] == Approx(w[i] - (g[i] + gb[i]) * 0.5f).epsilon(1e-6).margin(1e-6));
 }

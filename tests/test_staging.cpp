@@ -259,6 +259,48 @@ TEST_CASE("ps client: device buffers staged in segments give what the host path 
     CHECK(host[i] == Approx(init[i] - 0.5f * grads[i] + deltas[i] - 0.125f * grads[i]));
 }
 
+TEST_CASE("ps client: device buffers go in requests of bounded size, pushes and synchronous contributions too",
+          "[staging][ps][transport][parts]") {
+  // 24 shards of 3 floats or 1 over 2 ps; requests of at most 25 bytes carry 2 to 6 shards, in
+  // frames of at most 30 bytes. Each request's shards must be attached to the ps's staging
+  // buffer when the previous request is answered (one buffer per ps); the ps refuses a request
+  // whose bytes are not its shards', or over 30 bytes (a whole ps's share is 96).
+  const std::vector<variable_spec> vars{{"w", {12, 3}, 0}, {"v", {12}, 36}};
+  const auto layout = partitioners::fixed_size{12}.place(vars, 2);
+  std::vector<float> init(48), grads(48), grads2(48);
+  for (std::size_t i = 0; i < init.size(); ++i) {
+    init[i] = 0.5f * float(i) - 3.0f;
+    grads[i] = float(i % 7) - 2.5f;
+    grads2[i] = 0.25f * float(i % 5);
+  }
+  for (const std::size_t replicas : {std::size_t(0), std::size_t(1)}) {
+    DYNAMIC_SECTION((replicas ? "synchronous" : "asynchronous")) {
+      auto small = [](std::string name) {  // frames of at most 30 bytes: a whole ps's share is refused
+        auto t = opts(std::move(name));
+        t.limits.max_payload_bytes = 30;
+        return t;
+      };
+      running_ps ps0(small("ps.0")), ps1(small("ps.1"));
+      auto o = small("worker.0");
+      o.max_request_bytes = 25;
+      ps_client c({ps0.address(), ps1.address()}, layout, o);
+      c.connect();
+      c.initialize(init, {optim::sgd{0.5f}, apply_mode::locked, replicas, replicas ? 1 : 0});
+      detail::connection_staging<host_copy_engine> staging(2, 7);
+      std::vector<float> out(48, -1.0f);
+      if (replicas) {
+        CHECK(c.push_sync(device_span<const float>{grads}, staging, 0).global_step == 1);
+        CHECK(c.push_sync(device_span<const float>{grads2}, staging, 1, 0.125f).global_step == 2);
+      } else {
+        c.push_gradients(device_span<const float>{grads}, staging);
+        c.push_gradients(device_span<const float>{grads2}, staging, 0.125f);
+      }
+      CHECK(c.pull(device_span<float>{out}, staging) == 2);
+      for (std::size_t i = 0; i < init.size(); ++i) CHECK(out[i] == Approx(init[i] - 0.5f * grads[i] - 0.125f * grads2[i]));
+    }
+  }
+}
+
 TEST_CASE("ps client: the device forms read and write a device tensor's memory", "[staging][ps][transport]") {
   // CPU builds: in place (device memory is host memory); CUDA builds: through the pinned
   // staging buffer and the CUDA copy engine.

@@ -5,7 +5,9 @@
 // I1 every ps applies the same set for a step, I2 a decided set's parts are staged on ps 1,
 // I3 ps 1 is at most one step behind ps 0 and never ahead, I5 a retry changes nothing; and in
 // every state where no worker can move, I4: the steps completed on both ps, or ps 0 failed the
-// job because fewer than N workers were left.
+// job because fewer than N workers were left. A third enumeration sends each part in two
+// segments (docs/design/large-models.md): ps 1's both staged, ps 0's first staged on ps 0
+// before the commit carries its second; a worker may die between any two.
 #include <catch2/catch.hpp>
 
 #include <dtf/ps/sync_protocol.hpp>
@@ -30,6 +32,7 @@ constexpr std::int64_t steps = 2;
 // once give 2.2 million states, so the test enumerates retries without restarts, then restarts
 // without retries. Either enumeration finds today's order (a commit before the parts reach ps 1).
 inline int restarts_allowed = 0, retries_allowed = 0;
+inline bool segmented = false;  // each part in two segments
 
 // A violated invariant (REQUIRE per check would cost more than the enumeration).
 struct violation : std::logic_error {
@@ -39,7 +42,7 @@ struct violation : std::logic_error {
   if (!(cond)) throw violation(#cond)
 
 struct worker {
-  enum pc_t : std::uint8_t { pull, stage, commit, await, forward, finished, failed, dead } pc = pull;
+  enum pc_t : std::uint8_t { pull, stage, stage_b, stage_0, commit, await, forward, finished, failed, dead } pc = pull;
   std::int64_t t = 0;
   std::uint64_t incarnation = 1, sequence = 0;
   std::optional<sync_decision> d;
@@ -50,6 +53,7 @@ struct worker {
 struct world {
   sync_admission ps0;
   sync_staging<int> ps1;
+  sync_staging<int> ps0s;  // ps 0's staged segments (segmented)
   std::vector<std::vector<contribution_id>> applied0, applied1;  // per step: the set applied
   bool failed = false;
   int restarts = restarts_allowed, retries = retries_allowed;  // left, for the whole run
@@ -64,6 +68,8 @@ struct world {
     };
     ids(ps0.pending());
     ids(ps1.staged_ids());
+    for (const auto& id : ps1.staged_ids()) k += std::to_string(ps1.received(id));
+    ids(ps0s.staged_ids());
     for (const auto& a : applied0) ids(a);
     k += "/";
     for (const auto& a : applied1) ids(a);
@@ -79,6 +85,9 @@ struct world {
 contribution_id id_of(const world& s, std::size_t i) {
   return {"worker." + std::to_string(i), s.w[i].incarnation, s.w[i].sequence};
 }
+
+constexpr auto no_merge = [](int&, int&&) {};
+std::uint32_t segments() { return segmented ? 2 : 1; }
 
 std::size_t live(const world& s) {
   std::size_t k = 0;
@@ -153,13 +162,28 @@ std::vector<world> moves(const world& s, std::size_t i) {
       break;
     case worker::stage:
       next([&](world& x, worker& w) {
-        x.ps1.stage(id_of(x, i), w.t, 0);
+        x.ps1.stage(id_of(x, i), w.t, 0, segments(), 0, no_merge);
+        w.pc = segmented ? worker::stage_b : worker::commit;
+      });
+      break;
+    case worker::stage_b:  // ps 1's second segment
+      next([&](world& x, worker& w) {
+        x.ps1.stage(id_of(x, i), w.t, 1, 2, 0, no_merge);
+        w.pc = worker::stage_0;
+      });
+      break;
+    case worker::stage_0:  // ps 0's first segment, staged on ps 0
+      next([&](world& x, worker& w) {
+        x.ps0s.stage(id_of(x, i), w.t, 0, 2, 0, no_merge);
         w.pc = worker::commit;
       });
       break;
     case worker::commit:
       next([&](world& x, worker& w) {
+        // The commit carries ps 0's last segment: its others are staged there (or the step is over).
+        if (segmented && w.t == x.ps0.step()) EXPECT(x.ps0s.held(id_of(x, i), 2, 1));
         const auto r = x.ps0.commit(id_of(x, i), w.t);
+        if (r.decided_now) x.ps0s.advance();
         EXPECT(r.v != sync_admission::verdict::duplicate);
         if (r.decided_now) x.applied0.push_back(r.decision->ids);
         if (r.v == sync_admission::verdict::pending) {
@@ -175,9 +199,12 @@ std::vector<world> moves(const world& s, std::size_t i) {
           w.retried = true;
           --x.retries;
           const auto before = x.ps1.staged_ids();
-          const auto v = x.ps1.stage(id_of(x, i), w.t, 0);
-          EXPECT(v != sync_staging<int>::verdict::staged);  // I5
+          const auto before0 = x.ps0s.staged_ids();
+          for (std::uint32_t k = 0; k < segments(); ++k)
+            EXPECT(x.ps1.stage(id_of(x, i), w.t, k, segments(), 0, no_merge) != sync_staging<int>::verdict::staged);  // I5
+          if (segmented) EXPECT(x.ps0s.stage(id_of(x, i), w.t, 0, 2, 0, no_merge) != sync_staging<int>::verdict::staged);
           EXPECT(x.ps1.staged_ids() == before);
+          EXPECT(x.ps0s.staged_ids() == before0);
         });
       break;
     case worker::await:
@@ -233,12 +260,14 @@ struct counts {
   std::size_t states = 0, terminal = 0, completed = 0, failed = 0, completed_with_death = 0;
 };
 // Enumerates every reachable state with `restarts` restarts and `retries` retries allowed.
-counts enumerate(int restarts, int retries) {
+counts enumerate(int restarts, int retries, bool in_segments) {
   restarts_allowed = restarts;
   retries_allowed = retries;
+  segmented = in_segments;
   world start;
   start.ps0.reset(n, 0);
   start.ps1.reset(n, 0);
+  start.ps0s.reset(n, 0);
   std::vector<world> stack{start};
   std::set<std::string> seen{start.key()};
   counts c;
@@ -276,9 +305,11 @@ counts enumerate(int restarts, int retries) {
 
 TEST_CASE("the synchronous protocol over every interleaving of 2 ps x 3 workers, N = 2, with deaths and retries",
           "[sync][protocol]") {
-  const auto [restarts, retries, least] = GENERATE(table<int, int, std::size_t>({{0, 1, 150000}, {1, 0, 400000}}));
-  const auto c = sync_protocol_test::enumerate(restarts, retries);
-  INFO(restarts << " restarts, " << retries << " retries: " << c.states << " states, " << c.terminal << " final");
+  const auto [restarts, retries, segments, least] =
+      GENERATE(table<int, int, bool, std::size_t>({{0, 1, false, 150000}, {1, 0, false, 400000}, {0, 1, true, 150000}}));
+  const auto c = sync_protocol_test::enumerate(restarts, retries, segments);
+  INFO(restarts << " restarts, " << retries << " retries, " << (segments ? "parts in 2 segments: " : "whole parts: ")
+                << c.states << " states, " << c.terminal << " final");
   // The enumeration reached the cases the protocol exists for.
   CHECK(c.states > least);
   CHECK(c.completed > 0);

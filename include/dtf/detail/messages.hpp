@@ -178,9 +178,11 @@ struct ps_sync_push_msg {
   bool all_finite = true;  // to ps 0: every value of the whole contribution (all ps) is finite
   std::uint64_t incarnation = 0;  // drawn by the sender's client and the client's count of its
   std::uint64_t sequence = 0;     // contributions: with its identity, the contribution's id
+  std::uint32_t segment = 0, segments = 1;  // a part larger than one request: this request's
+                                            // place in it (docs/design/large-models.md)
   template <class A>
   void serialize(A& ar) {
-    ar(ids, step, kind, learning_rate, rows, position, all_finite, incarnation, sequence);
+    ar(ids, step, kind, learning_rate, rows, position, all_finite, incarnation, sequence, segment, segments);
   }
 };
 /// A synchronous contribution's id: the authenticated identity of its sender (never a name

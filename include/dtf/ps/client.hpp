@@ -6,9 +6,9 @@
 // Communication volume: a pull moves every requested shard's bytes once, server to worker;
 // a push moves them once the other way. The worker's bytes go from its buffer to the socket
 // and from the socket into its buffer (scatter/gather, no copy on the worker). A ps's share of
-// an init, pull or push from host memory goes in requests of at most
-// transport_options::max_request_bytes (dtf/ps/request_parts.hpp). Device memory (the
-// device_span forms, not cut: one frame per ps): dtf/ps/device_forms.hpp.
+// an init, pull, push or synchronous contribution goes in requests of at most
+// transport_options::max_request_bytes (dtf/ps/request_parts.hpp), from host memory or from
+// device memory (the device_span forms: dtf/ps/device_forms.hpp).
 //
 // Thread safety: a ps_client serves one thread.
 #pragma once
@@ -35,7 +35,6 @@
 #include <span>
 #include <string>
 #include <thread>
-#include <type_traits>
 #include <vector>
 
 namespace dtf {
@@ -144,64 +143,49 @@ class ps_client : public ps_detail::device_forms<ps_client>,
     void operator()(std::size_t) const noexcept {}
   };
   // A request's payload from, or its reply into, the caller's host buffer (in place), a part
-  // of a ps's shards at a time.
+  // of a ps's shards at a time: attach(call, ps, ids), as the device forms' attach.
   struct host_payload {
     const ps_client& self;
     std::span<const float> buf;
-    void operator()(rpc_call& c, const std::vector<std::uint32_t>& ids) const { self.gather(c, ids, buf); }
+    void operator()(rpc_call& c, std::size_t, const std::vector<std::uint32_t>& ids) const { self.gather(c, ids, buf); }
   };
   struct host_reply {
     const ps_client& self;
     std::span<float> buf;
-    void operator()(rpc_call& c, const std::vector<std::uint32_t>& ids) const { self.scatter(c, ids, buf); }
+    void operator()(rpc_call& c, std::size_t, const std::vector<std::uint32_t>& ids) const { self.scatter(c, ids, buf); }
   };
 
-  // A request per part of each ps's shards (attach(call, ids): the host forms, cut by
-  // request_parts), or one per ps (attach(call, ps): the device forms, whose staging buffer is
-  // the ps's, checked against the frame limit).
-  template <class Attach>
-  std::vector<std::pair<std::size_t, std::vector<std::uint32_t>>> parts_for(Attach&, const char* what) const {
-    std::vector<std::pair<std::size_t, std::vector<std::uint32_t>>> out;
-    for (std::size_t ps = 0; ps < layout_.num_ps; ++ps)
-      if constexpr (std::is_invocable_v<Attach&, rpc_call&, const std::vector<std::uint32_t>&>) {
+  // A request per part of each ps's shards (request_parts), as (ps, shard ids): the cut
+  // depends only on the placement and the options, so it is made once.
+  using part_list = std::vector<std::pair<std::size_t, std::vector<std::uint32_t>>>;
+  const part_list& parts_for(const char* what) const {
+    if (!parts_) {
+      part_list out;
+      for (std::size_t ps = 0; ps < layout_.num_ps; ++ps)
         for (auto& p : ps_detail::request_parts(ids_[ps], layout_, 1, rpc_.options(), what, ps)) out.emplace_back(ps, std::move(p));
-      } else {
-        std::uint64_t bytes = 0;
-        for (auto id : ids_[ps]) bytes += layout_.shards[id].size * sizeof(float);
-        if (bytes > rpc_.options().limits.max_payload_bytes)
-          throw error(errc::invalid_argument, std::string(what) + ": ps." + std::to_string(ps) + "'s " + std::to_string(bytes) +
-                                                  " bytes in device memory exceed one frame (device forms are not cut)");
-        out.emplace_back(ps, ids_[ps]);
-      }
-    return out;
-  }
-  template <class Attach>
-  static void attach_part(Attach& attach, rpc_call& c, std::size_t ps, const std::vector<std::uint32_t>& ids) {
-    if constexpr (std::is_invocable_v<Attach&, rpc_call&, const std::vector<std::uint32_t>&>)
-      attach(c, ids);
-    else
-      attach(c, ps);
+      parts_ = std::move(out);
+    }
+    return *parts_;
   }
 
-  // A pull of n floats: attach says where each reply lands; finish(ps) waits for what the
-  // reply started (the staged copies to device memory) before the call is read again.
+  // A pull of n floats: attach(call, ps, ids) says where each reply lands, just before its
+  // request is sent (a device form's staging buffer is one per ps); finish(ps) waits for what
+  // the reply started (the staged copies to device memory) before the next part is read.
   template <class Attach, class Finish>
   std::int64_t read(std::size_t n, bool track, Attach attach, Finish finish) {
     check_size(n, "pull");
-    const auto parts = parts_for(attach, "pull");
-    auto pull_from = [&](std::size_t i) {
-      const auto& [ps, ids] = parts[i];
-      auto c = make_call(ps, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{ids}));
-      attach_part(attach, c, ps, ids);
-      return c;
+    const auto& parts = parts_for("pull");
+    auto read_parts = [&](const std::vector<std::size_t>& which) {
+      std::vector<rpc_call> cs;
+      for (const auto i : which)
+        cs.push_back(make_call(parts[i].first, detail::message_kind::ps_pull, detail::encode_message(detail::ps_pull_msg{parts[i].second})));
+      run(cs, [&](std::size_t j, rpc_call& c) { attach(c, parts[which[j]].first, parts[which[j]].second); },
+          [&](const rpc_call& c) { finish(c.peer); });
+      return cs;
     };
-    const auto run_and_finish = [&](std::vector<rpc_call>& cs) {
-      run(cs);
-      for (const auto& c : cs) finish(c.peer);
-    };
-    std::vector<rpc_call> calls;
-    for (std::size_t i = 0; i < parts.size(); ++i) calls.push_back(pull_from(i));
-    run_and_finish(calls);
+    std::vector<std::size_t> every(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i) every[i] = i;
+    auto calls = read_parts(every);
     // Synchronous training: a ps still completing the step the others finished (its admitted
     // contributions are on their way) is read again until it has, so the values returned are
     // all of one step, the tag's. ps 0 cannot start the next step before every ps finished
@@ -232,9 +216,7 @@ class ps_client : public ps_detail::device_forms<ps_client>,
         throw error(errc::timeout, "pull: ps." + std::to_string(calls[behind[0]].peer) + " did not reach step " +
                                        std::to_string(most) + " within " + std::to_string(rpc_.options().timeout_ms) +
                                        " ms");
-      std::vector<rpc_call> again;
-      for (auto i : behind) again.push_back(pull_from(i));
-      run_and_finish(again);
+      auto again = read_parts(behind);
       for (std::size_t j = 0; j < behind.size(); ++j) calls[behind[j]] = std::move(again[j]);
     }
     if (track) {  // the least update count of a ps's parts: staleness is over-, never under-, counted
@@ -369,7 +351,6 @@ class ps_client : public ps_detail::device_forms<ps_client>,
     for (auto id : ids)
       c.payload.push_back(asio::buffer(buf.data() + layout_.shards[id].offset, layout_.shards[id].size * sizeof(float)));
   }
-  void gather(rpc_call& c, std::size_t ps, std::span<const float> buf) const { gather(c, ids_[ps], buf); }
 
   std::vector<rpc_call> broadcast(detail::message_kind kind) const {
     std::vector<rpc_call> calls;
@@ -386,7 +367,8 @@ class ps_client : public ps_detail::device_forms<ps_client>,
                    bool increment_step, std::span<const float> host = {}) {
     check_size(n, "push");
     std::vector<rpc_call> calls;
-    const auto parts = parts_for(attach, "push");
+    std::vector<std::size_t> of;  // each call's part
+    const auto& parts = parts_for("push");
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const auto& [ps, ids] = parts[i];
       // ps 0 holds the global step, so it always gets a push (possibly of no shards). A push in
@@ -405,9 +387,10 @@ class ps_client : public ps_detail::device_forms<ps_client>,
         m.all_finite = finite;
       }
       calls.push_back(make_call(ps, detail::message_kind::ps_push, detail::encode_message(m)));
-      attach_part(attach, calls.back(), ps, ids);
+      of.push_back(i);
     }
-    run(calls);
+    run(calls, [&](std::size_t j, rpc_call& c) { attach(c, parts[of[j]].first, parts[of[j]].second); },
+        [](const rpc_call&) {});
     track_done(calls);
     push_result r;
     r.global_step = step_of(calls);
@@ -437,11 +420,18 @@ class ps_client : public ps_detail::device_forms<ps_client>,
   void run(std::vector<rpc_call>& calls) {
     ps_detail::run_in_rounds(calls, [this](std::vector<rpc_call>& round) { rpc_.call_all(std::span<rpc_call>(round)); });
   }
+  // before(i, call) just before call i's round, after(call) once it is answered (request_parts.hpp).
+  template <class Before, class After>
+  void run(std::vector<rpc_call>& calls, Before&& before, After&& after) {
+    ps_detail::run_in_rounds(calls, [this](std::vector<rpc_call>& round) { rpc_.call_all(std::span<rpc_call>(round)); },
+                             before, after);
+  }
 
   placement layout_;
   rpc_client rpc_;
   std::vector<std::vector<std::uint32_t>> ids_;  // shard ids held by each ps
   std::vector<std::uint64_t> seen_;              // each ps's update count at the last pull
+  mutable std::optional<part_list> parts_;       // parts_for's cut
 };
 
 }  // namespace dtf

@@ -2,7 +2,9 @@
 // a device tensor's elements), a base of ps_client (dtf/ps/client.hpp): on CPU builds the
 // host forms (device memory is host memory); on CUDA builds one copy through a pinned staging
 // buffer per ps connection, in segments of transport_options::staging_segment_bytes, the copy
-// of one segment overlapping the socket transfer of the next (dtf/ps/device_staging.hpp).
+// of one segment overlapping the socket transfer of the next (dtf/ps/device_staging.hpp). A
+// ps's share goes in requests of bounded size as from host memory (dtf/ps/request_parts.hpp),
+// each attached to the ps's staging buffer when the previous one is answered.
 // The forms taking a connection_staging run any copy engine (tests drive the schedule with
 // detail::host_copy_engine).
 //
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 namespace dtf::ps_detail {
 
@@ -43,8 +46,8 @@ class device_forms {
     auto* base = reinterpret_cast<std::byte*>(params.data());
     return self().read(
         params.size(), true,
-        [&](rpc_call& c, std::size_t ps) {
-          staging.attach_reply(c, ps, base, detail::shard_ranges(self().layout(), self().shards_of(ps)));
+        [&](rpc_call& c, std::size_t ps, const std::vector<std::uint32_t>& ids) {
+          staging.attach_reply(c, ps, base, detail::shard_ranges(self().layout(), ids));
         },
         [&](std::size_t ps) { staging.finish_reply(ps); });
   }
@@ -102,9 +105,9 @@ class device_forms {
   // A request's payload staged from device memory through the connection's buffer.
   template <class Engine>
   auto staged(device_span<const float> buf, detail::connection_staging<Engine>& staging) {
-    return [this, buf, &staging](rpc_call& c, std::size_t ps) {
+    return [this, buf, &staging](rpc_call& c, std::size_t ps, const std::vector<std::uint32_t>& ids) {
       staging.attach_payload(c, ps, reinterpret_cast<const std::byte*>(buf.data()),
-                             detail::shard_ranges(self().layout(), self().shards_of(ps)));
+                             detail::shard_ranges(self().layout(), ids));
     };
   }
 
@@ -114,7 +117,9 @@ class device_forms {
 #if DTF_CUDA
     return f(staged(buf, device_staging()));
 #else
-    return f([this, buf](rpc_call& c, std::size_t ps) { self().gather(c, ps, buf.elements); });
+    return f([this, buf](rpc_call& c, std::size_t, const std::vector<std::uint32_t>& ids) {
+      self().gather(c, ids, buf.elements);
+    });
 #endif
   }
 

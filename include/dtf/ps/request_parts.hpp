@@ -1,5 +1,6 @@
-// dtf/ps/request_parts.hpp — a ps's share of a model transfer (init, pull, push, restore) cut
-// into requests of bounded size, and requests run so that each ps gets its own in order.
+// dtf/ps/request_parts.hpp — a ps's share of a model transfer (init, pull, push, restore, a
+// synchronous contribution; from host or device memory) cut into requests of bounded size, and
+// requests run so that each ps gets its own in order.
 //
 // The contract: docs/design/large-models.md. A part is consecutive whole shards of the ps (in
 // placement order) carrying at most transport_options::max_request_bytes of payload (and no more
@@ -61,10 +62,12 @@ inline std::vector<std::vector<std::uint32_t>> request_parts(const std::vector<s
 }
 
 /// Runs `calls` with run(std::vector<rpc_call>&) in rounds of at most one call per ps: the
-/// calls to one ps in their order, each round once the previous one is answered. The replies
-/// are left in `calls`.
-template <class Run>
-void run_in_rounds(std::vector<rpc_call>& calls, Run&& run) {
+/// calls to one ps in their order, each round once the previous one is answered.
+/// before(i, call) is called for call i just before its round (a device form's staging buffer,
+/// one per ps, takes the part then), after(call) once its round is answered. The replies are
+/// left in `calls`.
+template <class Run, class Before, class After>
+void run_in_rounds(std::vector<rpc_call>& calls, Run&& run, Before&& before, After&& after) {
   std::vector<bool> done(calls.size());
   for (;;) {
     std::set<std::size_t> peers;
@@ -72,15 +75,28 @@ void run_in_rounds(std::vector<rpc_call>& calls, Run&& run) {
     for (std::size_t i = 0; i < calls.size(); ++i)
       if (!done[i] && peers.insert(calls[i].peer).second) round.push_back(i);
     if (round.empty()) return;
-    if (round.size() == calls.size()) return run(calls);  // one call per ps: the usual case
+    if (round.size() == calls.size()) {  // one call per ps: the usual case
+      for (std::size_t i = 0; i < calls.size(); ++i) before(i, calls[i]);
+      run(calls);
+      for (auto& c : calls) after(c);
+      return;
+    }
     std::vector<rpc_call> batch;
-    for (const auto i : round) batch.push_back(std::move(calls[i]));
+    for (const auto i : round) {
+      before(i, calls[i]);
+      batch.push_back(std::move(calls[i]));
+    }
     run(batch);
     for (std::size_t j = 0; j < round.size(); ++j) {
+      after(batch[j]);
       calls[round[j]] = std::move(batch[j]);
       done[round[j]] = true;
     }
   }
+}
+template <class Run>
+void run_in_rounds(std::vector<rpc_call>& calls, Run&& run) {
+  run_in_rounds(calls, run, [](std::size_t, rpc_call&) {}, [](rpc_call&) {});
 }
 
 }  // namespace dtf::ps_detail

@@ -2,7 +2,9 @@
 // the protocol of dtf/ps/sync_protocol.hpp: on ps 0 the first N commits of a step are averaged
 // and applied (through shard_store::apply), the step advances and every committer is released
 // with the decision; on ps p > 0 parts are staged and a forwarded decision applies the average
-// of its parts. Contributions for an older step are dropped and counted per worker.
+// of its parts. A part larger than one request arrives in segments (dtf/ps/sync_part.hpp): on
+// ps p > 0 every segment is staged, on ps 0 all but the last, which the commit carries.
+// Contributions for an older step are dropped and counted per worker.
 // A contribution may carry rows of embedding tables: each row any contributor sent is summed
 // over the step's contributions, divided by N (a contributor that did not touch a row counts
 // as a zero gradient, as in a dense step) and applied once with the step by the table's rule,
@@ -22,6 +24,7 @@
 
 #include <dtf/detail/messages.hpp>
 #include <dtf/ps/shard_store.hpp>
+#include <dtf/ps/sync_part.hpp>
 #include <dtf/ps/sync_protocol.hpp>
 #include <dtf/transport.hpp>
 
@@ -39,14 +42,6 @@
 #include <vector>
 
 namespace dtf::ps_detail {
-
-/// Rows of one embedding table in a synchronous contribution (sparse_service::sync_rows reads
-/// them from the payload): ids.size() * dim floats.
-struct contributed_rows {
-  std::uint32_t table = 0, dim = 0;
-  std::span<const std::uint64_t> ids;
-  std::span<const float> rows;
-};
 
 class sync_aggregator {
  public:
@@ -120,7 +115,13 @@ class sync_aggregator {
       overflow_.emplace_back(id, defer());
       return std::nullopt;
     }
-    const auto in = validate(who, m, payload, rows, store, tables, policy);
+    // A part in segments: all but the last staged here first (dtf/ps/sync_part.hpp).
+    const staged_part* earlier = m.segments > 1 ? staging_.held(id, m.segments, m.segments - 1) : nullptr;
+    if (m.segments > 1 && (!earlier || m.segment + 1 != m.segments))
+      throw error(errc::invalid_argument, describe(id) + " committed segment " + std::to_string(m.segment) + " of " +
+                                              std::to_string(m.segments) + " with " +
+                                              std::to_string(staging_.received(id)) + " staged here before it");
+    const auto in = check_part(who, step_, m, payload, rows, store, acc_, policy, earlier);
     if (!in) return outcome{false, 0, true, {}};
     if (kind_ && (*kind_ != m.kind || lr_ != m.learning_rate))
       throw error(errc::invalid_argument, who + ": contribution of another kind or learning rate than step " +
@@ -130,6 +131,7 @@ class sync_aggregator {
     kind_ = m.kind;
     lr_ = m.learning_rate;
     if (m.position) positions_[who] = *m.position;
+    if (earlier) accumulate(earlier->ids, earlier->dense, {});
     accumulate(m.ids, *in, rows);
     auto r = admission_.commit(id, m.step);
     if (!r.decided_now) {
@@ -162,8 +164,9 @@ class sync_aggregator {
     if (auto d = admission_.release()) decided(*d, tables, apply, advanced, status);
   }
 
-  /// ps p > 0: validates and stages `who`'s part of a step (a retry keeps the first part). A
-  /// part for a step finished here is answered dropped.
+  /// ps p > 0: validates and stages `who`'s part of a step, or a segment of it (a retry keeps
+  /// what was staged first); on ps 0, the segments of its part before the commit's. A part for
+  /// a step finished here is answered dropped.
   template <class Tables>
   outcome stage(const std::string& who, const detail::ps_sync_push_msg& m, std::span<const std::byte> payload,
                 std::span<const contributed_rows> rows, const shard_store& store, Tables& tables,
@@ -176,18 +179,18 @@ class sync_aggregator {
     if (m.step > step_)
       throw error(errc::invalid_argument, who + " staged a part for step " + std::to_string(m.step) +
                                               " but the ps is at step " + std::to_string(step_));
-    if (staging_.holds(id)) return {};
-    if (m.kind == detail::update_kind::scaled_delta || m.kind == detail::update_kind::scaled_gradient)
-      throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
+    if (staging_.received(id) > m.segment) return {};  // a retry
+    const staged_part* earlier = m.segment > 0 ? staging_.held(id, m.segments, m.segment) : nullptr;
+    if (m.segment > 0 && !earlier)
+      throw error(errc::invalid_argument, describe(id) + " staged segment " + std::to_string(m.segment) + " of " +
+                                              std::to_string(m.segments) + " with " +
+                                              std::to_string(staging_.received(id)) + " staged here before it");
     // Non-finite values: ps 0 applies the policy to the whole contribution (all_finite); a part
     // it may admit is staged whatever it holds, unless the policy rejects it outright.
-    const auto in = validate(who, m, payload, rows, store, tables,
-                             policy == nonfinite_policy::reject ? policy : nonfinite_policy::apply);
+    const auto in = check_part(who, step_, m, payload, rows, store, acc_,
+                               policy == nonfinite_policy::reject ? policy : nonfinite_policy::apply, earlier);
     tables.reserve_rows(rows);  // here, before ps 0 can admit the part: never after
-    staged_part part{m.ids, {in->begin(), in->end()}, {}, m.kind, m.learning_rate};
-    for (const auto& r : rows)
-      part.rows.push_back({r.table, r.dim, {r.ids.begin(), r.ids.end()}, {r.rows.begin(), r.rows.end()}});
-    staging_.stage(id, m.step, std::move(part));
+    staging_.stage(id, m.step, m.segment, m.segments, staged_part(m, *in, rows), staged_part::join);
     return {};
   }
 
@@ -285,45 +288,6 @@ class sync_aggregator {
   }
 
  private:
-  struct staged_part {  // a copy: the request's buffer is the connection's
-    struct rows_copy {
-      std::uint32_t table = 0, dim = 0;
-      std::vector<std::uint64_t> ids;
-      std::vector<float> values;
-    };
-    std::vector<std::uint32_t> ids;  // the dense floats' shards, in the sender's order
-    std::vector<float> dense;
-    std::vector<rows_copy> rows;
-    detail::update_kind kind = detail::update_kind::gradient;
-    std::optional<float> lr;
-  };
-
-  // Checks a contribution or part against this ps: its kind, exactly this ps's shards each once
-  // (the average is over whole contributions), its values' finiteness under `policy`. Returns
-  // its dense floats, or nullopt to skip it (nonfinite_policy::skip).
-  template <class Tables>
-  std::optional<std::span<const float>> validate(const std::string& who, const detail::ps_sync_push_msg& m,
-                                                 std::span<const std::byte> payload,
-                                                 std::span<const contributed_rows> rows, const shard_store& store,
-                                                 Tables&, nonfinite_policy policy) const {
-    if (m.kind == detail::update_kind::scaled_delta || m.kind == detail::update_kind::scaled_gradient)
-      throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
-    if (m.ids.size() != acc_.size() || store.bytes_of(m.ids) != payload.size())
-      throw error(errc::shape_mismatch, who + ": a synchronous contribution must carry every shard of this ps once (" +
-                                            std::to_string(m.ids.size()) + " shards, " +
-                                            std::to_string(payload.size()) + " bytes sent)");
-    const std::span<const float> in(reinterpret_cast<const float*>(payload.data()), payload.size() / sizeof(float));
-    bool finite = m.all_finite || policy == nonfinite_policy::apply;
-    if (policy != nonfinite_policy::apply) {
-      finite = finite && all_finite(in);
-      for (const auto& r : rows) finite = finite && all_finite(r.rows);
-    }
-    if (finite) return in;
-    if (policy == nonfinite_policy::reject)
-      throw error(errc::invalid_argument, who + " contributed non-finite values to step " + std::to_string(step_));
-    return std::nullopt;
-  }
-
   void accumulate(const std::vector<std::uint32_t>& ids, std::span<const float> in,
                   std::span<const contributed_rows> rows) {
     std::size_t at = 0;
@@ -384,6 +348,7 @@ class sync_aggregator {
   template <class Tables, class Apply, class Advanced, class Status>
   void decided(const sync_decision& d, Tables& tables, Apply& apply, Advanced& advanced, Status& status) {
     finish(tables, apply, advanced);
+    staging_.advance();  // the segments of the step's parts staged here
     positions_.clear();
     for (auto& [wid, w] : waiting_) {
       rpc_reply out;
@@ -425,7 +390,7 @@ class sync_aggregator {
   std::size_t n_ = 0;
   std::int64_t step_ = 0;
   sync_admission admission_;            // ps 0: the commits of each step
-  sync_staging<staged_part> staging_;   // ps p > 0: the parts of the current step
+  sync_staging<staged_part> staging_;   // the parts of the current step (ps 0: segments before a commit)
   std::optional<detail::update_kind> kind_;  // of the current step's first contribution
   std::optional<float> lr_;
   std::map<std::uint32_t, std::vector<float>> acc_;  // per shard: sum of this step's contributions

@@ -2,9 +2,8 @@
 // protocol: dtf/ps/sync_protocol.hpp), a base of ps_client (dtf/ps/client.hpp): a contribution
 // (staged, committed, its decision forwarded) and its id, the forwarding of ps 0's decisions to
 // the other ps, and the hold of the steps a synchronous checkpoint takes
-// (dtf/ps/checkpointing.hpp). A contribution's part for one ps is one frame: synchronous
-// contributions are not cut into parts (docs/design/large-models.md), so it is checked against
-// the frame limit before anything is sent.
+// (dtf/ps/checkpointing.hpp). A contribution's part for one ps larger than one request is sent
+// in segments of whole shards (docs/design/large-models.md), each staged before the commit.
 //
 // Thread safety: as the ps_client's (one thread).
 #pragma once
@@ -13,6 +12,7 @@
 #include <dtf/ps/config.hpp>
 #include <dtf/transport.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -100,38 +100,67 @@ class sync_client {
         throw error(errc::shape_mismatch, "push_sync: rows of table " + std::to_string(r.table) + " (" +
                                               std::to_string(r.ids.size()) + " ids, " + std::to_string(r.rows.size()) +
                                               " floats of dim " + std::to_string(r.dim) + ") laid out for another ps count");
-    auto call_to = [&](std::size_t ps, detail::message_kind kind) {
-      detail::ps_sync_push_msg m{self().shards_of(ps), step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
+    // Each ps's part in segments of whole shards (dtf/ps/request_parts.hpp), the rows with the
+    // last, or alone after it when they would take the last over the bound.
+    std::vector<std::vector<std::vector<std::uint32_t>>> segments(self().layout().num_ps);
+    for (const auto& [ps, ids] : self().parts_for("push_sync")) segments[ps].push_back(ids);
+    const auto& t = self().transport();
+    const std::uint64_t bound = std::min<std::uint64_t>(t.max_request_bytes, t.limits.max_payload_bytes);
+    auto bytes_of = [&](const std::vector<std::uint32_t>& ids) {
+      std::uint64_t b = 0;
+      for (auto id : ids) b += self().layout().shards[id].size * sizeof(float);
+      return b;
+    };
+    for (std::size_t ps = 0; ps < segments.size(); ++ps) {
+      std::uint64_t row_bytes = 0;
+      for (const auto& r : rows) row_bytes += (r.ps_begin[ps + 1] - r.ps_begin[ps]) * (sizeof(std::uint64_t) + r.dim * sizeof(float));
+      if (row_bytes > t.limits.max_payload_bytes)
+        throw error(errc::invalid_argument, "push_sync: the embedding rows for ps." + std::to_string(ps) + " are " +
+                                                std::to_string(row_bytes) + " bytes, over the " +
+                                                std::to_string(t.limits.max_payload_bytes) + " one frame may carry");
+      if (row_bytes > 0 && !segments[ps].back().empty() && bytes_of(segments[ps].back()) + row_bytes > bound)
+        segments[ps].emplace_back();
+    }
+    auto call_to = [&](std::size_t ps, std::size_t k, detail::message_kind kind) {
+      const auto& ids = segments[ps][k];
+      const bool last = k + 1 == segments[ps].size();
+      detail::ps_sync_push_msg m{ids, step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
                                  learning_rate};
       m.incarnation = incarnation();
       m.sequence = sequence();
+      m.segment = std::uint32_t(k);
+      m.segments = std::uint32_t(segments[ps].size());
       for (const auto& r : rows)
-        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) m.rows.push_back({r.table, e - b});
+        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; last && e > b) m.rows.push_back({r.table, e - b});
       if (ps == 0 && position) m.position = *position;
       if (ps == 0) m.all_finite = all_finite;
-      auto c = self().make_call(ps, kind, detail::encode_message(m));
-      Client::attach_part(attach, c, ps, self().shards_of(ps));
-      std::uint64_t bytes = 0;
-      for (auto id : self().shards_of(ps)) bytes += self().layout().shards[id].size * sizeof(float);
-      for (const auto& r : rows) bytes += (r.ps_begin[ps + 1] - r.ps_begin[ps]) * (sizeof(std::uint64_t) + r.dim * sizeof(float));
-      if (bytes > self().transport().limits.max_payload_bytes)  // not cut: docs/design/large-models.md
-        throw error(errc::invalid_argument, "push_sync: ps." + std::to_string(ps) + "'s part is " + std::to_string(bytes) +
-                                                " bytes, over the " + std::to_string(self().transport().limits.max_payload_bytes) +
-                                                " one frame may carry (synchronous contributions are not cut)");
+      return self().make_call(ps, kind, detail::encode_message(m));
+    };
+    // The payload, attached just before the request goes (a device form's staging buffer is one
+    // per ps): the segment's shards, then the rows.
+    auto attach_to = [&](rpc_call& c, std::size_t ps, std::size_t k) {
+      const auto& ids = segments[ps][k];
+      if (!ids.empty() || segments[ps].size() == 1) attach(c, ps, ids);  // not a segment of rows alone
       for (const auto& r : rows)
-        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; e > b) {
+        if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; k + 1 == segments[ps].size() && e > b) {
           c.payload.push_back(asio::buffer(r.ids.data() + b, (e - b) * sizeof(std::uint64_t)));
           c.payload.push_back(asio::buffer(r.rows.data() + b * r.dim, (e - b) * r.dim * sizeof(float)));
         }
-      return c;
     };
-    // The protocol of dtf/ps/sync_protocol.hpp: the parts are staged on ps 1.., then the commit
-    // goes to ps 0, which admits the first N of the step and answers with its decision; the
-    // decision is forwarded to ps 1.. (each applies it once). Every request may be retried.
+    // The protocol of dtf/ps/sync_protocol.hpp: the parts are staged on ps 1.. (and the
+    // segments of ps 0's before its last on ps 0), then the commit goes to ps 0 with its last
+    // segment; ps 0 admits the first N of the step and answers with its decision; the decision
+    // is forwarded to ps 1.. (each applies it once). Every request may be retried.
     std::vector<rpc_call> stages;
-    for (std::size_t ps = 1; ps < self().layout().num_ps; ++ps) stages.push_back(call_to(ps, detail::message_kind::ps_sync_stage));
-    self().run(stages);
-    std::vector<rpc_call> first{call_to(0, detail::message_kind::ps_sync_push)};
+    std::vector<std::size_t> segment_of;
+    for (std::size_t ps = 0; ps < segments.size(); ++ps)
+      for (std::size_t k = 0; k + (ps == 0) < segments[ps].size(); ++k) {
+        stages.push_back(call_to(ps, k, detail::message_kind::ps_sync_stage));
+        segment_of.push_back(k);
+      }
+    self().run(stages, [&](std::size_t i, rpc_call& c) { attach_to(c, c.peer, segment_of[i]); }, [](const rpc_call&) {});
+    std::vector<rpc_call> first{call_to(0, segments[0].size() - 1, detail::message_kind::ps_sync_push)};
+    attach_to(first[0], 0, segments[0].size() - 1);
     self().run(first);
     self().track_done(first);
     const auto st0 = detail::decode_message<detail::ps_status_msg>(first[0].reply_meta, "status");

@@ -3,8 +3,10 @@
 // its invariants; tests/test_sync_protocol.cpp enumerates its interleavings).
 //
 // A contribution's id is (worker identity, incarnation, sequence). For step t a worker:
-//   1. stages its part on every ps p > 0 (sync_staging::stage), each acknowledging it;
-//   2. then commits on ps 0 with ps 0's part (sync_admission::commit): ps 0 admits the first N
+//   1. stages its part on every ps p > 0 (sync_staging::stage), each acknowledging it; a part
+//      larger than one request is staged in segments, in order, and ps 0's part too, all but
+//      its last segment staged on ps 0 (sync_staging::held);
+//   2. then commits on ps 0 with ps 0's part (its last segment; sync_admission::commit): ps 0 admits the first N
 //      commits of t, the set S_t, applies its parts, advances, and answers every committer of t
 //      with S_t: a commit for a step already decided is answered at once with that decision;
 //   3. forwards S_t to every ps p > 0 (sync_staging::parts_of, then advance): the first arrival
@@ -149,22 +151,50 @@ class sync_staging {
     staged_.clear();
   }
 
-  /// Stages id's part for `step`: a retry keeps the first part (so every ps holds what ps 0 may
-  /// admit), a part for a step applied here already is stale. Throws errc::invalid_argument
-  /// for a step ahead of this ps, or past the parts a worker may have staged.
-  verdict stage(const contribution_id& id, std::int64_t step, Part&& part) {
+  /// Stages segment k of the `count` segments of id's part for `step` (a part larger than one
+  /// request arrives in segments, in order: docs/design/large-models.md); merge(held, segment)
+  /// appends segment k > 0 to the part held. A retry keeps what was staged first (so every ps
+  /// holds what ps 0 may admit): a segment already in is a duplicate. A part for a step applied
+  /// here already is stale. Throws errc::invalid_argument for a step ahead of this ps, past the
+  /// parts a worker may have staged, a segment before the previous one, or a count that
+  /// differs from the part's first segment's.
+  template <class Merge>
+  verdict stage(const contribution_id& id, std::int64_t step, std::uint32_t k, std::uint32_t count, Part&& segment,
+                Merge&& merge) {
     if (step < step_) return verdict::stale;
     if (step > step_)
       throw error(errc::invalid_argument, describe(id) + " staged a part for step " + std::to_string(step) +
                                               " but this ps is at step " + std::to_string(step_));
-    if (staged_.count(id)) return verdict::duplicate;
+    if (count == 0 || k >= count)
+      throw error(errc::invalid_argument, describe(id) + " staged segment " + std::to_string(k) + " of " +
+                                              std::to_string(count));
+    if (const auto it = staged_.find(id); it != staged_.end()) {
+      auto& e = it->second;
+      if (count != e.count)
+        throw error(errc::invalid_argument, describe(id) + " staged a part in " + std::to_string(count) +
+                                                " segments, its first segment said " + std::to_string(e.count));
+      if (k < e.received) return verdict::duplicate;
+      if (k > e.received)
+        throw error(errc::invalid_argument, describe(id) + " staged segment " + std::to_string(k) +
+                                                " of its part before segment " + std::to_string(e.received));
+      merge(e.part, std::move(segment));
+      ++e.received;
+      return verdict::staged;
+    }
+    if (k != 0)
+      throw error(errc::invalid_argument, describe(id) + " staged segment " + std::to_string(k) +
+                                              " of a part whose segment 0 is not staged here");
     std::size_t lives = 0;
-    for (const auto& [k, p] : staged_) lives += k.worker == id.worker;
+    for (const auto& [key, e] : staged_) lives += key.worker == id.worker;
     if (lives >= parts_per_worker)
       throw error(errc::invalid_argument, id.worker + " has " + std::to_string(lives) + " parts staged for step " +
                                               std::to_string(step_) + " already");
-    staged_.emplace(id, std::move(part));
+    staged_.emplace(id, entry{std::move(segment), 1, count});
     return verdict::staged;
+  }
+  /// A part in one segment.
+  verdict stage(const contribution_id& id, std::int64_t step, Part&& part) {
+    return stage(id, step, 0, 1, std::move(part), [](Part&, Part&&) {});
   }
 
   /// The staged parts of decision d, in d's order, to apply now; nullopt when d's step was
@@ -188,9 +218,21 @@ class sync_staging {
       if (it == staged_.end())
         throw error(errc::internal, "step " + std::to_string(d.step) + " was decided with " + describe(id) +
                                         ", whose part was never staged here");
-      parts.push_back(&it->second);
+      if (it->second.received != it->second.count)
+        throw error(errc::internal, "step " + std::to_string(d.step) + " was decided with " + describe(id) + ", of whose " +
+                                        std::to_string(it->second.count) + " segments only " +
+                                        std::to_string(it->second.received) + " were staged here");
+      parts.push_back(&it->second.part);
     }
     return parts;
+  }
+
+  /// ps 0: the part id staged in `received` of its `count` segments (the commit carries the
+  /// last), or nullptr when what is staged for it is not exactly that.
+  Part* held(const contribution_id& id, std::uint32_t count, std::uint32_t received) {
+    const auto it = staged_.find(id);
+    if (it == staged_.end() || it->second.count != count || it->second.received != received) return nullptr;
+    return &it->second.part;
   }
 
   /// After the parts of the step's decision were applied: discards every staged part.
@@ -202,16 +244,25 @@ class sync_staging {
   std::int64_t step() const noexcept { return step_; }
   std::size_t staged() const noexcept { return staged_.size(); }
   bool holds(const contribution_id& id) const { return staged_.count(id) > 0; }
+  /// The segments of id's part staged so far (0: none).
+  std::uint32_t received(const contribution_id& id) const {
+    const auto it = staged_.find(id);
+    return it == staged_.end() ? 0 : it->second.received;
+  }
   std::vector<contribution_id> staged_ids() const {
     std::vector<contribution_id> ids;
-    for (const auto& [id, p] : staged_) ids.push_back(id);
+    for (const auto& [id, e] : staged_) ids.push_back(id);
     return ids;
   }
 
  private:
   std::size_t n_ = 0;
   std::int64_t step_ = 0;
-  std::map<contribution_id, Part> staged_;
+  struct entry {
+    Part part;
+    std::uint32_t received = 0, count = 1;  // segments staged, of the part's count
+  };
+  std::map<contribution_id, entry> staged_;
 };
 
 }  // namespace dtf::ps_detail
