@@ -66,8 +66,12 @@ class sync_aggregator {
     holder_.clear();
     n_ = n;
     acc_.clear();  // a model-sized buffer, needed only by synchronous training
+    floats_ = 0;
     if (n_ > 0)
-      for (const auto& [id, s] : store.shards()) acc_[id].assign(s->values.size(), 0.0f);
+      for (const auto& [id, s] : store.shards()) {
+        acc_[id].assign(s->values.size(), 0.0f);
+        floats_ += s->values.size();
+      }
     step_ = step;
     admission_.reset(n, step);
     staging_.reset(n, step);
@@ -190,7 +194,9 @@ class sync_aggregator {
     const auto in = check_part(who, step_, m, payload, rows, store, acc_,
                                policy == nonfinite_policy::reject ? policy : nonfinite_policy::apply, earlier);
     tables.reserve_rows(rows);  // here, before ps 0 can admit the part: never after
-    staging_.stage(id, m.step, m.segment, m.segments, staged_part(m, *in, rows), staged_part::join);
+    staged_part part(m, *in, rows);
+    if (m.segment == 0 && m.segments > 1) part.dense.reserve(floats_);  // the segments join in place
+    staging_.stage(id, m.step, m.segment, m.segments, std::move(part), staged_part::join);
     return {};
   }
 
@@ -394,6 +400,7 @@ class sync_aggregator {
   std::optional<detail::update_kind> kind_;  // of the current step's first contribution
   std::optional<float> lr_;
   std::map<std::uint32_t, std::vector<float>> acc_;  // per shard: sum of this step's contributions
+  std::size_t floats_ = 0;                           // in acc_: a part's
   struct row_sums {                                  // per table: this step's rows, summed
     std::uint32_t dim = 0;
     std::unordered_map<std::uint64_t, std::size_t> at;  // id -> its place in ids
