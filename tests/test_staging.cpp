@@ -304,14 +304,21 @@ TEST_CASE("ps client: device buffers go in requests of bounded size, pushes and 
 TEST_CASE("ps client: the device forms read and write a device tensor's memory", "[staging][ps][transport]") {
   // CPU builds: in place (device memory is host memory); CUDA builds: through the pinned
   // staging buffer and the CUDA copy engine.
-  running_ps ps0(opts("ps.0"));
-  const auto layout = partitioners::fixed_size{2}.place({{"w", {5}, 0}}, 1);
-  ps_client c({ps0.address()}, layout, opts("worker.0"));
-  c.connect();
-  const std::vector<float> init{1, 2, 3, 4, 5};
-  c.initialize(init, {optim::sgd{1.0f}});
-  tensor g = tensor::from_host<float>({5}, std::vector<float>{1, 1, 1, 1, 1}), out({5});
-  c.push_gradients(device_span<const float>{g.span<float>()});
-  c.pull(device_span<float>{out.span<float>()});
-  CHECK(out.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4});
+  // Requests of at most 12 bytes: each of the 2 shards (12 and 8 bytes) in a request of its own.
+  for (const std::size_t bytes : {std::size_t(0), std::size_t(12)}) {
+    DYNAMIC_SECTION("requests of at most " << bytes << " bytes (0: one per ps)") {
+      running_ps ps0(opts("ps.0"));
+      const auto layout = partitioners::fixed_size{2}.place({{"w", {5}, 0}}, 1);
+      auto o = opts("worker.0");
+      if (bytes) o.max_request_bytes = bytes;
+      ps_client c({ps0.address()}, layout, o);
+      c.connect();
+      const std::vector<float> init{1, 2, 3, 4, 5};
+      c.initialize(init, {optim::sgd{1.0f}});
+      tensor g = tensor::from_host<float>({5}, std::vector<float>{1, 1, 1, 1, 1}), out({5});
+      c.push_gradients(device_span<const float>{g.span<float>()});
+      c.pull(device_span<float>{out.span<float>()});
+      CHECK(out.to_vector<float>() == std::vector<float>{0, 1, 2, 3, 4});
+    }
+  }
 }
