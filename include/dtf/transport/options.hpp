@@ -64,9 +64,10 @@ struct transport_options {
   /// offers it a piece at a time as it arrives (rpc_server, payload_pieces). A client marks
   /// what a server needs to take such a push (the ps client: whether its values are finite).
   std::size_t pieces_min_bytes = std::size_t(1) << 20;
-  /// Client: a ps client cuts a ps's part of an init, pull, push or restore into requests of
-  /// at most this many payload bytes (whole shards; a larger shard goes alone), so no frame
-  /// and no buffer on either side grows with the model (docs/design/large-models.md).
+  /// Client: a ps client cuts a ps's part of an init, pull, push, synchronous contribution or
+  /// restore (from host or device memory) into requests of at most this many payload bytes
+  /// (whole shards; a larger shard goes alone), so no frame and no buffer on either side grows
+  /// with the model (docs/design/large-models.md).
   std::size_t max_request_bytes = std::size_t(64) << 20;
   /// CUDA builds: a ps client moves device memory through a pinned staging buffer in segments
   /// of this many bytes, copying one while the previous one is on the wire (CPU builds send in
