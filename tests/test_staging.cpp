@@ -285,7 +285,7 @@ TEST_CASE("ps client: device buffers go in requests of bounded size, pushes and 
       o.max_request_bytes = 25;
       ps_client c({ps0.address(), ps1.address()}, layout, o);
       c.connect();
-      c.initialize(init, {optim::sgd{0.5f}, apply_mode::locked, replicas, replicas ? 1 : 0});
+      c.initialize(init, {optim::sgd{0.5f}, apply_mode::locked, replicas, replicas});
       detail::connection_staging<host_copy_engine> staging(2, 7);
       std::vector<float> out(48, -1.0f);
       if (replicas) {
