@@ -107,7 +107,9 @@ finish() {
   exit $((failures > 0))
 }
 
-title="# dtf GPU check ($mode mode), $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+tree=""  # a copy whose working tree is not its HEAD's (a device tool's copy) says so
+git rev-parse -q --verify HEAD >/dev/null 2>&1 && ! git diff --quiet HEAD -- 2>/dev/null && tree=" (working tree differs)"
+title="# dtf GPU check ($mode mode), $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$tree"
 echo "$title"
 
 # ---- 1. unpack the bundle into the private prefix -----------------------------------------
