@@ -28,6 +28,11 @@ dtf::placement layout2() { return dtf::partitioners::fixed_size{rows}.place(vars
 
 std::vector<float> seeded(std::uint32_t seed, float scale) { return dtf::test::seeded_uniform(n, seed, scale); }
 
+// Request bounds the tests run with: with 4,000-byte shards, 9,000 bytes make parts of 2 shards
+// (3 per ps), 4,000 parts of one (6 per ps), 1 byte too (a shard larger than the bound goes
+// alone); 0 is the default, one part per ps.
+const std::size_t request_sizes[] = {9000, 4000, 1, 0};
+
 // Options whose requests carry at most `bytes` of payload (0: the default, one part per ps here).
 dtf::transport_options cut_at(std::string identity, std::size_t bytes) {
   auto o = dtf::test::opts(std::move(identity));
@@ -77,9 +82,7 @@ struct temp_dir {
 TEST_CASE("a model sent in parts trains to exactly the values of momentum SGD, a push in parts counting once",
           "[ps][parts]") {
   const float lr = 0.05f, mu = 0.9f;
-  // 4,000-byte shards: 9,000 bytes make parts of 2 shards (3 per ps), 4,000 parts of one (6 per
-  // ps), 1 byte too (a shard larger than the bound goes alone); 0 is one part per ps.
-  for (const std::size_t bytes : {std::size_t(9000), std::size_t(4000), std::size_t(1), std::size_t(0)}) {
+  for (const std::size_t bytes : lm::request_sizes) {
     DYNAMIC_SECTION("requests of at most " << bytes << " bytes") {
       lm::two_ps cluster;
       auto chief = cluster.client("chief.0", bytes);
@@ -241,7 +244,7 @@ TEST_CASE("a synchronous contribution sent in segments averages to exactly the v
   // N = 2 workers; each ps's part in segments of 2 shards, 1 shard, 1 byte (one shard each) or
   // whole (0). Every step must apply the average of both workers' gradients once, on both ps.
   const float lr = 0.05f, mu = 0.9f;
-  for (const std::size_t bytes : {std::size_t(9000), std::size_t(4000), std::size_t(1), std::size_t(0)}) {
+  for (const std::size_t bytes : lm::request_sizes) {
     DYNAMIC_SECTION("requests of at most " << bytes << " bytes") {
       lm::two_ps cluster;
       auto w = lm::seeded(8, 1.0f);
