@@ -102,8 +102,10 @@ class sync_client {
                                               " floats of dim " + std::to_string(r.dim) + ") laid out for another ps count");
     // Each ps's part in segments of whole shards (dtf/ps/request_parts.hpp), the rows with the
     // last, or alone after it when they would take the last over the bound.
-    std::vector<std::vector<std::vector<std::uint32_t>>> segments(self().layout().num_ps);
-    for (const auto& [ps, ids] : self().parts_for("push_sync")) segments[ps].push_back(ids);
+    // (The client's cut, made once: segments point into it, copying no ids per step.)
+    static const std::vector<std::uint32_t> rows_alone;
+    std::vector<std::vector<const std::vector<std::uint32_t>*>> segments(self().layout().num_ps);
+    for (const auto& [ps, ids] : self().parts_for("push_sync")) segments[ps].push_back(&ids);
     const auto& t = self().transport();
     const std::uint64_t bound = std::min<std::uint64_t>(t.max_request_bytes, t.limits.max_payload_bytes);
     auto bytes_of = [&](const std::vector<std::uint32_t>& ids) {
@@ -118,11 +120,11 @@ class sync_client {
         throw error(errc::invalid_argument, "push_sync: the embedding rows for ps." + std::to_string(ps) + " are " +
                                                 std::to_string(row_bytes) + " bytes, over the " +
                                                 std::to_string(t.limits.max_payload_bytes) + " one frame may carry");
-      if (row_bytes > 0 && !segments[ps].back().empty() && bytes_of(segments[ps].back()) + row_bytes > bound)
-        segments[ps].emplace_back();
+      if (row_bytes > 0 && !segments[ps].back()->empty() && bytes_of(*segments[ps].back()) + row_bytes > bound)
+        segments[ps].push_back(&rows_alone);
     }
     auto call_to = [&](std::size_t ps, std::size_t k, detail::message_kind kind) {
-      const auto& ids = segments[ps][k];
+      const auto& ids = *segments[ps][k];
       const bool last = k + 1 == segments[ps].size();
       detail::ps_sync_push_msg m{ids, step, delta ? detail::update_kind::delta : detail::update_kind::gradient,
                                  learning_rate};
@@ -139,7 +141,7 @@ class sync_client {
     // The payload, attached just before the request goes (a device form's staging buffer is one
     // per ps): the segment's shards, then the rows.
     auto attach_to = [&](rpc_call& c, std::size_t ps, std::size_t k) {
-      const auto& ids = segments[ps][k];
+      const auto& ids = *segments[ps][k];
       if (!ids.empty() || segments[ps].size() == 1) attach(c, ps, ids);  // not a segment of rows alone
       for (const auto& r : rows)
         if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; k + 1 == segments[ps].size() && e > b) {
