@@ -187,7 +187,14 @@ TEST_CASE("hogwild with an embedding model: dense and table updates equal a loca
 TEST_CASE("sync_sgd with an embedding model: 2 workers' dense and row averages equal a local reference",
           "[sparse][train][sync]") {
   const bool hashed = GENERATE(false, true);
-  CAPTURE(hashed);
+  // Requests of at most 1 byte: each shard in a segment of its own, the rows in one after them.
+  const std::size_t request_bytes = GENERATE(std::size_t(0), std::size_t(1));
+  CAPTURE(hashed, request_bytes);
+  auto client_opts = [&](std::string name) {
+    auto o = opts(std::move(name));
+    if (request_bytes) o.max_request_bytes = request_bytes;
+    return o;
+  };
   embedding_spec spec{.name = "words", .rows = hashed ? 0 : V, .dim = D, .init = {.scale = 0.3f, .seed = 5}};
   auto ref_net = make_net(nn::embedding_combine::concat, spec);
   running_ps ps0{opts("ps.0")}, ps1{opts("ps.1")};
@@ -199,7 +206,7 @@ TEST_CASE("sync_sgd with an embedding model: 2 workers' dense and row averages e
   auto batch_of = [](std::size_t k, std::size_t s) { return id_batch(200 + 2 * s + k); };
   {
     auto net = make_net(nn::embedding_combine::concat, spec);
-    ps_client chief({ps0.address(), ps1.address()}, layout, opts("worker.0"));
+    ps_client chief({ps0.address(), ps1.address()}, layout, client_opts("worker.0"));
     chief.connect();
     worker_type w(strategies::sync_sgd(config), net, chief, 0);
     w.set_embedding_rule(optim::sgd{table_lr});
@@ -209,7 +216,7 @@ TEST_CASE("sync_sgd with an embedding model: 2 workers' dense and row averages e
   std::vector<strategies::drop_stats> drops(2);
   test::run_threads(2, [&](std::size_t k) {
     auto net = make_net(nn::embedding_combine::concat, spec);
-    ps_client c({ps0.address(), ps1.address()}, layout, opts("worker." + std::to_string(k)));
+    ps_client c({ps0.address(), ps1.address()}, layout, client_opts("worker." + std::to_string(k)));
     c.connect();
     worker_type w(strategies::sync_sgd(config), net, c, k);
     w.begin();
