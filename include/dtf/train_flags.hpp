@@ -12,6 +12,7 @@
 //   cluster        --job_name --task_index --ps_hosts --worker_hosts --chief_host --num_ps
 //                  --base_port --rendezvous (dtf/cluster.hpp; also TF_CONFIG, Slurm, MPI)
 //   every set      --epochs --batch --seed --secret_file --tls --timeout_ms --log_every --blas_threads
+//                  --gpu --share_gpus (CUDA builds: dtf/device/select.hpp)
 //                  --model_dir --save_checkpoints_steps --save_checkpoints_secs --keep_checkpoints
 //                  --last_step --num_steps --summary_every --nan_policy fail|stop
 //                  --metrics_file --target_accuracy
@@ -22,6 +23,7 @@
 #pragma once
 
 #include <dtf/cluster.hpp>
+#include <dtf/device/select.hpp>
 #include <dtf/error.hpp>
 #include <dtf/flags.hpp>
 #include <dtf/partitioners.hpp>
@@ -29,6 +31,7 @@
 #include <dtf/train.hpp>
 #include <dtf/transport/credentials.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -76,6 +79,12 @@ struct train_flags {
   int num_shards = 2;
   int blas_threads = 1;    ///< --blas_threads (0: the BLAS library's default)
   int device_threads = 1;  ///< OpenMP threads of Thrust's device system on CPU builds (no flag of its own)
+  /// --gpu, --share_gpus (CUDA builds): this process's GPU (-1: from the launcher's local rank),
+  /// and whether more local processes than GPUs may share them (dtf/device/select.hpp).
+  device::selection_options gpu;
+  /// The GPU resolve_cluster() chose for this training task (CUDA builds; none on CPU builds
+  /// and for a ps).
+  mutable std::optional<device::selection> gpu_selected;
   /// --slow_worker, --slow_ms (synchronous strategies): the index of a worker to slow down (-1:
   /// none) and the milliseconds added to each of its gradients.
   ///@{
@@ -110,6 +119,9 @@ struct train_flags {
              s == train_flag_set::ps ? "deadline of every request to a ps" : "longest wait without progress inside a collective")
         .add("log_every", train.log_every, "iterations (local steps) between progress lines")
         .add("blas_threads", blas_threads, "BLAS threads per process")
+        .add("gpu", gpu.device, "CUDA builds: this process's GPU (-1: from the launcher's local rank)")
+        .add("share_gpus", gpu.share,
+             "CUDA builds: let more processes than GPUs on a host share them (default: $DTF_SHARE_GPUS=1)")
         .add("model_dir", train.model_dir, "checkpoints and TensorBoard event files; resumes from its latest checkpoint")
         .add("save_checkpoints_steps", train.save_checkpoints_steps, "chief: checkpoint every N global steps (0: off)")
         .add("save_checkpoints_secs", train.save_checkpoints_secs, "chief: checkpoint every S seconds (0: off)")
@@ -137,11 +149,22 @@ struct train_flags {
   }
 
   /// Sets the CPU threads (blas_threads, device_threads) and resolves the cluster (dtf/cluster.hpp). With the
-  /// collective set and no cluster in the flags or the environment: this process alone.
+  /// collective set and no cluster in the flags or the environment: this process alone. On CUDA
+  /// builds a training task then takes its GPU (device::select_device with --gpu, --share_gpus)
+  /// and says which; a malformed local-rank variable is an error on every build.
   dtf::cluster resolve_cluster() const {
     set_cpu_threads({.device = device_threads, .blas = blas_threads});
-    if (set == train_flag_set::collective && !describes_cluster()) return local_cluster();
-    return dtf::resolve_cluster(cluster);
+    dtf::cluster c = set == train_flag_set::collective && !describes_cluster() ? local_cluster()
+                                                                               : dtf::resolve_cluster(cluster);
+    // A training task takes its GPU before anything allocates device memory (a ps needs none).
+    if (c.self.job != "ps") {
+      gpu_selected = device::select_device(gpu);
+      if (gpu_selected) {
+        std::printf("%s: %s\n", c.self.str().c_str(), gpu_selected->reason.c_str());
+        std::fflush(stdout);
+      }
+    }
+    return c;
   }
 
   /// The train_options of these flags for scheme `name` on cluster `c`. Errors name the flag.

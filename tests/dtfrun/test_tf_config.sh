@@ -1,10 +1,11 @@
 # Each task gets a TF_CONFIG that is valid JSON, names its own type and index, lists the
 # same cluster (chief, worker, ps; the evaluator left out) on distinct ports, and a DTF_TASK
-# that matches; dtfrun announces each task with its pid and address.
+# that matches; dtfrun announces each task with its pid and address. The training tasks (chief,
+# then workers) get the local ranks 0..n-1 and DTF_LOCAL_SIZE n; ps and evaluator tasks get none.
 source "$(dirname "$0")/lib.sh"
 
 cat >"$work/task.sh" <<'TASK'
-printf '%s %s\n' "$DTF_TASK" "$TF_CONFIG"
+printf '%s %s %s\n' "$DTF_TASK" "${DTF_LOCAL_RANK--}/${DTF_LOCAL_SIZE--}" "$TF_CONFIG"
 TASK
 
 check() {  # check <expected job sizes as JSON> <dtfrun flags...>
@@ -16,18 +17,24 @@ check() {  # check <expected job sizes as JSON> <dtfrun flags...>
 import json, re, sys
 out, err, sizes = open(sys.argv[1]).read().splitlines(), open(sys.argv[2]).read(), json.loads(sys.argv[3])
 expected = {f"{job}.{i}" for job, n in sizes.items() for i in range(n)}
-clusters = {}
+clusters, locals_ = {}, {}
 for line in out:
     prefix, sep, rest = line.partition(" | ")
     assert sep, f"unprefixed line: {line!r}"
     name = prefix.rstrip()
-    dtf_task, _, config = rest.partition(" ")
+    dtf_task, _, rest = rest.partition(" ")
+    local, _, config = rest.partition(" ")
     assert dtf_task == name, f"DTF_TASK {dtf_task!r} printed under {name!r}"
+    locals_[name] = local
     parsed = json.loads(config)
     job, index = name.split(".")
     assert parsed["task"] == {"type": job, "index": int(index)}, parsed["task"]
     clusters[name] = parsed["cluster"]
 assert set(clusters) == expected, f"tasks {sorted(clusters)} != {sorted(expected)}"
+trainers = [f"chief.{i}" for i in range(sizes.get("chief", 0))] + [f"worker.{i}" for i in range(sizes.get("worker", 0))]
+for name in expected:
+    want = f"{trainers.index(name)}/{len(trainers)}" if name in trainers else "-/-"
+    assert locals_[name] == want, f"{name}: DTF_LOCAL_RANK/DTF_LOCAL_SIZE {locals_[name]}, expected {want}"
 cluster = next(iter(clusters.values()))
 assert all(c == cluster for c in clusters.values()), "tasks disagree on the cluster"
 listed = {job: n for job, n in sizes.items() if n > 0 and job != "evaluator"}

@@ -27,7 +27,9 @@ inline constexpr std::string_view usage_text =
 
 Starts a dtf cluster on this machine. Every task runs CMD ARGS with its own TF_CONFIG
 and DTF_TASK=<job>.<index> added to dtfrun's environment, stdin from /dev/null, in a
-process group of its own. Each line a task writes is printed with the task's name in
+process group of its own. The chief and the workers also get DTF_LOCAL_RANK (0 for the
+chief, then the workers in order) and DTF_LOCAL_SIZE, from which each picks a GPU of
+its own on CUDA builds. Each line a task writes is printed with the task's name in
 front ("ps.0     | ..."), stdout to stdout and stderr to stderr.
 
 ports: dtfrun binds and listens on each task's port when it picks it, and hands the

@@ -50,7 +50,8 @@ class task_starter {
       }
       if (entry.starts_with("TF_CONFIG=") || entry.starts_with("DTF_TASK=") ||
           entry.starts_with("DTF_RESTART_COUNT=") || entry.starts_with("DTF_LISTEN_FD=") ||
-          entry.starts_with("DTF_TASK_KEY=") || entry.starts_with("DTF_RING_KEY=")) {
+          entry.starts_with("DTF_TASK_KEY=") || entry.starts_with("DTF_RING_KEY=") ||
+          entry.starts_with("DTF_LOCAL_RANK=") || entry.starts_with("DTF_LOCAL_SIZE=")) {
         continue;
       }
       base_env_.emplace_back(entry);
@@ -77,6 +78,18 @@ class task_starter {
     env.push_back("DTF_TASK=" + t.name);
     env.push_back("DTF_RESTART_COUNT=" + std::to_string(t.restarts));
     if (t.listen_fd >= 0) env.push_back("DTF_LISTEN_FD=" + std::to_string(t.listen_fd));
+    // The training tasks' local ranks (chief first, then the workers), from which each picks a
+    // GPU of its own (dtf/device/select.hpp); a ps or an evaluator trains nothing and gets none.
+    if (t.job == "chief" || t.job == "worker") {
+      int rank = -1, size = 0;
+      for (const task& other : tasks)
+        if (other.job == "chief" || other.job == "worker") {
+          if (&other == &t || other.name == t.name) rank = size;
+          ++size;
+        }
+      env.push_back("DTF_LOCAL_RANK=" + std::to_string(rank));
+      env.push_back("DTF_LOCAL_SIZE=" + std::to_string(size));
+    }
     // Each task gets only the credential it needs (docs/design/identity.md): a ps the master
     // secret, any other task its own key and the ring key, so that it can present no other name.
     if (!master_.empty()) {

@@ -1,0 +1,159 @@
+// One GPU per process: the local rank from each launcher's variables and the device chosen from
+// it (dtf/device/select.hpp). The decision is a pure function of the environment and the number
+// of visible GPUs, so it is tested here on every build; CUDA builds apply it with cudaSetDevice.
+#include <dtf/device/select.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <string>
+
+namespace device_test {
+
+using env_map = std::map<std::string, std::string>;
+
+dtf::device::env_lookup lookup(const env_map& m) {
+  return [&m](const char* v) -> const char* {
+    const auto it = m.find(v);
+    return it == m.end() ? nullptr : it->second.c_str();
+  };
+}
+
+std::optional<dtf::device::local_rank_info> local(const env_map& m) { return dtf::device::local_rank_from(lookup(m)); }
+
+std::string error_of(const env_map& m) {
+  try {
+    (void)local(m);
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == dtf::errc::invalid_config);
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace device_test
+
+TEST_CASE("the local rank comes from each launcher's variables", "[device]") {
+  using namespace device_test;
+  struct row {
+    env_map env;
+    int rank;
+    std::optional<int> size;
+    std::string source;
+  };
+  const row rows[] = {
+      {{{"DTF_LOCAL_RANK", "1"}, {"DTF_LOCAL_SIZE", "3"}}, 1, 3, "DTF_LOCAL_RANK"},
+      {{{"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}}, 2, 4, "LOCAL_RANK"},
+      {{{"LOCAL_RANK", "5"}}, 5, std::nullopt, "LOCAL_RANK"},
+      {{{"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}, 0, 2, "OMPI_COMM_WORLD_LOCAL_RANK"},
+      {{{"MV2_COMM_WORLD_LOCAL_RANK", "3"}, {"MV2_COMM_WORLD_LOCAL_SIZE", "8"}}, 3, 8, "MV2_COMM_WORLD_LOCAL_RANK"},
+      {{{"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}}, 1, 2, "MPI_LOCALRANKID"},
+      // srun: the step's tasks per node, at this node (2 on each of nodes 0-2, then 1 on node 3).
+      {{{"SLURM_LOCALID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_NODEID", "2"}}, 1, 2, "SLURM_LOCALID"},
+      {{{"SLURM_LOCALID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_NODEID", "3"}}, 0, 1, "SLURM_LOCALID"},
+      {{{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "4,2"}, {"SLURM_NODEID", "1"}}, 0, 2, "SLURM_LOCALID"},
+      {{{"SLURM_LOCALID", "3"}, {"SLURM_TASKS_PER_NODE", "4"}}, 3, 4, "SLURM_LOCALID"},
+      {{{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "4"}, {"SLURM_NODEID", "7"}}, 0, std::nullopt, "SLURM_LOCALID"},
+      // mpirun inside a Slurm allocation: Open MPI's ranks, not the batch script's.
+      {{{"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"SLURM_LOCALID", "0"}}, 1, 2,
+       "OMPI_COMM_WORLD_LOCAL_RANK"},
+      // dtfrun's own variables first.
+      {{{"DTF_LOCAL_RANK", "0"}, {"DTF_LOCAL_SIZE", "1"}, {"LOCAL_RANK", "3"}}, 0, 1, "DTF_LOCAL_RANK"},
+  };
+  for (const row& r : rows) {
+    INFO(r.source << " rank " << r.rank);
+    const auto got = local(r.env);
+    REQUIRE(got);
+    CHECK(got->rank == r.rank);
+    CHECK(got->size == r.size);
+    CHECK(got->source == r.source);
+  }
+  CHECK_FALSE(local({}));
+  CHECK_FALSE(local({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));  // a size without a rank says nothing
+}
+
+TEST_CASE("a malformed local-rank variable is an error naming it", "[device]") {
+  using namespace device_test;
+  CHECK_THAT(error_of({{"LOCAL_RANK", "one"}}), Catch::Contains("$LOCAL_RANK='one'"));
+  CHECK_THAT(error_of({{"LOCAL_RANK", "-1"}}), Catch::Contains("$LOCAL_RANK='-1'"));
+  CHECK_THAT(error_of({{"LOCAL_RANK", ""}}), Catch::Contains("$LOCAL_RANK=''"));
+  CHECK_THAT(error_of({{"LOCAL_RANK", "99999999999"}}), Catch::Contains("$LOCAL_RANK"));
+  CHECK_THAT(error_of({{"DTF_LOCAL_RANK", "2"}, {"DTF_LOCAL_SIZE", "2"}}),
+             Catch::Contains("$DTF_LOCAL_RANK=2 is not below its 2 local ranks"));
+  CHECK_THAT(error_of({{"DTF_LOCAL_RANK", "0"}, {"DTF_LOCAL_SIZE", "x"}}), Catch::Contains("$DTF_LOCAL_SIZE='x'"));
+  for (const char* bad : {"2(x", "2(y3)", "(x2)", "2,,1", "2(x0)", "a", "2,", "2(x3)1", "2(x)", ""}) {
+    INFO(bad);
+    CHECK_THAT(error_of({{"SLURM_LOCALID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", bad}}),
+               Catch::Contains("$SLURM_STEP_TASKS_PER_NODE"));
+  }
+  CHECK_THAT(error_of({{"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2"}, {"SLURM_NODEID", "n1"}}),
+             Catch::Contains("$SLURM_NODEID='n1'"));
+}
+
+TEST_CASE("each local rank gets a GPU of its own, or a clear error", "[device]") {
+  using dtf::device::choose_device;
+  using dtf::device::local_rank_info;
+  const local_rank_info r1of2{1, 2, "DTF_LOCAL_RANK"};
+  const local_rank_info r3of4{3, 4, "OMPI_COMM_WORLD_LOCAL_RANK"};
+
+  // As many GPUs as local ranks, or more: device = local rank.
+  auto s = choose_device(r1of2, 2, nullptr, {});
+  CHECK(s.device == 1);
+  CHECK_FALSE(s.shared);
+  CHECK(s.reason == "GPU 1 of 2 (local rank 1 of 2 from DTF_LOCAL_RANK)");
+  CHECK(choose_device(r3of4, 8, nullptr, {}).device == 3);
+  // No launcher: GPU 0.
+  s = choose_device(std::nullopt, 4, nullptr, {});
+  CHECK(s.device == 0);
+  CHECK_FALSE(s.local);
+  // A rank without a size: its own index must be visible.
+  CHECK(choose_device(local_rank_info{2, std::nullopt, "LOCAL_RANK"}, 4, nullptr, {}).device == 2);
+
+  // More local ranks than GPUs: an error naming the counts and the ways out...
+  try {
+    (void)choose_device(r3of4, 2, "0,1", {});
+    FAIL("4 ranks on 2 GPUs were accepted");
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == dtf::errc::invalid_config);
+    CHECK_THAT(e.what(), Catch::Contains("4 local ranks on this host (local rank 3 of 4 from OMPI_COMM_WORLD_LOCAL_RANK)") &&
+                             Catch::Contains("but 2 GPUs visible (CUDA_VISIBLE_DEVICES=0,1)") &&
+                             Catch::Contains("--share_gpus"));
+  }
+  // ...the same on one GPU that CUDA_VISIBLE_DEVICES does not single out for this process...
+  CHECK_THROWS_WITH(choose_device(r1of2, 1, nullptr, {}), Catch::Contains("2 local ranks on this host"));
+  // ...unless sharing was asked for (round-robin over the visible GPUs)...
+  s = choose_device(r3of4, 2, nullptr, {.share = true});
+  CHECK(s.device == 1);
+  CHECK(s.shared);
+  CHECK(choose_device(r1of2, 1, nullptr, {.share = true}).device == 0);
+  // ...or the launcher showed this process exactly one GPU (Slurm's --gpus-per-task).
+  s = choose_device(r3of4, 1, "5", {});
+  CHECK(s.device == 0);
+  CHECK_FALSE(s.shared);
+  CHECK_THAT(s.reason, Catch::Contains("CUDA_VISIBLE_DEVICES=5 shows this process one GPU of its own"));
+
+  // An explicit device is used as given, and must be visible.
+  s = choose_device(r3of4, 2, nullptr, {.device = 1});
+  CHECK(s.device == 1);
+  CHECK(s.reason == "GPU 1 of 2 (--gpu)");
+  CHECK_THROWS_WITH(choose_device(std::nullopt, 2, nullptr, {.device = 2}), Catch::Contains("--gpu 2: only 2 GPUs are visible"));
+  // No GPU at all.
+  CHECK_THROWS_WITH(choose_device(std::nullopt, 0, "", {}),
+                    Catch::Contains("no GPU is visible to this process (CUDA_VISIBLE_DEVICES=)"));
+  CHECK(dtf::device::devices_named("") == 0);
+  CHECK(dtf::device::devices_named("2,3") == 2);
+  CHECK_FALSE(dtf::device::devices_named(nullptr));
+}
+
+TEST_CASE("select_device reads the environment: sharing from DTF_SHARE_GPUS, bad variables refused", "[device]") {
+  using namespace device_test;
+  const env_map share{{"DTF_SHARE_GPUS", "1"}};
+  CHECK(dtf::device::share_from_environment(lookup(share)));
+  CHECK_FALSE(dtf::device::share_from_environment(lookup({{"DTF_SHARE_GPUS", "0"}})));
+  const env_map bad{{"DTF_LOCAL_RANK", "4"}, {"DTF_LOCAL_SIZE", "2"}};
+  CHECK_THROWS_WITH(dtf::device::select_device({}, lookup(bad)), Catch::Contains("$DTF_LOCAL_RANK=4"));
+#if !DTF_CUDA
+  // A CPU build chooses no GPU.
+  CHECK_FALSE(dtf::device::select_device({}, lookup({{"DTF_LOCAL_RANK", "1"}, {"DTF_LOCAL_SIZE", "2"}})));
+#endif
+}
