@@ -9,6 +9,7 @@
 
 #include <zlib.h>
 
+#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -293,4 +294,59 @@ TEST_CASE("IDX bytes stay bytes, and a shard keeps only its examples and normali
     }
   }
   CHECK(row == 13);
+}
+
+namespace device_shard_test {
+// Every batch of `d` (all its epochs) from the host stream and from a device_shard, compared bit
+// for bit: features, labels and shapes.
+void compare_with_stream(const data::dataset& d, std::size_t epochs, std::size_t classes) {
+  data::device_shard shard(d, classes);
+  tensor x, y;
+  std::size_t batches = 0;
+  auto s = d.stream();
+  while (auto b = s.next()) {
+    INFO("epoch " << b->epoch << " batch " << b->index);
+    shard.gather(b->epoch, b->index, x, y);
+    REQUIRE(x.shape() == dims{b->features.shape(0), b->features.shape(1)});
+    REQUIRE(y.shape() == dims{b->labels.shape(0)});
+    const auto xs = x.to_vector<float>();
+    const auto ys = y.to_vector<std::int32_t>();
+    CHECK(std::memcmp(xs.data(), b->features.data(), xs.size() * sizeof(float)) == 0);
+    CHECK(std::equal(ys.begin(), ys.end(), b->labels.begin()));
+    ++batches;
+  }
+  CHECK(batches == d.batches_per_epoch() * epochs);
+}
+}  // namespace device_shard_test
+
+TEST_CASE("a shard gathered on the device equals the host stream's batches bit for bit", "[data][device]") {
+  // Fashion-MNIST's bytes: a shard of a subset, shuffled and normalised, a partial last batch,
+  // two epochs (two permutations).
+  const auto fm = data::load_fashion_mnist(data::split::train, test::fashion_mnist_dir());
+  device_shard_test::compare_with_stream(fm.take(1000).shard(3, 1).shuffle(7).normalize().batch(64).repeat(2), 2, 10);
+  // float32 rows, unshuffled and not normalised, after take() of an unsharded set.
+  device_shard_test::compare_with_stream(ten().take(7).batch(3).repeat(2), 2, 0);
+  // Random access: a batch of a later epoch first, then an earlier one (a resumed position).
+  const auto d = fm.take(300).shuffle(3).normalize().batch(50).repeat(3);
+  data::device_shard shard(d, 10);
+  tensor x, y;
+  std::vector<std::vector<float>> want;
+  for (auto s = d.stream(data::position{2, 4}); auto b = s.next();)
+    want.emplace_back(b->features.begin(), b->features.end());
+  REQUIRE(want.size() == 2);
+  shard.gather(2, 5, x, y);
+  CHECK(x.to_vector<float>() == want[1]);
+  shard.gather(2, 4, x, y);
+  CHECK(x.to_vector<float>() == want[0]);
+  shard.gather(0, 0, x, y);
+  CHECK(x.to_vector<float>() != want[0]);
+  // Positions outside the dataset are errors naming them.
+  CHECK_THROWS_WITH(shard.gather(0, 6, x, y), Catch::Contains("batch 6 is not one of the 6 of an epoch"));
+  CHECK_THROWS_WITH(shard.gather(3, 0, x, y), Catch::Contains("epoch 3 is past the dataset's 3"));
+}
+
+TEST_CASE("a device shard checks its labels once, at upload", "[data][device][errors]") {
+  // ten()'s labels are i % 3: with 2 classes, example 2 is the first out of range.
+  CHECK_THROWS_WITH(data::device_shard(ten(), 2), Catch::Contains("example 2 has label 2, not in [0, 2)"));
+  CHECK_NOTHROW(data::device_shard(ten(), 3));
 }

@@ -1,9 +1,16 @@
 // One GPU per process: the local rank from each launcher's variables and the device chosen from
 // it (dtf/device/select.hpp). The decision is a pure function of the environment and the number
 // of visible GPUs, so it is tested here on every build; CUDA builds apply it with cudaSetDevice.
+#include <dtf/device/context.hpp>
 #include <dtf/device/select.hpp>
 
 #include <catch2/catch.hpp>
+
+#include <thrust/device_vector.h>
+#include <thrust/reduce.h>
+#include <thrust/sort.h>
+
+#include <algorithm>
 
 #include <map>
 #include <string>
@@ -156,4 +163,50 @@ TEST_CASE("select_device reads the environment: sharing from DTF_SHARE_GPUS, bad
   // A CPU build chooses no GPU.
   CHECK_FALSE(dtf::device::select_device({}, lookup({{"DTF_LOCAL_RANK", "1"}, {"DTF_LOCAL_SIZE", "2"}})));
 #endif
+}
+
+TEST_CASE("a context's pool serves a repeated step's temporaries without new allocations", "[device]") {
+  dtf::device::context ctx;
+  auto& pool = ctx.pool();
+  // The pool itself: a freed block serves the next request of its size.
+  void* a = pool.allocate(1000);
+  pool.deallocate(a, 1000);
+  void* b = pool.allocate(1000);
+  CHECK(b == a);
+  void* c = pool.allocate(1000);  // the first is in use: a new block
+  CHECK(c != b);
+  pool.deallocate(b, 1000);
+  pool.deallocate(c, 1000);
+  auto st = pool.stats();
+  CHECK(st.requests == 3);
+  CHECK(st.system_allocations == 2);
+  CHECK(st.bytes_reserved == 2000);
+
+  // A "step" of Thrust algorithms with temporaries (a sort and a reduction) on the context's
+  // policy: the first step fills the pool, the following ones take nothing more from the system,
+  // and the results are those of the default policy.
+  std::vector<float> host(10000);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = float((i * 7919) % 10007) - 5000.0f;
+  thrust::device_vector<float> v(host.begin(), host.end());
+  auto step = [&] {
+    thrust::device_vector<float> w = v;
+    thrust::sort(ctx.policy(), w.begin(), w.end());
+    const float sum = thrust::reduce(ctx.policy(), w.begin(), w.end(), 0.0f);
+    ctx.synchronize();
+    return std::pair{std::vector<float>(w.begin(), w.end()), sum};
+  };
+  const auto first = step();
+  const auto warm = pool.stats();
+  REQUIRE(warm.requests > st.requests);  // the algorithms' temporaries came from the pool
+  for (int i = 0; i < 3; ++i) CHECK(step() == first);
+  const auto after = pool.stats();
+  CHECK(after.requests > warm.requests);
+  CHECK(after.system_allocations == warm.system_allocations);
+  CHECK(after.bytes_reserved == warm.bytes_reserved);
+  std::vector<float> sorted = host;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(first.first == sorted);
+  thrust::device_vector<float> w = v;
+  thrust::sort(w.begin(), w.end());
+  CHECK(first.second == thrust::reduce(w.begin(), w.end(), 0.0f));
 }

@@ -51,6 +51,7 @@ struct host_batch {
 };
 
 class batch_stream;
+class device_shard;
 
 /// An in-memory dataset of (features, label) examples and the input pipeline around it: shard,
 /// take, shuffle, normalize, batch, repeat, prefetch. A value: each call returns a new dataset
@@ -186,6 +187,18 @@ class dataset {
     return drop_remainder_ ? size() / batch_size_ : (size() + batch_size_ - 1) / batch_size_;
   }
 
+  /// The examples of epoch `epoch` in the order the stream visits them, as rows of the examples
+  /// this dataset refers to (device_shard's rows): the selection, permuted with seed + epoch
+  /// when shuffled. Fisher–Yates with a generator of dtf's own, so that a seed gives the same
+  /// order with every standard library.
+  std::vector<std::uint32_t> epoch_order(std::size_t epoch) const {
+    std::vector<std::uint32_t> order = indices_;
+    if (!shuffle_) return order;
+    nn::splitmix64 rng(seed_ + 0x9E3779B97F4A7C15ull * (epoch + 1));
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+    return order;
+  }
+
   /// The label of selected example i (in selection order, before shuffling).
   std::int32_t label(std::size_t i) const { return src_->labels(indices_.at(i)); }
 
@@ -198,6 +211,7 @@ class dataset {
 
  private:
   friend class batch_stream;
+  friend class device_shard;
   // Features as float32 rows (the constructor) or as the file's bytes (from_idx): one of
   // the two is empty.
   struct source {
@@ -329,13 +343,7 @@ class batch_stream {
     return b;
   }
 
-  // Fisher–Yates with a seeded generator of dtf's own, so that a seed gives the same order
-  // with every standard library.
-  void permute() {
-    order_ = d_.indices_;
-    nn::splitmix64 rng(d_.seed_ + 0x9E3779B97F4A7C15ull * (epoch_ + 1));
-    for (std::size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng() % i]);
-  }
+  void permute() { order_ = d_.epoch_order(epoch_); }
 
   void produce() {
     try {
