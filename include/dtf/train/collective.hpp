@@ -18,10 +18,10 @@
 //                     restored global step puts its shard (rank 0 says where).
 //   run               run_ring: one batch per replica per step until the ranks agree to stop;
 //                     rank 0 evaluates after each epoch.
-//   finish            finish_collective: the session closed (rank 0's final checkpoint), every
-//                     rank past the barrier (no rank leaves while another needs its connections),
-//                     rank 0 evaluated what was trained and printed the RESULT line; the result
-//                     carries the exit code.
+//   finish            close_ring: the session closed (rank 0's final checkpoint), every rank past
+//                     the barrier (no rank leaves while another needs its connections); then
+//                     report_ring: rank 0 evaluated what was trained and printed the RESULT
+//                     line; the result carries the exit code.
 #pragma once
 
 #include <dtf/cluster.hpp>
@@ -263,12 +263,15 @@ inline std::deque<replica_stream> resume_replicas(ring_job& ring, const replica_
   return streams;
 }
 
-/// What the run leaves to the finish: when its steps began, rank 0's last evaluation.
+/// What the run leaves to the finish: when its steps began, rank 0's last evaluation; then
+/// what close_ring measured.
 struct ring_run {
   train_clock::time_point t0;
   std::int64_t first_step = 0;
   std::optional<nn::evaluation> eval;
   std::int64_t evaluated_at = -1;  ///< the global step of `eval`
+  double train_s = 0;              ///< from t0 to the session's close
+  std::int64_t final_step = 0, trained = 0;  ///< the global step at the close; steps run (at least 1)
 };
 
 /// Rank 0's evaluation of the trained variables (replica 0's buffers), said with `label`.
@@ -285,10 +288,11 @@ void evaluate_ring(ring_run& run, M& net, Engine& engine, const train_options& o
 }
 
 /// Run (see the file comment): the session's steps until it should stop (not closed yet).
+/// `vars`: the engine's variables (for histograms).
 template <class M, class Engine>
-ring_run run_ring(collective_session& s, ring_job& ring, const replica_data& d, std::deque<replica_stream>& streams,
-                  M& net, Engine& engine, const train_options& o, train_result& result) {
-  monitored_training_session& session = *s.session;
+ring_run run_ring(monitored_training_session& session, const std::vector<variable_spec>& vars, ring_job& ring,
+                  const replica_data& d, std::deque<replica_stream>& streams, M& net, Engine& engine,
+                  const train_options& o, train_result& result) {
   ring_run run{.t0 = train_clock::now(), .first_step = engine.global_step()};
   std::vector<data::host_batch> batches(d.r);
   std::vector<float> host_params;
@@ -308,7 +312,7 @@ ring_run run_ring(collective_session& s, ring_job& ring, const replica_data& d, 
       v.scalars["learning_rate"] = lr;
       if (ctx.summaries_requested()) {
         host_params = hooks::host_parameters(engine);
-        add_histograms(ctx, s.vars, host_params, v);
+        add_histograms(ctx, vars, host_params, v);
       }
       return v;
     });
@@ -319,15 +323,23 @@ ring_run run_ring(collective_session& s, ring_job& ring, const replica_data& d, 
   return run;
 }
 
-/// Finish (see the file comment); `started`: the task's start, its wall time counts from there.
+/// Finish, first: the session's close (rank 0's final checkpoint), then the barrier (nobody
+/// leaves while another still needs its connections); `run` gets the close's measures.
+template <class Engine>
+void close_ring(monitored_training_session& session, ring_job& ring, ring_run& run, Engine& engine) {
+  session.close();
+  run.train_s = std::chrono::duration<double>(train_clock::now() - run.t0).count();
+  run.final_step = engine.global_step();
+  run.trained = std::max<std::int64_t>(1, run.final_step - run.first_step);
+  ring.comm().barrier();
+}
+
+/// Finish, then: the result; rank 0 evaluates what was trained (unless the last epoch's end
+/// did) and prints the RESULT line. `started`: the task's start, its wall time counts from there.
 template <class M, class Engine>
-void finish_collective(collective_session& s, ring_job& ring, const replica_data& d, ring_run& run, M& net,
-                       Engine& engine, const train_options& o, train_result& result, train_clock::time_point started) {
-  s.session->close();
-  const double train_s = std::chrono::duration<double>(train_clock::now() - run.t0).count();
-  const std::int64_t final_step = engine.global_step();
-  const std::int64_t trained = std::max<std::int64_t>(1, final_step - run.first_step);
-  ring.comm().barrier();  // nobody leaves while another still needs its connections
+void report_ring(ring_job& ring, const replica_data& d, ring_run& run, M& net, Engine& engine,
+                 const train_options& o, train_result& result, train_clock::time_point started) {
+  const std::int64_t final_step = run.final_step;
   result.global_step = final_step;
   result.stopped_by_signal = hooks::stop_on_signal::stopped_by_signal();
   if (ring.is_chief()) {
@@ -337,8 +349,8 @@ void finish_collective(collective_session& s, ring_job& ring, const replica_data
     result.evaluation = run.eval;
     const double wall = std::chrono::duration<double>(train_clock::now() - started).count();
     char after[96];
-    std::snprintf(after, sizeof after, "step_ms=%.2f samples_per_s=%.0f", 1e3 * train_s / double(trained),
-                  double(trained) * double(o.batch) * double(d.global) / train_s);
+    std::snprintf(after, sizeof after, "step_ms=%.2f samples_per_s=%.0f", 1e3 * run.train_s / double(run.trained),
+                  double(run.trained) * double(o.batch) * double(d.global) / run.train_s);
     std::string before = o.result_extra.empty() ? "" : o.result_extra + " ";
     result.exit_code = report_result(o, ring.me, ring.comm().size(), run.eval, final_step, wall, before, after);
   }
@@ -350,16 +362,17 @@ template <class S, class M, class... Hooks>
 train_result train_collective(cluster c, M& net, const data::dataset& train_set, const S& strategy,
                               const train_options& o, Hooks... user_hooks) {
   const auto started = train_clock::now();
-  ring_job ring = connect_ring(c, o);
+  ring_job ring = connect_ring(c, o);  // connect
   const replica_data d = shard_replicas(ring.comm(), strategy.replicas_per_process(), train_set, o);
-  auto engine = strategy.make(ring.comm(), net);
+  auto engine = strategy.make(ring.comm(), net);  // initialise or restore
   engine.initialize(o.seed);
   collective_session s;
   start_collective_session(s, ring, d, net, engine, o, std::move(user_hooks)...);
   auto streams = resume_replicas(ring, d, engine.global_step());
   train_result result;
-  ring_run run = run_ring(s, ring, d, streams, net, engine, o, result);
-  finish_collective(s, ring, d, run, net, engine, o, result, started);
+  ring_run run = run_ring(*s.session, s.vars, ring, d, streams, net, engine, o, result);  // run
+  close_ring(*s.session, ring, run, engine);  // finish
+  report_ring(ring, d, run, net, engine, o, result, started);
   return result;
 }
 }  // namespace dtf::detail
