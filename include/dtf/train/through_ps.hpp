@@ -3,6 +3,19 @@
 // strategy inside a monitored session (restore or initialise, checkpoints, recovery, the end of
 // the job). See dtf/train.hpp for the whole picture.
 //
+// train_through_ps runs the phases of ps_job.hpp (connect, initialise or restore, resume the
+// data position, finish) around the strategy's own, with what each guarantees on exit:
+//   ps_trainer        (after connect) the strategy's worker exists over job.ps; the ps are not
+//                     initialised yet.
+//   session_start     what the session needs of the strategy (ps_start): the ps configuration,
+//                     the initialisation from the seed, the restored values into the worker, the
+//                     tables and buffers, the run's end and the checkpoint's positions checked.
+//   run_sync          (run) the steps: synchronous to the job's last step, asynchronous through
+//   run_async         --epochs of its shard (a stop or step limit ends either sooner); then the
+//                     session's close (its final checkpoint), the worker's end and the task's done
+//                     line. They return the RESULT line's own tokens (drops or staleness, also in
+//                     the result).
+//
 // Restarts redo no work: every training task reports its data position (epoch, batch, examples
 // trained) to ps 0 after each step (options.position_every; a synchronous worker right before
 // its contribution, so a checkpoint of the step it completes holds it); the chief's checkpoints carry
