@@ -13,8 +13,8 @@
 //   restore           the session exists with the stop on a signal, the standard hooks, rank 0's
 //                     checkpoint saver (model_dir), the caller's hooks and, last, the agreed stop;
 //                     rank 0 restored the latest checkpoint when there is one (its step checked
-//                     against the run's end) and every rank received it, buffers included (else
-//                     each keeps its initialisation); the start lines said.
+//                     against the run's end) and every rank received it (else each keeps its
+//                     initialisation); every rank holds rank 0's buffers; the start lines said.
 //   resume            resume_replicas: this rank's replicas' batch streams, each where the
 //                     restored global step puts its shard (rank 0 says where).
 //   run               run_ring: one batch per replica per step until the ranks agree to stop;
