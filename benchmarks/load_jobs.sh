@@ -38,7 +38,7 @@
 #   (include/dtf/train/through_ps.hpp).
 # - done reports: the workers' "done after" (asynchronous) or "done at global step"
 #   (synchronous) lines, the chief's RESULT line (printed only after its wait for every
-#   worker's done report, include/dtf/train/through_ps.hpp), and each ps's done requests
+#   worker's done report, finish_ps_job in include/dtf/train/ps_job.hpp), and each ps's done requests
 #   (kind 22, one per worker per ps).
 # - global steps (synchronous): the highest "done at global step" of the workers (global_step in
 #   the CSV), so that a ps's CPU per training step compares protocols that send different

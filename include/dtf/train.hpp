@@ -40,8 +40,11 @@
 // the ps, the communicator and the checkpoints propagate (as exceptions) from this task.
 //
 // Layout: dtf/train/options.hpp (train_options, train_result, evaluate_on), report.hpp (hooks,
-// RESULT line, metrics file), through_ps.hpp (ps, worker and chief of the ps strategies),
-// collective.hpp (a rank of a collective strategy); this header holds the entry point.
+// RESULT line, metrics file), ps_job.hpp (the phases of a ps job's tasks that do not depend on
+// the strategy: the ps role, connect, initialise or restore, data position, finish),
+// through_ps.hpp (the ps strategies' workers and chief through those phases), collective.hpp
+// (a rank of a collective strategy, in phases: connect, replicas, initialise or restore,
+// resume, run, finish); this header holds the entry point.
 #pragma once
 
 #include <dtf/concepts.hpp>

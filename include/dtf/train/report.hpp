@@ -75,21 +75,28 @@ inline void add_histograms(const run_context& ctx, const std::vector<variable_sp
                                      params.begin() + std::ptrdiff_t(v.offset + v.size()));
 }
 
-/// The chief's final report: evaluation line, RESULT line, metrics file; returns the exit code.
-inline int report_result(const train_options& o, const std::string& me, std::size_t workers,
+/// The chief's final lines: the evaluation line (without an evaluation, when `done_line`, a
+/// "done at global step" line: a ps job's tasks print their own done lines) and the RESULT line.
+inline void print_result(const train_options& o, const std::string& me, std::size_t workers,
                          const std::optional<nn::evaluation>& e, std::int64_t global_step, double wall,
-                         const std::string& before_accuracy, const std::string& after) {
+                         const std::string& before_accuracy, const std::string& after, bool done_line = true) {
   if (e) {
     std::printf("%s: final test accuracy %.4f  test_loss %.4f  global_step %lld  wall %.1fs\n", me.c_str(),
                 e->accuracy, e->loss, static_cast<long long>(global_step), wall);
     std::printf("RESULT scheme=%s workers=%zu %saccuracy=%.4f wall_s=%.1f %s\n", o.name.c_str(), workers,
                 before_accuracy.c_str(), e->accuracy, wall, after.c_str());
   } else {
-    std::printf("%s: done at global step %lld  wall %.1fs\n", me.c_str(), static_cast<long long>(global_step), wall);
+    if (done_line)
+      std::printf("%s: done at global step %lld  wall %.1fs\n", me.c_str(), static_cast<long long>(global_step), wall);
     std::printf("RESULT scheme=%s workers=%zu %swall_s=%.1f %s\n", o.name.c_str(), workers, before_accuracy.c_str(),
                 wall, after.c_str());
   }
   std::fflush(stdout);
+}
+
+/// After the chief's final lines: the metrics file, then the exit code (1 below the target accuracy).
+inline int check_result(const train_options& o, const std::string& me, std::size_t workers,
+                        const std::optional<nn::evaluation>& e, std::int64_t global_step, double wall) {
   if (!o.metrics_file.empty())
     write_metrics_file(o.metrics_file, e ? e->accuracy : 0.0, e ? e->loss : 0.0, global_step, wall, workers);
   const double accuracy = e ? e->accuracy : 0.0;
@@ -99,5 +106,13 @@ inline int report_result(const train_options& o, const std::string& me, std::siz
     return 1;
   }
   return 0;
+}
+
+/// The chief's final report: evaluation line, RESULT line, metrics file; returns the exit code.
+inline int report_result(const train_options& o, const std::string& me, std::size_t workers,
+                         const std::optional<nn::evaluation>& e, std::int64_t global_step, double wall,
+                         const std::string& before_accuracy, const std::string& after) {
+  print_result(o, me, workers, e, global_step, wall, before_accuracy, after);
+  return check_result(o, me, workers, e, global_step, wall);
 }
 }  // namespace dtf::detail
