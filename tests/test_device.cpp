@@ -168,7 +168,9 @@ TEST_CASE("select_device reads the environment: sharing from DTF_SHARE_GPUS, bad
 TEST_CASE("a context's pool serves a repeated step's temporaries without new allocations", "[device]") {
   dtf::device::context ctx;
   auto& pool = ctx.pool();
-  // The pool itself: a freed block serves the next request of its size.
+#if !DTF_CUDA
+  // The CPU pool itself: a freed block serves the next request of its size. (CUDA's pool
+  // reserves in its own granularity and may hand out another address.)
   void* a = pool.allocate(1000);
   pool.deallocate(a, 1000);
   void* b = pool.allocate(1000);
@@ -181,6 +183,9 @@ TEST_CASE("a context's pool serves a repeated step's temporaries without new all
   CHECK(st.requests == 3);
   CHECK(st.system_allocations == 2);
   CHECK(st.bytes_reserved == 2000);
+#else
+  const auto st = pool.stats();
+#endif
 
   // A "step" of Thrust algorithms with temporaries (a sort and a reduction) on the context's
   // policy: the first step fills the pool, the following ones take nothing more from the system,
