@@ -13,6 +13,10 @@
 #               sync_sgd (1 ps, 2 workers) under dtfrun, with test accuracy
 #   bench       bench_gpu (MLP step, nn::dense against cublasSgemm, ps staging against a pageable
 #               copy) beside PyTorch's step (benchmarks/gpu_step_time_torch.py)
+#   e2e         end to end, 2 epochs of Fashion-MNIST: non_distributed at batch 64 and 512 and
+#               ring_allreduce with 2 processes sharing the GPU, beside PyTorch on the same GPU
+#               (eager, fused Adam, the whole step in a CUDA graph, DDP over gloo;
+#               benchmarks/gpu_e2e_torch.py)
 #
 # Every log and SUMMARY.md go to $OUT when it is set, else gpu-results/ (logs packed into
 # logs.tar.gz: a device call brings back at most 8 files). One summary line per part.
@@ -24,7 +28,7 @@
 #                       (non_distributed, dtfrun, or $DTF_GPU_TARGETS) and one short run
 #     --configure-only  stop after the configure step (scripts/gpu-rehearse.sh)
 #     --no-build        run the parts on the build already there (a second call on the same machine)
-#     --parts LIST      comma-separated subset of tests,ctest,sanitizer,examples,bench
+#     --parts LIST      comma-separated subset of tests,ctest,sanitizer,examples,bench,e2e
 # Environment: DTF_GPU_BUNDLE (default .gpu-bundle), DTF_GPU_PREFIX (default
 # /tmp/dtf-gpu-prefix-UID, emptied first), DTF_GPU_BUILD (default build-gpu, or build-gpu-dry), DTF_GPU_JOBS (default nproc).
 set -uo pipefail
@@ -34,7 +38,7 @@ budget=510
 mode=gpu
 configure_only=0
 no_build=0
-parts=tests,ctest,sanitizer,examples,bench
+parts=tests,ctest,sanitizer,examples,bench,e2e
 while (($#)); do
   case $1 in
     --budget) budget=$2; shift 2 ;;
@@ -42,7 +46,7 @@ while (($#)); do
     --configure-only) configure_only=1; shift ;;
     --no-build) no_build=1; shift ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -236,6 +240,7 @@ if [[ $mode == gpu ]]; then
   want sanitizer && targets+=(dtf_tests)
   want examples && targets+=(non_distributed ring_allreduce sync_sgd dtfrun)
   want bench && targets+=(bench_gpu)
+  want e2e && targets+=(non_distributed ring_allreduce dtfrun)
 else
   config=(-DDTF_CUDA=OFF -DBLAS_LIBRARIES="$libdir/openblas-pthread/libopenblas.so"
           -DDTF_CBLAS_INCLUDE_DIR="$u/include/x86_64-linux-gnu/openblas-pthread")
@@ -295,6 +300,9 @@ if [[ $mode == dry ]]; then
 fi
 
 # ---- 5. the GPU parts -------------------------------------------------------------------------
+# The lent machines have one GPU: every process of a job shares it, which dtf refuses unless asked
+# (dtf/device/select.hpp: one GPU per local rank by default).
+export DTF_SHARE_GPUS=1
 t=$build/tests/dtf_tests
 export t DTF_TEST_FASHION_MNIST=$data  # the tests that read Fashion-MNIST find the bundle's
 e=$build/examples
@@ -373,6 +381,49 @@ if rows.get("staging"):
     print("\n| ps variable MiB | pull staged GB/s | pull plain GB/s | push staged GB/s | push plain GB/s |\n| --- | --- | --- | --- | --- |")
     for r in rows["staging"]:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} |")
+PY
+fi
+if want e2e; then
+  # dtf's wall_s is dtf::train's whole run (session, checkpoints off, the chief's evaluation after
+  # each epoch); PyTorch's is its training loop alone, the data resident on the GPU for both.
+  note_e2e_torch() { grep -E "^(device|graph|ddp)" "$1" | cut -c1-90; }
+  if has "$e/non_distributed" && has "$e/ring_allreduce" && has "$dtfrun"; then
+    for b in 64 512; do
+      part "e2e_dtf_b$b" 60 "$e/non_distributed" --epochs 2 --batch "$b" --data "$data" \
+        --metrics_file "$logs/e2e_b$b.json" --save_checkpoints_secs 0 --log_every 100000
+    done
+    part e2e_dtf_ring 90 "$dtfrun" --workers 2 --timeout_s 85 -- "$e/ring_allreduce" --epochs 2 --batch 64 \
+      --data "$data" --metrics_file "$logs/e2e_ring.json" --log_every 100000
+  fi
+  part e2e_torch 240 python3 "$root/benchmarks/gpu_e2e_torch.py" --data "$data" --epochs 2
+  python3 - "$logs" <<'PY' | tee -a "$summary"
+import json, os, sys
+logs = sys.argv[1]
+def dtf(name):
+    try:
+        m = json.load(open(os.path.join(logs, name)))
+        return m["wall_s"], m["accuracy"]
+    except (OSError, ValueError, KeyError):
+        return None
+torch = {}
+try:
+    for line in open(os.path.join(logs, "e2e_torch.log")):
+        if line.startswith("csv,e2e,"):
+            f = line.strip().split(",")
+            torch[(f[2], int(f[3]))] = (float(f[4]), float(f[6]))
+except OSError:
+    pass
+cell = lambda r: f"{r[0]:.3f} s ({r[1]:.4f})" if r else "-"
+print("\n| 2 epochs, Fashion-MNIST MLP, Adam | dtf | PyTorch eager | fused Adam | CUDA graph | DDP gloo | dtf / graph |")
+print("| --- | --- | --- | --- | --- | --- | --- |")
+for label, d, b in (("1 process, batch 64", dtf("e2e_b64.json"), 64), ("1 process, batch 512", dtf("e2e_b512.json"), 512),
+                    ("2 processes on one GPU, batch 64 each", dtf("e2e_ring.json"), 64)):
+    two = "2 processes" in label
+    g = torch.get(("torch_graph", b)) if not two else None
+    ratio = f"{d[0] / g[0]:.2f}" if d and g else "-"
+    print(f"| {label} | {cell(d)} | {cell(None if two else torch.get(('torch_eager', b)))} | "
+          f"{cell(None if two else torch.get(('torch_fused', b)))} | {cell(g)} | "
+          f"{cell(torch.get(('torch_ddp', b)) if two else None)} | {ratio} |")
 PY
 fi
 if want sanitizer && has "$t" sanitizer; then
