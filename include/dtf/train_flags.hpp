@@ -121,7 +121,7 @@ struct train_flags {
         .add("blas_threads", blas_threads, "BLAS threads per process")
         .add("gpu", gpu.device, "CUDA builds: this process's GPU (-1: from the launcher's local rank)")
         .add("share_gpus", gpu.share,
-             "CUDA builds: let more processes than GPUs on a host share them (default: $DTF_SHARE_GPUS=1)")
+             "CUDA builds: let more processes than GPUs on a host share them (or $DTF_SHARE_GPUS=1)")
         .add("model_dir", train.model_dir, "checkpoints and TensorBoard event files; resumes from its latest checkpoint")
         .add("save_checkpoints_steps", train.save_checkpoints_steps, "chief: checkpoint every N global steps (0: off)")
         .add("save_checkpoints_secs", train.save_checkpoints_secs, "chief: checkpoint every S seconds (0: off)")
