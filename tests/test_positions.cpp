@@ -296,42 +296,55 @@ TEST_CASE("train: a worker restarted mid-run resumes its shard at the recorded p
 }
 
 TEST_CASE("train: ring_allreduce resumed from a checkpoint trains the rest of its shard and ends where an "
-          "uninterrupted run ends, bit for bit",
+          "uninterrupted run ends, bit for bit, its batches from the host or gathered on the device",
           "[train][positions]") {
   using namespace dtf;
-  test::ckpt::temp_dir dir("collective_resume");
   // 203 examples in batches of 8: 26 batches an epoch, the last of 3 rows.
   const auto data = test::synthetic(203, 3, test::labels::argmax);
-  train_options o{.name = "resume", .epochs = 3, .batch = 8, .seed = 5, .log_every = 0};
   const auto strategy = [] { return strategies::ring_allreduce<>(); };  // Adam: slots and iterations restored too
-  std::vector<float> uninterrupted, resumed;
-  std::vector<std::vector<float>> all_seen, first_life, second_life;
-  keep_final_parameters(o, uninterrupted);
-  recording_net reference{.seen = &all_seen};
-  const auto whole = train(local_cluster(), reference, data, strategy(), o);
-  REQUIRE(whole.global_step == 3 * 26);
-  REQUIRE(all_seen.size() == 3 * 26);
+  struct outcome {
+    std::vector<float> uninterrupted, resumed;
+    std::vector<std::vector<float>> all_seen;
+  };
+  auto run = [&](bool device_data) {
+    INFO("device_data " << device_data);
+    test::ckpt::temp_dir dir(device_data ? "collective_resume_device" : "collective_resume");
+    train_options o{.name = "resume", .epochs = 3, .batch = 8, .seed = 5, .log_every = 0};
+    o.device_data = device_data;
+    outcome out;
+    std::vector<std::vector<float>> first_life, second_life;
+    keep_final_parameters(o, out.uninterrupted);
+    recording_net reference{.seen = &out.all_seen};
+    const auto whole = train(local_cluster(), reference, data, strategy(), o);
+    REQUIRE(whole.global_step == 3 * 26);
+    REQUIRE(out.all_seen.size() == 3 * 26);
 
-  // The same run stopped part-way through its second epoch with a checkpoint there, then the
-  // same command again.
-  const std::int64_t stopped_at = 26 + 7;
-  o.model_dir = dir.path.string();
-  o.save_checkpoints_steps = stopped_at;
-  o.summary_every = 0;
-  o.last_step = stopped_at;
-  keep_final_parameters(o, resumed);
-  recording_net first{.seen = &first_life};
-  REQUIRE(train(local_cluster(), first, data, strategy(), o).global_step == stopped_at);
-  o.last_step = 0;
-  recording_net second{.seen = &second_life};
-  const auto rest = train(local_cluster(), second, data, strategy(), o);
-  CHECK(rest.global_step == 3 * 26);
-  CHECK(first_life.size() == std::size_t(stopped_at));
-  // The resumed run trained the rest of the shard, in order, and no batch twice.
-  CHECK(second_life.size() == all_seen.size() - std::size_t(stopped_at));
-  CHECK(joined(first_life, second_life) == all_seen);
-  REQUIRE(resumed.size() == uninterrupted.size());
-  CHECK(resumed == uninterrupted);
+    // The same run stopped part-way through its second epoch with a checkpoint there, then the
+    // same command again.
+    const std::int64_t stopped_at = 26 + 7;
+    o.model_dir = dir.path.string();
+    o.save_checkpoints_steps = stopped_at;
+    o.summary_every = 0;
+    o.last_step = stopped_at;
+    keep_final_parameters(o, out.resumed);
+    recording_net first{.seen = &first_life};
+    REQUIRE(train(local_cluster(), first, data, strategy(), o).global_step == stopped_at);
+    o.last_step = 0;
+    recording_net second{.seen = &second_life};
+    const auto rest = train(local_cluster(), second, data, strategy(), o);
+    CHECK(rest.global_step == 3 * 26);
+    CHECK(first_life.size() == std::size_t(stopped_at));
+    // The resumed run trained the rest of the shard, in order, and no batch twice.
+    CHECK(second_life.size() == out.all_seen.size() - std::size_t(stopped_at));
+    CHECK(joined(first_life, second_life) == out.all_seen);
+    REQUIRE(out.resumed.size() == out.uninterrupted.size());
+    CHECK(out.resumed == out.uninterrupted);
+    return out;
+  };
+  const outcome host = run(false), device = run(true);
+  // The batches gathered on the device (data::device_shard) are the host streams', bit for bit.
+  CHECK(device.all_seen == host.all_seen);
+  CHECK(device.uninterrupted == host.uninterrupted);
 }
 
 TEST_CASE("train: mirrored replicas resume shards of different lengths each at its own place",

@@ -132,6 +132,22 @@ class ring_allreduce<M> {
   float step(const data::host_batch& b) {
     assign_from_host(x_, b.features);
     assign_from_host(y_, b.labels);
+    return step_on(x_, y_);
+  }
+
+  /// The same step on a batch already in device memory (features x float32 [rows, ...], labels
+  /// y int32 [rows]), e.g. gathered by a data::device_shard: nothing is copied from the host.
+  float step(const tensor& x, const tensor& y) { return step_on(x, y); }
+
+  /// dtf::train's form: this rank's one batch (errc::invalid_argument for any other count).
+  float step(std::span<const data::host_batch> batches) {
+    if (batches.size() != 1)
+      throw error(errc::invalid_argument, "ring_allreduce: one batch per step, got " + std::to_string(batches.size()));
+    return step(batches.front());
+  }
+
+ private:
+  float step_on(const tensor& x, const tensor& y) {
     constexpr std::size_t pre = detail::exchange_prefix;
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
@@ -139,11 +155,11 @@ class ring_allreduce<M> {
     float loss = 0;
     try {
       if constexpr (streams_gradients<M>) {
-        loss = net_.loss_and_gradients(params, x_, y_, grads, gradient_ready_fn([this](std::size_t first, std::size_t count) {
+        loss = net_.loss_and_gradients(params, x, y, grads, gradient_ready_fn([this](std::size_t first, std::size_t count) {
                                          reducer_->report(detail::exchange_prefix + first, count);
                                        }));
       } else {
-        loss = net_.loss_and_gradients(params, x_, y_, grads);
+        loss = net_.loss_and_gradients(params, x, y, grads);
       }
     } catch (...) {
       reducer_->abort_step();
@@ -160,12 +176,7 @@ class ring_allreduce<M> {
     return mean_loss;
   }
 
-  /// dtf::train's form: this rank's one batch (errc::invalid_argument for any other count).
-  float step(std::span<const data::host_batch> batches) {
-    if (batches.size() != 1)
-      throw error(errc::invalid_argument, "ring_allreduce: one batch per step, got " + std::to_string(batches.size()));
-    return step(batches.front());
-  }
+ public:
 
   /// The rate of the next step.
   float learning_rate() const {

@@ -15,10 +15,12 @@
 //                     rank 0 restored the latest checkpoint when there is one (its step checked
 //                     against the run's end) and every rank received it (else each keeps its
 //                     initialisation); every rank holds rank 0's buffers; the start lines said.
-//   resume            resume_replicas: this rank's replicas' batch streams, each where the
-//                     restored global step puts its shard (rank 0 says where).
-//   run               run_ring: one batch per replica per step until the ranks agree to stop;
-//                     rank 0 evaluates after each epoch.
+//   resume            replica_positions: where the restored global step puts each of this
+//                     rank's replicas in its shard (rank 0 says where).
+//   run               run_replicas, then run_ring: one batch per replica per step until the
+//                     ranks agree to stop, from the host streams (host_batches) or gathered on
+//                     the device (device_batches, train_options::device_data); rank 0
+//                     evaluates after each epoch.
 //   finish            close_ring: the session closed (rank 0's final checkpoint), every rank past
 //                     the barrier (no rank leaves while another needs its connections); then
 //                     report_ring: rank 0 evaluated what was trained and printed the RESULT
@@ -28,6 +30,7 @@
 #include <dtf/cluster.hpp>
 #include <dtf/collectives.hpp>
 #include <dtf/data/dataset.hpp>
+#include <dtf/data/device_shard.hpp>
 #include <dtf/data/position.hpp>
 #include <dtf/hooks/agreed_stop.hpp>
 #include <dtf/hooks/checkpoint_saver.hpp>
@@ -41,12 +44,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtf::detail {
@@ -128,7 +133,7 @@ inline replica_data shard_replicas(communicator& comm, std::size_t r, const data
   d.global = r * comm.size();
   // Every rank runs the same number of steps: epochs × the smallest shard's batches per epoch.
   // Each replica's own shard starts as a data position (its layout, the start); a resumed run
-  // moves them all on by the restored global step (resume_replicas).
+  // moves them all on by the restored global step (replica_positions).
   d.starts.resize(d.global);
   d.batches_per_epoch.resize(d.global);
   for (std::size_t g = 0; g < d.global; ++g) {
@@ -247,11 +252,11 @@ struct replica_stream {
   data::batch_stream s;
 };
 
-/// Resume (see the file comment). Restarts redo no work: every replica trains exactly one
-/// batch of its endless stream per global step, so after a restore to step S replica g is S
-/// batches into its shard, at epoch S / its own batches per epoch (shards may differ by one
-/// example, and so by one batch).
-inline std::deque<replica_stream> resume_replicas(ring_job& ring, const replica_data& d, std::int64_t global_step) {
+/// Resume, first (see the file comment): where this rank's replicas resume. Restarts redo no
+/// work: every replica trains exactly one batch of its endless stream per global step, so after
+/// a restore to step S replica g is S batches into its shard, at epoch S / its own batches per
+/// epoch (shards may differ by one example, and so by one batch).
+inline std::vector<data::position> replica_positions(ring_job& ring, const replica_data& d, std::int64_t global_step) {
   const auto restored_step = std::uint64_t(std::max<std::int64_t>(0, global_step));
   std::vector<data::position> at(d.global);
   for (std::size_t g = 0; g < d.global; ++g) at[g] = d.starts[g].after(restored_step, d.batches_per_epoch[g]);
@@ -259,10 +264,62 @@ inline std::deque<replica_stream> resume_replicas(ring_job& ring, const replica_
     std::printf("%s\n", resumed_positions(ring.me, restored_step, at).c_str());
     std::fflush(stdout);
   }
-  std::deque<replica_stream> streams;
-  for (std::size_t k = 0; k < d.r; ++k) streams.emplace_back(d.shards[k], at[ring.comm().rank() * d.r + k]);
-  return streams;
+  return {at.begin() + std::ptrdiff_t(ring.comm().rank() * d.r), at.begin() + std::ptrdiff_t((ring.comm().rank() + 1) * d.r)};
 }
+
+/// The replicas' batches from their host streams (built on a background thread each), copied to
+/// the engine's tensors by its step.
+struct host_batches {
+  host_batches(const replica_data& d, const std::vector<data::position>& at) : batches(d.r) {
+    for (std::size_t k = 0; k < d.r; ++k) streams.emplace_back(d.shards[k], at[k]);
+  }
+  /// The next step's batches; returns their examples.
+  std::size_t next() {
+    std::size_t examples = 0;
+    for (std::size_t k = 0; k < batches.size(); ++k) {
+      batches[k] = *streams[k].s.next();
+      examples += batches[k].labels.size();
+    }
+    return examples;
+  }
+  template <class Engine>
+  float step(Engine& engine) {
+    return engine.step(std::span<const data::host_batch>(batches));
+  }
+  std::deque<replica_stream> streams;
+  std::vector<data::host_batch> batches;
+};
+
+/// One replica's batches gathered on the device from its shard, uploaded once
+/// (train_options::device_data): the host streams' batches, bit for bit, with no copy per step.
+struct device_batches {
+  device_batches(const replica_data& d, const data::position& from)
+      : shard(d.shards.front()), at(from), per_epoch(shard.batches_per_epoch()) {}
+  /// Gathers the next step's batch; returns its examples.
+  std::size_t next() {
+    shard.gather(std::size_t(at.epoch), std::size_t(at.batch), x, y);
+    if (++at.batch == per_epoch) {
+      at.batch = 0;
+      ++at.epoch;
+    }
+    return y.size();
+  }
+  template <class Engine>
+  float step(Engine& engine) {
+    return engine.step(std::as_const(x), std::as_const(y));
+  }
+  data::device_shard shard;
+  data::position at;
+  std::uint64_t per_epoch;
+  tensor x, y;
+};
+
+/// Whether an engine takes a batch already in device memory (ring_allreduce; not mirrored,
+/// whose replicas each take a batch).
+template <class Engine>
+concept takes_device_batches = requires(Engine& e, const tensor& t) {
+  { e.step(t, t) } -> std::convertible_to<float>;
+};
 
 /// What the run leaves to the finish: when its steps began, rank 0's last evaluation; then
 /// what close_ring measured.
@@ -290,23 +347,18 @@ void evaluate_ring(ring_run& run, M& net, Engine& engine, const train_options& o
 
 /// Run (see the file comment): the session's steps until it should stop (not closed yet).
 /// `vars`: the engine's variables (for histograms).
-template <class M, class Engine>
+template <class M, class Engine, class Batches>
 ring_run run_ring(monitored_training_session& session, const std::vector<variable_spec>& vars, ring_job& ring,
-                  const replica_data& d, std::deque<replica_stream>& streams, M& net, Engine& engine,
-                  const train_options& o, train_result& result) {
+                  const replica_data& d, Batches& batches, M& net, Engine& engine, const train_options& o,
+                  train_result& result) {
   ring_run run{.t0 = train_clock::now(), .first_step = engine.global_step()};
-  std::vector<data::host_batch> batches(d.r);
   std::vector<float> host_params;
   while (!session.should_stop()) {
-    std::size_t examples = 0;
-    for (std::size_t k = 0; k < d.r; ++k) {
-      batches[k] = *streams[k].s.next();
-      examples += batches[k].labels.size();
-    }
+    const std::size_t examples = batches.next();
     session.run([&](run_context& ctx) {
       run_values v;
       const double lr = double(engine.learning_rate());
-      v.loss = double(engine.step(std::span<const data::host_batch>(batches)));
+      v.loss = double(batches.step(engine));
       result.loss = *v.loss;
       v.global_step = engine.global_step();
       v.examples = examples;
@@ -322,6 +374,23 @@ ring_run run_ring(monitored_training_session& session, const std::vector<variabl
       evaluate_ring(run, net, engine, o, ring.me, "epoch " + std::to_string(step / std::int64_t(d.per_epoch)));
   }
   return run;
+}
+
+/// Run from `at` (this rank's replicas' positions), the batches gathered on the device when the
+/// options ask for it and the engine takes them (train_options::device_data, one replica per
+/// process), else from the host streams.
+template <class M, class Engine>
+ring_run run_replicas(collective_session& s, ring_job& ring, const replica_data& d,
+                      const std::vector<data::position>& at, M& net, Engine& engine, const train_options& o,
+                      train_result& result) {
+  if constexpr (takes_device_batches<Engine>) {
+    if (o.device_data && d.r == 1) {
+      device_batches batches(d, at.front());
+      return run_ring(*s.session, s.vars, ring, d, batches, net, engine, o, result);
+    }
+  }
+  host_batches batches(d, at);
+  return run_ring(*s.session, s.vars, ring, d, batches, net, engine, o, result);
 }
 
 /// Finish, first: the session's close (rank 0's final checkpoint), then the barrier (nobody
@@ -369,9 +438,9 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   engine.initialize(o.seed);
   collective_session s;
   start_collective_session(s, ring, d, net, engine, o, std::move(user_hooks)...);
-  auto streams = resume_replicas(ring, d, engine.global_step());
+  const auto at = replica_positions(ring, d, engine.global_step());  // resume
   train_result result;
-  ring_run run = run_ring(*s.session, s.vars, ring, d, streams, net, engine, o, result);  // run
+  ring_run run = run_replicas(s, ring, d, at, net, engine, o, result);  // run
   close_ring(*s.session, ring, run, engine);  // finish
   report_ring(ring, d, run, net, engine, o, result, started);
   return result;

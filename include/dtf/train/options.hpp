@@ -3,6 +3,7 @@
 #pragma once
 
 #include <dtf/cluster.hpp>
+#include <dtf/config.hpp>
 #include <dtf/concepts.hpp>
 #include <dtf/data/dataset.hpp>
 #include <dtf/embedding_model.hpp>
@@ -59,6 +60,13 @@ struct train_options {
   int finish_timeout_s = 1800;       ///< chief: how long to wait for the other workers to finish
   int ps_threads = 1;                ///< I/O threads of a ps task
   std::size_t segment_bytes = 256 * 1024;  ///< collective: allreduce segment size
+  /// Collective strategies that take device batches (ring_allreduce; one replica per process):
+  /// upload each rank's shard to the device once and gather every batch there
+  /// (data::device_shard) instead of building it on the host and copying it each step. The same
+  /// batches bit for bit, so results, positions and resumption are unchanged. On by default on
+  /// CUDA builds; off on CPU builds, where both paths read host memory and the host streams
+  /// build their batches on a background thread.
+  bool device_data = DTF_CUDA;
   /// Test loss and accuracy of parameters (device memory, the model's layout); called by the
   /// chief after each of its epochs and at the end. Empty: no evaluation (RESULT has no accuracy).
   std::function<nn::evaluation(std::span<const float> params)> evaluate;
