@@ -305,7 +305,9 @@ class rpc_server {
   std::atomic<std::size_t> rejected_{0}, open_{0}, handshaking_{0}, authenticated_{0};
   std::mutex sources_mu_;
   std::unordered_map<std::string, std::size_t> handshaking_from_;  // by source address
-  detail::log_limiter stranger_log_;  // dropped before authenticating: a line a second
+  // Dropped before authenticating, dropped after it (without a secret anyone authenticates),
+  // requests refused unread: a line a second each, with a count (refusal_log_interval_ms).
+  detail::log_limiter stranger_log_, peer_log_, refusal_log_;
   asio::io_context io_;
   detail::tcp_acceptor acceptor_;
   detail::steady_timer_on<detail::io_executor> accept_backoff_;

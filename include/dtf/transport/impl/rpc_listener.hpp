@@ -27,6 +27,8 @@ rpc_server<Handler>::rpc_server(Handler& handler, transport_options options, con
                                             {options_.secret, options_.task_key}, options_.identity,
                                             options_.cluster_id)),
       stranger_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
+      peer_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
+      refusal_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
       acceptor_(io_),
       accept_backoff_(io_),
       cap_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
