@@ -248,6 +248,43 @@ TEST_CASE("with the handshake budget taken, a worker retries until a slot frees 
   lockout_train_and_check(c);
 }
 
+TEST_CASE("strangers from many addresses cannot take the handshake slots of the cluster's hosts",
+          "[transport][hostile][lockout]") {
+  const std::string secret = "a cluster secret of some length";
+  // The strangers' budget filled from eight addresses (none over its per-source cap), a ninth
+  // refused to show it is full; then the worker, from 127.0.0.1, connects with a short deadline.
+  const auto flooded = [&](std::vector<std::string> cluster_hosts) -> std::string {
+    log_sink log;
+    auto o = opts("ps.0", secret, &log);
+    o.max_handshakes = 16;
+    o.max_handshakes_per_source = 2;
+    o.handshake_timeout_ms = 60000;  // the strangers' slots are not freed during the test
+    o.cluster_hosts = std::move(cluster_hosts);
+    running_ps ps0(o);
+    lockout_strangers strangers;
+    for (int k = 2; k < 10; ++k) strangers.open("127.0.0." + std::to_string(k), ps0.ps->port(), 2);
+    strangers.open("127.0.0.10", ps0.ps->port(), 1);
+    REQUIRE(log.wait_for("refused a connection from 127.0.0.10"));
+    CHECK(log.contains("16 connections in the handshake (max_handshakes)"));
+    auto w = opts("worker.0", secret);
+    w.connect_timeout_ms = 1500;
+    ps_client c({ps0.address()}, partitioners::round_robin{}.place(lockout_model(), 1), w);
+    try {
+      c.connect();
+    } catch (const error& e) {
+      return e.what();
+    }
+    lockout_train_and_check(c);
+    return "";
+  };
+  // One budget for all (no cluster hosts, as before): the worker is held out.
+  CHECK_THAT(flooded({}), Catch::Contains("ps.0"));
+  // The cluster's hosts have slots of their own: it connects at once and trains. A host name
+  // resolves to its addresses; any port of the host counts.
+  CHECK(flooded({"127.0.0.1:2222"}) == "");
+  CHECK(flooded({"localhost:1"}) == "");
+}
+
 TEST_CASE("past max_connections an authenticated peer is disconnected with the reason, and the others go on",
           "[transport][hostile][lockout]") {
   log_sink log;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 #include <utility>
 
 namespace dtf {
@@ -55,6 +56,13 @@ struct transport_options {
   /// Server: at most this many of them from one IP address, so that one stranger's silent
   /// connections cannot take the whole handshake budget from the tasks.
   std::size_t max_handshakes_per_source = 32;
+  /// Server: the cluster's task addresses ("host:port", as the cluster spec gives them; names
+  /// are resolved when the server starts). Connections from their hosts have max_handshakes
+  /// handshake slots of their own, which connections from other addresses cannot take, so a
+  /// flood from strangers' addresses does not hold the tasks out (a stranger on a task's host,
+  /// or behind the same NAT, shares that host's slots, up to max_handshakes_per_source).
+  /// Empty: one budget for every connection. dtf::train sets it from the cluster.
+  std::vector<std::string> cluster_hosts;
   /// Server: refusals at accept, dropped connections, requests refused unread and a ps's
   /// dropped stale synchronous contributions are logged at most once per this interval each,
   /// with the count of those not logged (0: every one), whether or not the peer authenticated
