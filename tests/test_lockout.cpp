@@ -6,6 +6,7 @@
 // from 127.0.0.2 and up (Linux routes all of 127/8 to the loopback), the servers on port 0.
 #include <catch2/catch.hpp>
 
+#include <dtf/collectives.hpp>
 #include <dtf/optim.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
@@ -283,6 +284,49 @@ TEST_CASE("strangers from many addresses cannot take the handshake slots of the 
   // resolves to its addresses; any port of the host counts.
   CHECK(flooded({"127.0.0.1:2222"}) == "");
   CHECK(flooded({"localhost:1"}) == "");
+}
+
+TEST_CASE("strangers from many addresses cannot take the handshake slots of a ring's ranks",
+          "[collectives][hostile][lockout]") {
+  std::vector<ring_listener> listeners;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    listeners.emplace_back("127.0.0.1:0");
+    addresses.push_back("127.0.0.1:" + std::to_string(listeners.back().port()));
+  }
+  // Before any rank exists, each port's budget is taken by strangers from four addresses (one
+  // each, its per-source cap), which stay silent past the set-up's deadline; each rank's
+  // acceptor meets them first (FIFO backlog).
+  lockout_strangers strangers;
+  for (const auto& a : addresses)
+    for (int k = 2; k < 6; ++k)
+      strangers.open("127.0.0." + std::to_string(k), std::uint16_t(std::stoi(a.substr(a.rfind(':') + 1))), 1);
+  collective_options o;
+  o.max_pending_connections = 4;
+  o.max_pending_per_source = 1;
+  o.handshake_timeout_ms = 20000;
+  o.connect_timeout_ms = 5000;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::exception_ptr> failures(3);
+  std::vector<std::thread> ranks;
+  for (std::size_t r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        communicator c(std::move(listeners[r]), r, addresses, {}, o);
+        std::vector<float> v{float(r + 1)};
+        c.allreduce<float>("x", v);
+        if (v[0] != 6.0f) throw std::runtime_error("allreduce gave " + std::to_string(v[0]));
+      } catch (...) {
+        failures[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK_NOTHROW(failures[r] ? std::rethrow_exception(failures[r]) : void());
+  }
+  CHECK(seconds < 4.0);  // the ranks' hosts (127.0.0.1) have slots of their own
 }
 
 TEST_CASE("past max_connections an authenticated peer is disconnected with the reason, and the others go on",
