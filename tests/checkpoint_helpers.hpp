@@ -8,9 +8,18 @@
 
 #include "ps_helpers.hpp"
 
+#include <dtf/detail/sha256.hpp>
+
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -99,6 +108,44 @@ inline std::vector<float> pull_all(ps_client& ps) {
   std::vector<float> v(num_parameters(model_vars()));
   ps.pull(v);
   return v;
+}
+
+// Crafts checkpoint `m` of `dir`: the header of ps `ps`'s shard file says `step` (its length
+// kept where the writer's padding allows), the manifest records the file's new size and SHA-256,
+// and `edit` changes the rest of the manifest (e.g. drops "synchronous").
+inline void set_shard_step(const fs::path& dir, const checkpoint_manifest& m, std::size_t ps, std::int64_t step,
+                           const std::function<void(nlohmann::json&)>& edit = {}) {
+  auto j = m.to_json();
+  for (auto& f : j["files"]) {
+    if (f["ps"].get<std::size_t>() != ps) continue;
+    const auto path = dir / f["name"].get<std::string>();
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::uint64_t len = 0;
+    std::memcpy(&len, bytes.data() + 8, sizeof len);
+    auto header = nlohmann::json::parse(bytes.substr(16, len));
+    header["global_step"] = step;
+    auto text = header.dump();
+    const std::uint64_t was = len;
+    len = std::max<std::uint64_t>(len, text.size());
+    text.resize(len, ' ');
+    bytes.replace(16, was, text);
+    std::memcpy(bytes.data() + 8, &len, sizeof len);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    f["bytes"] = bytes.size();
+    f["sha256"] = dtf::detail::sha256_hex(bytes.data(), bytes.size());
+  }
+  if (edit) edit(j);
+  std::ofstream(dir / (m.name + ".manifest.json"), std::ios::trunc) << j.dump(1);
+}
+
+// Checkpoint `name` of `dir` made of step `step`: its manifest and every shard file say so.
+inline void set_checkpoint_step(const fs::path& dir, const std::string& name, std::int64_t step) {
+  for (const auto& f : read_manifest(dir, name).files)
+    set_shard_step(dir, read_manifest(dir, name), f.ps, step, [&](nlohmann::json& j) { j["global_step"] = step; });
 }
 
 }  // namespace dtf::test::ckpt

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +63,25 @@ struct log_sink {
     return false;
   }
 };
+
+// The lines of `log` containing `marker`, and the events they stand for: a line a log_limiter
+// let through stands for itself and the ones it held back before it ("(N similar lines
+// suppressed)"; `held` matches the count in other wordings).
+struct logged_count {
+  std::size_t lines = 0, events = 0;
+};
+inline logged_count count_logged(log_sink& log, const std::string& marker,
+                                 const std::regex& held = std::regex(R"(\((\d+) similar lines suppressed\))")) {
+  std::lock_guard g(log.mu);
+  logged_count c;
+  for (const auto& l : log.lines) {
+    if (l.find(marker) == std::string::npos) continue;
+    ++c.lines;
+    ++c.events;
+    if (std::smatch m; std::regex_search(l, m, held)) c.events += std::stoul(m[1].str());
+  }
+  return c;
+}
 
 // n floats drawn uniformly from [-scale, scale] with `seed`.
 inline std::vector<float> seeded_uniform(std::size_t n, std::uint32_t seed, float scale) {

@@ -296,6 +296,78 @@ TEST_CASE("a restored synchronous ps continues at the saved global step", "[chec
   CHECK(pull_all(*b.client) == pull_all(*a.client));
 }
 
+TEST_CASE("every shard file's step is checked against the checkpoint's, whether or not the manifest says "
+          "synchronous", "[checkpoint][sync][errors]") {
+  temp_dir dir("mixed_steps");
+  const std::string d = dir.path.string();
+  const auto vars = model_vars();
+  const auto n = num_parameters(vars);
+  const ps_config sync{optim::sgd{.learning_rate = 0.5f}, apply_mode::locked, 1};
+  const auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const auto refused = [&](const std::string& name, const std::string& file, const std::string& steps) {
+    cluster_of b(d, place_on(2));
+    for (const auto& what : {error_of([&] { verify_checkpoint(d, name); }),  // what dtf-ckpt verify runs
+                             error_of([&] { restore_checkpoint(*b.client, d, name, vars, sync); }),
+                             error_of([&] {
+                               restore_checkpoint(*b.client, d, name, vars, sync, {}, restore_transfer::ps_reads_files);
+                             })})
+      CHECK_THAT(what, Catch::Contains(file) && Catch::Contains("header.global_step") && Catch::Contains(steps));
+    CHECK_FALSE(b.client->ready());
+  };
+  SECTION("synchronous: every file of the saved step; one of another step is refused, flag or no flag") {
+    cluster_of a(d, place_on(2));
+    a.client->initialize(seeded(n, 7), sync);
+    for (std::int64_t s = 0; s < 3; ++s) a.client->push_sync(seeded(n, 900 + std::uint64_t(s)), s);
+    const auto m = save_checkpoint(*a.client, {d, "ckpt", 5}, vars);
+    REQUIRE(m.synchronous);
+    CHECK(verify_checkpoint(d, m.name).global_step == 3);
+    // ps.1's file of step 2 (as from an earlier save), the manifest's flag removed.
+    set_shard_step(dir.path, m, 1, 2, [](nlohmann::json& j) { j.erase("synchronous"); });
+    refused(m.name, m.files[1].name, "holds step 2, the checkpoint's is 3 (a synchronous save is of one step)");
+  }
+  SECTION("asynchronous: ps 0 holds the step, another ps the step of the last init or restore") {
+    cluster_of a(d, place_on(2));
+    a.client->initialize(seeded(n, 7), {optim::sgd{}});
+    train(*a.client, 4, 300);
+    const auto m = save_checkpoint(*a.client, {d, "ckpt", 4}, vars);
+    REQUIRE_FALSE(m.synchronous);
+    REQUIRE(m.global_step == 4);
+    const auto steps = [&] {  // each file's step, as its header records it
+      std::vector<std::int64_t> out;
+      for (const auto& f : m.files) {
+        const auto in = detail::ckpt::input_file::open(dir.path / f.name);
+        out.push_back(detail::ckpt::parse_shard_header(detail::ckpt::verified_header_text(in, f), in.size(), f.ps,
+                                                       m.num_ps, m.num_slots, in.what())
+                          .global_step);
+      }
+      return out;
+    };
+    CHECK(steps() == std::vector<std::int64_t>{4, 0});  // legitimately different steps: it verifies
+    CHECK_NOTHROW(verify_checkpoint(d, m.name));
+    // Restored at 4, trained 2 more: ps.1 keeps 4, ps 0 is at 6.
+    cluster_of b(d, place_on(2));
+    REQUIRE(restore_latest(*b.client, d, vars, {optim::sgd{}}) == std::optional<std::int64_t>(4));
+    train(*b.client, 2, 400);
+    const auto later = save_checkpoint(*b.client, {d, "later", 6}, vars);
+    CHECK(later.global_step == 6);
+    CHECK_NOTHROW(verify_checkpoint(d, later.name));
+    // ps 0's file not of the checkpoint's step, or another's past it: refused.
+    set_shard_step(dir.path, later, 0, 5);
+    refused(later.name, later.files[0].name, "holds step 5, the checkpoint's is 6 (ps 0 holds the global step)");
+    set_shard_step(dir.path, later, 0, 6);  // as saved again
+    CHECK_NOTHROW(verify_checkpoint(d, later.name));
+    set_shard_step(dir.path, later, 1, 7);
+    refused(later.name, later.files[1].name, "holds step 7, the checkpoint's is 6 (a ps's step is never past ps 0's)");
+  }
+}
+
 TEST_CASE("write_npy writes a NumPy 1.0 header and the raw float32 data", "[checkpoint][npy]") {
   temp_dir dir("npy");
   const std::vector<float> data{1.0f, -2.5f, 3.25f, 0.0f, 5.0f, 6.0f};

@@ -126,6 +126,37 @@ TEST_CASE("an authenticated peer silent between frames is dropped after idle_tim
   CHECK_FALSE(ec);
 }
 
+TEST_CASE("without a secret, peers dropped after their handshake are logged a line per interval with their count",
+          "[transport][hostile]") {
+  log_sink log;
+  auto o = opts("ps.0", "", &log);  // no secret: every peer authenticates
+  o.refusal_log_interval_ms = 300;
+  running_ps ps0(o);
+  const auto garbage_peer = [&] {  // a peer that completes the handshake, then sends a bad frame
+    raw_peer p(ps0.ps->port());
+    REQUIRE(p.hello("worker.7") == detail::message_kind::welcome);
+    std::array<std::byte, detail::frame_header_size> junk;
+    junk.fill(std::byte{0xff});
+    asio::write(p.s, asio::buffer(junk));
+    REQUIRE(p.closed_by_peer());  // its drop is logged (or counted) before the connection closes
+  };
+  const auto start = std::chrono::steady_clock::now();
+  constexpr std::size_t n = 40;
+  for (std::size_t i = 0; i < n; ++i) garbage_peer();
+  // The count of those not logged comes with the first drop after the interval.
+  std::size_t more = 0;
+  while (!log.contains("similar lines suppressed") && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) {
+    garbage_peer();
+    ++more;
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  const auto c = test::count_logged(log, "disconnected 'worker.7'");
+  INFO(c.lines << " lines for " << n + more << " drops in " << ms << " ms");
+  CHECK(c.events == n + more);                          // every drop logged or counted
+  CHECK(c.lines <= 2 + std::size_t(ms) / 300);          // a line per interval
+  CHECK(c.lines < n / 4);
+}
+
 TEST_CASE("accept failing with EMFILE backs off instead of spinning, then serves", "[transport][hostile]") {
   log_sink log;
   running_ps ps0(opts("ps.0", "", &log));

@@ -5,6 +5,7 @@
 
 #include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
+#include <dtf/recovery.hpp>
 #include <dtf/train_flags.hpp>
 #include <dtf/transport/credentials.hpp>
 
@@ -118,6 +119,100 @@ TEST_CASE("the ps acts on the proven identity: a worker's key cannot init, resto
   CHECK_FALSE(s.ps->shutdown_requested());
   chief.shutdown();
   CHECK(s.ps->shutdown_requested());
+}
+
+// One request of `kind` from `client`: "" when answered, else the refusal's text.
+template <class Msg>
+std::string ask(rpc_client& client, detail::message_kind kind, const Msg& m, std::vector<std::byte>* reply = nullptr) {
+  std::vector<rpc_call> c(1);
+  c[0].kind = kind;
+  c[0].meta = detail::encode_message(m);
+  try {
+    client.call_all(c);
+  } catch (const error& e) {
+    return e.what();
+  }
+  if (reply) *reply = c[0].reply_meta;
+  return "";
+}
+
+TEST_CASE("a worker's key reports done and positions as itself only", "[identity][ps][hostile]") {
+  ps_options po{opts("ps.0", master)};
+  po.chief = "chief.0";
+  running_ps s(po);
+  rpc_client w1(with_key("worker.1", "worker.1"));
+  w1.add_peer("ps.0", s.address());
+  w1.connect_all();
+  using detail::message_kind;
+  // Others' names, bare or with made-up proofs: refused, to the sender, and nothing recorded.
+  CHECK_THAT(ask(w1, message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"worker.0", "chief.0"}}),
+             Catch::Contains("worker.1 may report its own end only") && Catch::Contains("'worker.0'"));
+  detail::ps_done_tasks_msg forged{{"worker.1", "chief.0"}};
+  forged.proofs = {"", std::string(64, 'a')};
+  CHECK_THAT(ask(w1, message_kind::ps_done_tasks, forged), Catch::Contains("'chief.0'"));
+  CHECK(s.ps->done_tasks().empty());
+  // Its own end: recorded; the reply's proof is bound to that name and proves no other.
+  std::vector<std::byte> meta;
+  CHECK(ask(w1, message_kind::ps_done_tasks, detail::ps_done_tasks_msg{{"worker.1"}}, &meta) == "");
+  const auto got = detail::decode_message<detail::ps_done_tasks_msg>(meta, "done tasks");
+  REQUIRE(got.proofs.size() == 1);
+  detail::ps_done_tasks_msg replayed{{"worker.0"}};
+  replayed.proofs = got.proofs;
+  CHECK_THAT(ask(w1, message_kind::ps_done_tasks, replayed), Catch::Contains("'worker.0'"));
+  CHECK(s.ps->done_tasks() == std::set<std::string>{"worker.1"});
+  // Positions: another task's, also as a restore (the chief's), refused; its own recorded.
+  data::position at;
+  at.epoch = 3;
+  for (const bool fill_only : {false, true}) {
+    detail::ps_positions_msg m;
+    m.positions = {{"worker.0", at}};
+    m.fill_only = fill_only;
+    CHECK_THAT(ask(w1, message_kind::ps_positions, m), Catch::Contains("worker.1 may report its own position only"));
+  }
+  detail::ps_positions_msg own;
+  own.positions = {{"worker.1", at}};
+  CHECK(ask(w1, message_kind::ps_positions, own) == "");
+  rpc_client chief(with_key("chief.0", "chief.0"));
+  chief.add_peer("ps.0", s.address());
+  chief.connect_all();
+  detail::ps_positions_msg restore;
+  restore.positions = {{"worker.0", at}, {"worker.1", data::position{}}};
+  restore.fill_only = true;
+  CHECK(ask(chief, message_kind::ps_positions, restore) == "");
+  detail::ps_positions_msg all;
+  all.all = true;
+  REQUIRE(ask(chief, message_kind::ps_positions, all, &meta) == "");
+  const auto held = detail::decode_message<detail::ps_positions_msg>(meta, "positions").positions;
+  REQUIRE(held.size() == 2);
+  CHECK(held[0].task == "worker.0");
+  CHECK(held[0].at.epoch == 3);
+  CHECK(held[1].at.epoch == 3);  // worker.1's own report: a restore fills, never overrides
+}
+
+TEST_CASE("a task re-announces the done tasks it learnt, with their proofs, to a restarted ps", "[identity][ps]") {
+  const auto layout = partitioners::fixed_size{1}.place(vars12(), 1);
+  ps_options po{opts("ps.0", master)};
+  po.chief = "chief.0";
+  auto first = std::make_unique<running_ps>(po);
+  const auto port = first->ps->port();
+  const std::string address = first->address();
+  ps_client worker({address}, layout, with_key("worker.0", "worker.0"));
+  ps_client chief({address}, layout, with_key("chief.0", "chief.0"));
+  worker.connect();
+  chief.connect();
+  worker.mark_done();
+  CHECK(chief.workers_done() == 1);
+  // The ps comes back empty on the same port; the chief tells it what it learnt.
+  first.reset();
+  parameter_server second("127.0.0.1:" + std::to_string(port), po);
+  std::thread serve([&] { second.run(); });
+  ps_recovery rec(chief, true, [&] { chief.initialize(std::vector<float>(12, 1.0f), {optim::sgd{}}); },
+                  {.log = [](const std::string&) {}});
+  CHECK(rec.run([&] { return chief.workers_done(); }) == 1);
+  CHECK(rec.recoveries() == 1);
+  CHECK(second.done_tasks() == std::set<std::string>{"worker.0"});
+  second.stop();
+  serve.join();
 }
 
 TEST_CASE("the single shared secret still works: a holder of the master derives its own key", "[identity][ps]") {

@@ -6,6 +6,7 @@
 // from 127.0.0.2 and up (Linux routes all of 127/8 to the loopback), the servers on port 0.
 #include <catch2/catch.hpp>
 
+#include <dtf/collectives.hpp>
 #include <dtf/optim.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
@@ -246,6 +247,86 @@ TEST_CASE("with the handshake budget taken, a worker retries until a slot frees 
   CHECK(log.contains("8 connections in the handshake (max_handshakes)"));
   CHECK(log.contains("did not complete the handshake within 400 ms"));
   lockout_train_and_check(c);
+}
+
+TEST_CASE("strangers from many addresses cannot take the handshake slots of the cluster's hosts",
+          "[transport][hostile][lockout]") {
+  const std::string secret = "a cluster secret of some length";
+  // The strangers' budget filled from eight addresses (none over its per-source cap), a ninth
+  // refused to show it is full; then the worker, from 127.0.0.1, connects with a short deadline.
+  const auto flooded = [&](std::vector<std::string> cluster_hosts) -> std::string {
+    log_sink log;
+    auto o = opts("ps.0", secret, &log);
+    o.max_handshakes = 16;
+    o.max_handshakes_per_source = 2;
+    o.handshake_timeout_ms = 60000;  // the strangers' slots are not freed during the test
+    o.cluster_hosts = std::move(cluster_hosts);
+    running_ps ps0(o);
+    lockout_strangers strangers;
+    for (int k = 2; k < 10; ++k) strangers.open("127.0.0." + std::to_string(k), ps0.ps->port(), 2);
+    strangers.open("127.0.0.10", ps0.ps->port(), 1);
+    REQUIRE(log.wait_for("refused a connection from 127.0.0.10"));
+    CHECK(log.contains("16 connections in the handshake (max_handshakes)"));
+    auto w = opts("worker.0", secret);
+    w.connect_timeout_ms = 1500;
+    ps_client c({ps0.address()}, partitioners::round_robin{}.place(lockout_model(), 1), w);
+    try {
+      c.connect();
+    } catch (const error& e) {
+      return e.what();
+    }
+    lockout_train_and_check(c);
+    return "";
+  };
+  // One budget for all (no cluster hosts, as before): the worker is held out.
+  CHECK_THAT(flooded({}), Catch::Contains("ps.0"));
+  // The cluster's hosts have slots of their own: it connects at once and trains. A host name
+  // resolves to its addresses; any port of the host counts.
+  CHECK(flooded({"127.0.0.1:2222"}) == "");
+  CHECK(flooded({"localhost:1"}) == "");
+}
+
+TEST_CASE("strangers from many addresses cannot take the handshake slots of a ring's ranks",
+          "[collectives][hostile][lockout]") {
+  std::vector<ring_listener> listeners;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    listeners.emplace_back("127.0.0.1:0");
+    addresses.push_back("127.0.0.1:" + std::to_string(listeners.back().port()));
+  }
+  // Before any rank exists, each port's budget is taken by strangers from four addresses (one
+  // each, its per-source cap), which stay silent past the set-up's deadline; each rank's
+  // acceptor meets them first (FIFO backlog).
+  lockout_strangers strangers;
+  for (const auto& a : addresses)
+    for (int k = 2; k < 6; ++k)
+      strangers.open("127.0.0." + std::to_string(k), std::uint16_t(std::stoi(a.substr(a.rfind(':') + 1))), 1);
+  collective_options o;
+  o.max_pending_connections = 4;
+  o.max_pending_per_source = 1;
+  o.handshake_timeout_ms = 20000;
+  o.connect_timeout_ms = 5000;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::exception_ptr> failures(3);
+  std::vector<std::thread> ranks;
+  for (std::size_t r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        communicator c(std::move(listeners[r]), r, addresses, {}, o);
+        std::vector<float> v{float(r + 1)};
+        c.allreduce<float>("x", v);
+        if (v[0] != 6.0f) throw std::runtime_error("allreduce gave " + std::to_string(v[0]));
+      } catch (...) {
+        failures[r] = std::current_exception();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK_NOTHROW(failures[r] ? std::rethrow_exception(failures[r]) : void());
+  }
+  CHECK(seconds < 4.0);  // the ranks' hosts (127.0.0.1) have slots of their own
 }
 
 TEST_CASE("past max_connections an authenticated peer is disconnected with the reason, and the others go on",

@@ -622,7 +622,7 @@ TEST_CASE("train: a collective run restarted at its last step says it is finishe
   CHECK_THAT(printed, Catch::Contains("global step 10 (checkpoint ckpt-10 of " + d + ") is at or past the last step "
                                       "of this run, 10 (--last_step): training already finished, nothing to train"));
   // Its step made 2^62: past the 26 steps of --epochs 1, refused before any value is restored.
-  rewrite_manifest(d, "ckpt-10", [](nlohmann::json& j) { j["global_step"] = std::int64_t(1) << 62; });
+  test::ckpt::set_checkpoint_step(d, "ckpt-10", std::int64_t(1) << 62);  // its file too: the reader checks it
   o.last_step = 0;
   CHECK_THROWS_WITH(train(local_cluster(), second, data, strategies::ring_allreduce<>(), o),
                     Catch::Contains("global step 4611686018427387904 (checkpoint ckpt-10 of " + d + ") is beyond the "
@@ -711,11 +711,8 @@ TEST_CASE("train: a synchronous job restarted at its last step says on every wor
   CHECK_THAT(printed, Catch::Contains("worker.1: global step 13 (on the parameter servers) is at or past the last "
                                       "step of this run, 13 (--epochs 1): training already finished"));
   // Its step made 2^62 (a lone worker: the chief refuses the restore, so no other waits for it),
-  // in a manifest that does not say it is synchronous (the reader would refuse its files' step).
-  rewrite_manifest(d, "ckpt-13", [](nlohmann::json& j) {
-    j["global_step"] = std::int64_t(1) << 62;
-    j.erase("synchronous");
-  });
+  // in its manifest and its files (the reader refuses a file of another step than the manifest's).
+  test::ckpt::set_checkpoint_step(d, "ckpt-13", std::int64_t(1) << 62);
   const auto lone = data.shard(2, 0);  // the chief's shard alone: 13 batches, 1 epoch, 13 steps
   CHECK_THROWS_WITH(run_one_worker(lone, o, strategies::sync_sgd({.replicas_to_aggregate = 1})),
                     Catch::Contains("global step 4611686018427387904 (checkpoint ckpt-13 of " + d + ") is beyond the "

@@ -15,6 +15,7 @@
 #include <limits>
 #include <chrono>
 #include <memory>
+#include <regex>
 #include <thread>
 
 using namespace dtf;
@@ -318,6 +319,70 @@ TEST_CASE("with ps_options::chief set, init, restore, save and shutdown are the 
   CHECK_FALSE(s.ps->shutdown_requested());  // none of the worker's requests counted
   chief.shutdown();
   CHECK(s.ps->shutdown_requested());
+}
+
+TEST_CASE("requests refused unread and dropped stale contributions are logged a line per interval with their count",
+          "[ps][hostile][sync]") {
+  dtf::test::log_sink log;
+  ps_options o{opts("ps.0", "", &log)};
+  o.transport.refusal_log_interval_ms = 300;
+  o.chief = "chief.0";
+  running_ps s(o);
+  const auto layout = partitioners::fixed_size{2}.place(vars40(), 1);
+  // Repeats `one` (returning whether it did what is logged) n times, then until a line carries
+  // the count of those held back (the first after the interval), at most 5 s; returns how
+  // often it ran and the milliseconds taken.
+  const auto flood = [&](std::size_t n, const std::function<bool()>& counted, const std::function<bool()>& one) {
+    const auto start = std::chrono::steady_clock::now();
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < n; ++i) done += one();
+    while (!counted() && std::chrono::steady_clock::now() - start < std::chrono::seconds(5)) done += one();
+    return std::pair{done, std::size_t(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - start).count())};
+  };
+  constexpr std::size_t n = 40;
+  SECTION("a worker's chief-only requests, refused before their payload is read") {
+    raw_peer bad(s.address(), "worker.1");
+    detail::ps_init_msg init;
+    init.ids = ids_of(layout, 0);
+    for (auto id : init.ids) init.sizes.push_back(layout.shards[id].size);
+    init.rule = detail::rule_msg::from(optim::sgd{});
+    const auto values = iota(40, 1.0f);
+    const auto [sent, ms] = flood(n, [&] { return log.contains("similar lines suppressed"); }, [&] {
+      return bad.call(detail::message_kind::ps_init, init, values).find("only the chief") != std::string::npos;
+    });
+    const auto c = dtf::test::count_logged(log, "refused a request of 'worker.1' unread");
+    INFO(c.lines << " lines for " << sent << " refusals in " << ms << " ms");
+    CHECK(c.events == sent);
+    CHECK(c.lines <= 2 + ms / 300);
+    CHECK(c.lines < n / 4);
+  }
+  SECTION("a backup worker's contributions to finished steps") {
+    ps_client chief({s.address()}, layout, opts("chief.0"));
+    chief.connect();
+    chief.initialize(iota(40, 0.0f), {optim::sgd{1.0f}, apply_mode::locked, 1});  // each push completes a step
+    ps_client first({s.address()}, layout, opts("worker.1"));
+    first.connect();
+    REQUIRE_FALSE(first.push_sync(std::vector<float>(40, 1.0f), 0).dropped);
+    ps_client late({s.address()}, layout, opts("worker.2"));
+    late.connect();
+    // Each line counts itself and those not logged before it: "dropped K stale contribution(s)".
+    const auto stale = [&] {
+      return dtf::test::count_logged(log, "stale contribution(s) since the last such line, the latest of worker.2 "
+                                          "for step 0", std::regex(R"(dropped (\d+) stale)"));
+    };
+    const auto [sent, ms] = flood(n, [&] { const auto c = stale(); return c.events > 2 * c.lines; },
+                                  [&] { return late.push_sync(std::vector<float>(40, 1.0f), 0).dropped; });
+    REQUIRE(sent > n);
+    // count_logged adds a line's own one to its K: each line is K + 1 there.
+    const auto c = stale();
+    const std::size_t lines = c.lines, events = c.events - c.lines;
+    INFO(lines << " lines for " << sent << " dropped contributions in " << ms << " ms");
+    CHECK(events == sent);
+    CHECK(lines <= 2 + ms / 300);
+    CHECK(lines < n / 4);
+    CHECK(s.ps->dropped_contributions() == std::map<std::string, std::uint64_t>{{"worker.2", sent}});
+  }
 }
 
 TEST_CASE("the done-task set holds only known workers, or a bounded number of names", "[ps][hostile]") {

@@ -18,7 +18,10 @@
 //   8   8  header length H
 //   16  H  header (JSON): {"format":1,"ps":I,"num_ps":N,"global_step":S,"num_slots":K,
 //                          "entries":[{"shard":id,"size":elements,"iterations":t}, ...]}
-//          (a ps writes it last, padded with spaces to H: dtf/ps/shard_snapshot.hpp)
+//          (a ps writes it last, padded with spaces to H: dtf/ps/shard_snapshot.hpp; a file
+//          written while a synchronous job's steps were held adds "synchronous":true). S is the
+//          manifest's step in ps 0's file and every synchronous one, at most it in the others
+//          (an asynchronous job's other ps keep the step of its last init or restore)
 //   ... raw float32: for each entry in order, its values then its K slots (size floats each)
 // Tensor bytes are written raw, never through a serialisation archive; JSON holds only the
 // metadata.

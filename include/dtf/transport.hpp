@@ -38,6 +38,7 @@
 #include <dtf/detail/messages.hpp>
 #include <dtf/error.hpp>
 #include <dtf/transport/address.hpp>
+#include <dtf/transport/cluster_hosts.hpp>
 #include <dtf/transport/handshake.hpp>
 #include <dtf/transport/impl/io.hpp>
 #include <dtf/transport/impl/stream.hpp>
@@ -53,6 +54,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <system_error>
@@ -305,7 +307,13 @@ class rpc_server {
   std::atomic<std::size_t> rejected_{0}, open_{0}, handshaking_{0}, authenticated_{0};
   std::mutex sources_mu_;
   std::unordered_map<std::string, std::size_t> handshaking_from_;  // by source address
-  detail::log_limiter stranger_log_;  // dropped before authenticating: a line a second
+  // The cluster's hosts (options_.cluster_hosts resolved) and the handshakes in progress from
+  // them and from everyone else: two budgets of max_handshakes (under sources_mu_).
+  std::set<std::string> cluster_sources_;
+  std::size_t handshaking_own_ = 0, handshaking_strangers_ = 0;
+  // Dropped before authenticating, dropped after it (without a secret anyone authenticates),
+  // requests refused unread: a line a second each, with a count (refusal_log_interval_ms).
+  detail::log_limiter stranger_log_, peer_log_, refusal_log_;
   asio::io_context io_;
   detail::tcp_acceptor acceptor_;
   detail::steady_timer_on<detail::io_executor> accept_backoff_;

@@ -9,29 +9,45 @@ DTF_CLUSTER_SECRET=short "$dtfrun" --ps 1 --workers 1 -- "$example" "${small[@]}
 grep -q "at least 16" "$work/short.log" || fail "the refusal of a short secret does not say why"
 
 secret=$(od -An -tx1 -N24 /dev/urandom | tr -d ' \n')
-DTF_CLUSTER_SECRET=$secret "$dtfrun" --ps 1 --workers 2 --grace_ms 20000 -- "$example" --epochs 2 \
-  --train_examples 6000 --log_every 10 --batch 32 >"$work/job.log" 2>&1 &
+# What dtfrun gives each task is checked on what the task received, recorded by a wrapper before
+# it execs the example (which takes its keys out of its environment as it starts). Reading
+# /proc/PID/environ of a running task instead raced the task: before its exec it shows dtfrun's
+# environment, once it has exited nothing, and the check failed under load.
+mkdir -m 700 "$work/env"
+cat >"$work/record_env" <<EOF
+#!/usr/bin/env bash
+env >"$work/env/\${DTF_TASK:?}.env"
+printf '%s\n' "\$@" >"$work/env/\${DTF_TASK}.argv"
+exec "\$@"
+EOF
+chmod 700 "$work/record_env"
+DTF_CLUSTER_SECRET=$secret "$dtfrun" --ps 1 --workers 2 --grace_ms 20000 -- "$work/record_env" "$example" "${small[@]}" \
+  >"$work/job.log" 2>&1 &
 job=$!
 pids+=("$job")
-wait_until 60 bash -c "[[ \$(grep -c 'started .* (pid' '$work/job.log') -ge 3 ]]" || fail "the tasks did not start"
-declare -A pid_of
-while read -r name pid; do pid_of[$name]=$pid; done < <(sed -n 's/.*started \([a-z]*\.[0-9]*\) (pid \([0-9]*\)).*/\1 \2/p' "$work/job.log")
-checked=0
-for name in "${!pid_of[@]}"; do
-  pid=${pid_of[$name]}
-  [[ -r /proc/$pid/environ ]] || continue  # (ended already)
-  tr '\0' '\n' </proc/"$pid"/cmdline | grep -qF "$secret" && fail "the secret is on $name's command line"
-  env=$(tr '\0' '\n' </proc/"$pid"/environ) || continue
+# The keys as docs/design/identity.md defines them, computed here independently of dtf's code:
+# K(id) = HMAC-SHA256(M, "dtf task key v1" len(id) ":" id), R = HMAC-SHA256(M, "dtf ring key v1").
+key_of() {
+  python3 -c 'import hashlib, hmac, sys
+m, label, name = (a.encode() for a in sys.argv[1:4])
+print(hmac.new(m, label + (str(len(name)).encode() + b":" + name if name else b""), hashlib.sha256).hexdigest())' "$@"
+}
+ring_key=$(key_of "$secret" "dtf ring key v1" "")
+for name in ps.0 worker.0 worker.1; do
+  wait_until 60 test -s "$work/env/$name.argv" || fail "$name did not start"
+done
+for f in "$work/env/"*.env; do
+  name=$(basename "$f" .env)
+  grep -qF "$secret" "$work/env/$name.argv" && fail "the secret is on $name's command line"
   if [[ $name == ps.* ]]; then
-    grep -qx "DTF_CLUSTER_SECRET=$secret" <<<"$env" || fail "$name did not get the master secret"
+    grep -qx "DTF_CLUSTER_SECRET=$secret" "$f" || fail "$name did not get the master secret"
+    grep -q "^DTF_TASK_KEY=\|^DTF_RING_KEY=" "$f" && fail "$name got a task key or the ring key"
   else
-    grep -q "^DTF_CLUSTER_SECRET=" <<<"$env" && fail "$name got the master secret"
-    grep -q "^DTF_TASK_KEY=[0-9a-f]\{64\}$" <<<"$env" || fail "$name did not get its task key"
-    grep -q "^DTF_RING_KEY=[0-9a-f]\{64\}$" <<<"$env" || fail "$name did not get the ring key"
-    ((++checked))
+    grep -q "^DTF_CLUSTER_SECRET=" "$f" && fail "$name got the master secret"
+    grep -qx "DTF_TASK_KEY=$(key_of "$secret" "dtf task key v1" "$name")" "$f" || fail "$name did not get its own task key"
+    grep -qx "DTF_RING_KEY=$ring_key" "$f" || fail "$name did not get the ring key"
   fi
 done
-((checked >= 1)) || fail "no worker was still running to be checked"
 for pid in $job $(pgrep -P "$job"); do
   [[ -r /proc/$pid/cmdline ]] && tr '\0' '\n' </proc/"$pid"/cmdline | grep -qF "$secret" && fail "the secret is on a command line (pid $pid)"
 done

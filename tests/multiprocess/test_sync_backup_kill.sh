@@ -13,16 +13,11 @@
 # Usage: test_sync_backup_kill.sh <dtfrun> <examples dir>
 source "$(dirname "$0")/lib.sh"
 
-# worker.1's process: the child of dtfrun $1 whose environment names it (dtfrun sets DTF_TASK).
+# worker.1's process, as dtfrun's log $1 names it ("started worker.1 (pid N)"; the last start).
+# Not read from /proc/PID/environ, which shows nothing once a process has exited and dtfrun's
+# environment before its exec: what it shows depends on when it is read.
 worker1() {
-  local p
-  for p in $(pgrep -P "$1"); do
-    if tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "DTF_TASK=worker.1"; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
+  sed -n 's/^dtfrun: \(re\)\{0,1\}started worker\.1 (pid \([0-9]*\)).*/\2/p' "$1" | tail -n 1 | grep .
 }
 
 # run_job NAME DTFRUN-OPTIONS...: the job, worker.1 killed once it trains; checks the end.
@@ -34,7 +29,7 @@ run_job() {
   job=$!
   pids+=("$job")
   wait_until 120 grep -q "^worker.1 .*step=[0-9]" "$log" || fail "$name: worker.1 never trained: $(tail -5 "$log")"
-  victim=$(worker1 "$job") || fail "$name: worker.1's process not found"
+  victim=$(worker1 "$log") || fail "$name: worker.1's process not found"
   kill -KILL "$victim"
   wait "$job"
   status=$?

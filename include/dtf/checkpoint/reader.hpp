@@ -179,9 +179,7 @@ class checkpoint_reader {
       const auto& in = files_[i];
       const auto text = verified_header_text(in, f);
       const auto h = parse_shard_header(text, in.size(), f.ps, m_.num_ps, m_.num_slots, in.what());
-      if (m_.synchronous && h.global_step != m_.global_step)  // a synchronous checkpoint is of one step
-        corrupt(in.what(), "header.global_step", "step " + std::to_string(h.global_step) + ", the checkpoint's is " +
-                                                     std::to_string(m_.global_step));
+      check_shard_step(h, m_, in.what());  // every checkpoint, synchronous or not
       std::uint64_t at = h.data_offset;
       for (std::size_t e = 0; e < h.entries.size(); ++e) {
         const auto& entry = h.entries[e];

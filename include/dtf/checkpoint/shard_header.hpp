@@ -21,6 +21,7 @@ namespace detail::ckpt {
 struct shard_header {
   std::size_t ps = 0, num_ps = 0, num_slots = 0;
   std::int64_t global_step = 0;
+  bool synchronous = false;  // written while the job's steps were held (absent: false)
   struct entry {
     std::uint32_t id;
     std::uint64_t size;
@@ -81,6 +82,10 @@ inline shard_header parse_shard_header(std::string_view text, std::uint64_t file
     corrupt(what, "header.num_ps", std::to_string(h.num_ps) + ", the manifest says " + std::to_string(num_ps));
   h.num_slots = u64_at_most(j, "num_slots", 2, what, "header");
   h.global_step = count_at(j, "global_step", what, "header");
+  if (j.contains("synchronous")) {
+    if (!j["synchronous"].is_boolean()) corrupt(what, "header.synchronous", "not a boolean");
+    h.synchronous = j["synchronous"].get<bool>();
+  }
   const auto& entries = array_at(j, "entries", what, "header");
   if (!entries.empty() && h.num_slots != num_slots)  // a ps holding no shard knows no rule
     corrupt(what, "header.num_slots", std::to_string(h.num_slots) + " slots, the manifest says " +
@@ -103,6 +108,22 @@ inline shard_header parse_shard_header(std::string_view text, std::uint64_t file
     corrupt(what, "header.entries", std::to_string(file_bytes) + " bytes, the header describes " +
                                         std::to_string(h.data_offset + bytes));
   return h;
+}
+
+/// Checks a shard file's step against its checkpoint's, whatever the manifest says of the mode.
+/// ps 0 holds the global step, so its file is of the checkpoint's step (the manifest takes
+/// ps 0's); so is every file of a synchronous save (the manifest's flag or the file's own: its
+/// steps were held while every ps wrote). Another ps of an asynchronous job keeps the step of
+/// the job's last init or restore (only ps 0 counts steps there), which is never past ps 0's.
+/// Errors: errc::corrupt_data naming the file and both steps.
+inline void check_shard_step(const shard_header& h, const checkpoint_manifest& m, const std::string& what) {
+  const bool of_the_step = h.ps == 0 || h.synchronous || m.synchronous;
+  if (of_the_step ? h.global_step == m.global_step : h.global_step <= m.global_step) return;
+  corrupt(what, "header.global_step",
+          "the file of ps " + std::to_string(h.ps) + " holds step " + std::to_string(h.global_step) +
+              ", the checkpoint's is " + std::to_string(m.global_step) +
+              (of_the_step ? std::string(h.ps == 0 ? " (ps 0 holds the global step)" : " (a synchronous save is of one step)")
+                           : std::string(" (a ps's step is never past ps 0's)")));
 }
 
 }  // namespace detail::ckpt

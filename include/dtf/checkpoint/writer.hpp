@@ -58,11 +58,14 @@ inline checkpoint_file shard_file_of(const std::filesystem::path& dir, const std
   return f;
 }
 
-// A shard file's JSON header (layout in dtf/checkpoint.hpp).
+// A shard file's JSON header (layout in dtf/checkpoint.hpp). `synchronous`: written while the
+// job's steps were held, so the file is of the checkpoint's step (the reader checks it).
 inline std::string shard_header_text(std::size_t ps, std::size_t num_ps, std::int64_t global_step,
-                                     std::size_t num_slots, const std::vector<shard_record>& records) {
+                                     std::size_t num_slots, const std::vector<shard_record>& records,
+                                     bool synchronous = false) {
   nlohmann::json header{{"format", 1}, {"ps", ps}, {"num_ps", num_ps}, {"global_step", global_step},
                         {"num_slots", num_slots}, {"entries", nlohmann::json::array()}};
+  if (synchronous) header["synchronous"] = true;  // the format of other files is unchanged
   for (const auto& r : records)
     header["entries"].push_back({{"shard", r.id}, {"size", r.size}, {"iterations", r.iterations}});
   return header.dump();
@@ -99,10 +102,10 @@ inline checkpoint_file stream_shard_file(const std::filesystem::path& dir, const
                                          std::size_t num_ps, std::int64_t global_step, std::size_t num_slots,
                                          std::vector<shard_record> records,
                                          const std::function<void(shard_record&)>& copy,
-                                         const checkpoint_fault& fault = {}) {
+                                         const checkpoint_fault& fault = {}, bool synchronous = false) {
   auto f = shard_file_of(dir, name, ps, num_ps, "stream_shard_file");
   for (auto& r : records) r.iterations = std::numeric_limits<std::int64_t>::min();
-  const std::uint64_t len = shard_header_text(ps, num_ps, global_step, num_slots, records).size();
+  const std::uint64_t len = shard_header_text(ps, num_ps, global_step, num_slots, records, synchronous).size();
   atomic_file out(dir / f.name, fault, true);
   out.append(shard_magic, sizeof shard_magic);
   out.append(&len, sizeof len);
@@ -112,7 +115,7 @@ inline checkpoint_file stream_shard_file(const std::filesystem::path& dir, const
     DTF_ASSERT(r.tensors.size() == 1 + num_slots, "a shard record carries its values and every slot");
     for (const float* t : r.tensors) out.append(t, r.size * sizeof(float));
   }
-  std::string text = shard_header_text(ps, num_ps, global_step, num_slots, records);
+  std::string text = shard_header_text(ps, num_ps, global_step, num_slots, records, synchronous);
   DTF_ASSERT(text.size() <= len, "a shard file's header fits the length reserved for it");
   text.resize(len, ' ');
   out.overwrite(shard_prefix_bytes, text.data(), text.size());

@@ -54,9 +54,12 @@ struct collective_options {
   /// from its accept, so a silent socket on a rank's port (or the MPI rendezvous) holds its
   /// slot this long at most, never the ring's set-up.
   std::uint32_t handshake_timeout_ms = 2000;
-  /// Set-up: at most this many handshakes in progress on a rank's port. A connection over it
-  /// is closed at once, unanswered; a rank whose connection is closed that way tries again
-  /// (5 ms doubling to 200 ms) until connect_timeout_ms, so it gets in once a slot frees.
+  /// Set-up: at most this many handshakes in progress on a rank's port from the hosts of the
+  /// ring's ranks, and as many again from other addresses, which cannot take the ranks' (the
+  /// MPI rendezvous, which does not know the ranks' hosts beforehand, has one budget). A
+  /// connection over it is closed at once, unanswered; a rank whose connection is closed that
+  /// way tries again (5 ms doubling to 200 ms) until connect_timeout_ms, so it gets in once a
+  /// slot frees.
   std::size_t max_pending_connections = 64;
   /// Set-up: of those, at most this many from one remote IP address (any port), so that one
   /// host's strangers cannot take every slot; over it a connection is closed at once, as above.

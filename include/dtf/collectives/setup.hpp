@@ -60,7 +60,9 @@ inline void tcp_backend::connect() {
       for (const auto& i : in) expected.push_back(i.identity);
       auto fds = detail::accept_neighbours(listener_.native_handle(), server_me, expected, deadline,
                                            {options_.handshake_timeout_ms, options_.max_pending_connections,
-                                            options_.max_pending_per_source}, nullptr,
+                                            options_.max_pending_per_source,
+                                            transport::resolve_cluster_hosts(addresses_)},  // the ranks' hosts
+                                           nullptr,
                                            tls_server.get(), cancel.get());
       for (std::size_t i = 0; i < in.size(); ++i) *in[i].slot = std::move(fds[i]);
     } catch (...) {

@@ -293,13 +293,16 @@ struct ps_restore_msg {
 /// ps_done_tasks, both ways: the request names the done tasks the sender knows of (the ps
 /// adds them to its own); the reply names every task this ps knows to be done. With wait_for,
 /// the ps answers once it knows of that many, or after wait_ms (then with what it knows).
+/// proofs (with a cluster secret): for each of `tasks`, the proof a ps gave that it reported done
+/// (dtf/ps/done_tasks.hpp's done_proof), which a sender needs for every name but its own.
 struct ps_done_tasks_msg {
   std::vector<std::string> tasks;
   std::uint64_t wait_for = 0;  // request: 0 answers at once
   std::uint32_t wait_ms = 0;   // request: the longest the answer may wait
+  std::vector<std::string> proofs;
   template <class A>
   void serialize(A& ar) {
-    ar(tasks, wait_for, wait_ms);
+    ar(tasks, wait_for, wait_ms, proofs);
   }
 };
 /// ps_positions, both ways (dtf/ps/positions.hpp). Request: record `positions` (each replaces

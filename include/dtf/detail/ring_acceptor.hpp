@@ -12,6 +12,9 @@
 // Why two caps, and why over-cap connections are closed rather than left in the backlog: at
 // most max_pending connections handshake at once, and at most max_pending_per_source of them
 // from one remote address (any port), so that a stranger on one host cannot take every slot.
+// The job's own hosts (own_sources: the hosts of the ranks' addresses) have max_pending slots
+// of their own, so strangers connecting from other addresses cannot hold the ranks out; a
+// stranger on a rank's host shares that host's slots, up to max_pending_per_source.
 // A connection over either cap is accepted and closed at once (the reason kept for the error):
 // left in the backlog, strangers would fill it and the kernel would drop a real rank's SYNs
 // (retried after 1 s, 3 s, ...). The connecting side tries again when it is closed before any
@@ -32,6 +35,7 @@
 #include <dtf/detail/ring_handshake.hpp>
 #include <dtf/detail/ring_socket.hpp>
 #include <dtf/detail/ring_tls.hpp>
+#include <dtf/transport/cluster_hosts.hpp>
 #include <dtf/transport/handshake.hpp>
 #include <dtf/transport/tls.hpp>
 
@@ -40,6 +44,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,8 +59,9 @@ inline constexpr std::size_t ring_accept_batch = 64;
 
 struct ring_accept_limits {
   std::uint32_t handshake_timeout_ms = 2000;  ///< per connection, from its accept
-  std::size_t max_pending = 64;               ///< handshakes in progress at once
+  std::size_t max_pending = 64;               ///< handshakes in progress at once (own hosts, others: each)
   std::size_t max_pending_per_source = 8;     ///< of those, from one remote address (any port)
+  std::set<std::string> own_sources;          ///< the job's hosts (transport::resolve_cluster_hosts)
 };
 
 /// Accepts one connection for each of `expected` (identities, matched exactly) on the
@@ -251,11 +257,14 @@ inline std::vector<ring_connection> accept_neighbours(int listener, const handsh
         }
         pause = milliseconds(0);
         std::string remote = address_text(s);
-        std::string source = remote.substr(0, remote.rfind(':'));
-        // Over a cap: closed at once (fd goes out of scope); the client tries again.
-        if (conns.size() >= limits.max_pending) {
-          note(remote + ": refused, " + std::to_string(limits.max_pending) +
-               " handshakes already in progress (max_pending_connections)");
+        std::string source = transport::normalised_source(remote.substr(0, remote.rfind(':')));
+        // Over a cap: closed at once (fd goes out of scope); the client tries again. The job's
+        // hosts and everyone else have max_pending each.
+        const bool own = limits.own_sources.count(source) > 0;
+        const auto same_side = [&](const pending& p) { return (limits.own_sources.count(p.source) > 0) == own; };
+        if (std::size_t(std::count_if(conns.begin(), conns.end(), same_side)) >= limits.max_pending) {
+          note(remote + ": refused, " + std::to_string(limits.max_pending) + " handshakes" +
+               (own ? " from the job's hosts" : "") + " already in progress (max_pending_connections)");
           continue;
         }
         const auto same_source = [&](const pending& p) { return p.source == source; };

@@ -3,8 +3,9 @@
 // waits for the tasks that did (workers_done, wait_workers_done). The ps side is
 // dtf/ps/done_tasks.hpp.
 //
-// The client remembers every task it learnt finished and re-announces them, so a ps restarted
-// (empty) after a worker finished learns it again and the chief's wait ends; it also learns the
+// The client remembers every task it learnt finished, with the proof a ps gave for each (with a
+// cluster secret; dtf/ps/done_tasks.hpp), and re-announces them, so a ps restarted (empty)
+// after a worker finished learns it again and the chief's wait ends; it also learns the
 // names whenever a pull or push reply shows a ps whose count differs from what it knows
 // (track_done: one extra request then), so the chief knows of a finished worker within a step
 // even when the ps dies afterwards.
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -95,16 +97,25 @@ class done_client {
   detail::ps_done_tasks_msg known_msg() const {
     detail::ps_done_tasks_msg m;
     m.tasks.assign(done_seen_.begin(), done_seen_.end());
+    if (!proofs_.empty())
+      for (const auto& t : m.tasks) {
+        const auto it = proofs_.find(t);
+        m.proofs.push_back(it == proofs_.end() ? std::string() : it->second);
+      }
     return m;
   }
   // Adds the names a done-tasks reply holds; returns how many it held.
   std::size_t learn(const rpc_call& c) {
     auto r = detail::decode_message<detail::ps_done_tasks_msg>(c.reply_meta, "done tasks");
-    for (auto& t : r.tasks) done_seen_.insert(std::move(t));
+    for (std::size_t i = 0; i < r.tasks.size(); ++i) {
+      if (i < r.proofs.size()) proofs_[r.tasks[i]] = std::move(r.proofs[i]);
+      done_seen_.insert(std::move(r.tasks[i]));
+    }
     return r.tasks.size();
   }
 
   std::set<std::string> done_seen_;  // tasks known to have called mark_done()
+  std::map<std::string, std::string> proofs_;  // a ps's proof for each of them (with a secret)
 };
 
 }  // namespace dtf::ps_detail

@@ -4,16 +4,22 @@
 //
 // What a peer cannot do: put a name other than a known worker (ps_options::known_workers) in
 // the set or, without that list, more than max_done_tasks names of at most 256 characters; a
-// request with one bad name records none.
+// request with one bad name records none. With a cluster secret, report another task done
+// (docs/design/identity.md): a name other than the sender's proven identity needs the proof a
+// ps gave out with it (done_proof, an HMAC under the master secret, which only the ps and the
+// launcher hold), so a task can re-announce the names it learnt to a restarted ps, never make
+// one up; a request with one unproven name is refused, to its sender, and records none.
 //
 // Thread safety: its own mutex (requests arrive on every I/O thread).
 #pragma once
 
 #include <dtf/detail/archive.hpp>
 #include <dtf/detail/messages.hpp>
+#include <dtf/detail/hmac.hpp>
 #include <dtf/error.hpp>
 #include <dtf/ps/config.hpp>
 #include <dtf/transport.hpp>
+#include <dtf/transport/credentials.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +31,14 @@
 #include <vector>
 
 namespace dtf::ps_detail {
+
+/// The proof that `task` reported done, which a ps holding the master secret gives out with its
+/// done set and checks when a task relays the name: HMAC-SHA256(M, "dtf done v1" ‖cluster id‖
+/// ‖task‖) in hex. Its label differs from the task and ring keys' (dtf/transport/credentials.hpp),
+/// so it equals no key; knowing it says nothing about M or any key (HMAC is a PRF).
+inline std::string done_proof(const transport_options& t, const std::string& task) {
+  return detail::to_hex(detail::hmac_sha256(t.secret, {"dtf done v1", detail::framed(t.cluster_id), detail::framed(task)}));
+}
 
 /// Throws unless a table of `held` names (not yet holding `name`) may take `name`: a known
 /// worker when ps_options::known_workers is set, else a name of 1 to 256 characters while the
@@ -78,6 +92,7 @@ class done_registry {
   /// after wait_ms (at most the transport's timeout), whichever is first; one waiting request
   /// per connection (a connection has one request in flight).
   void handle(const rpc_peer& peer, const detail::ps_done_tasks_msg& m, rpc_reply& out) {
+    check_relayed(peer, m);
     add(m.tasks);
     std::lock_guard g(mu_);
     if (m.wait_for <= done_.size() || !peer.defer_until) {
@@ -121,10 +136,30 @@ class done_registry {
   }
 
  private:
-  // Every task known to be done. Caller holds mu_.
+  // With a secret, every name but the sender's own needs a ps's proof (see the file comment).
+  // Without one, identities are self-declared and a name proves nothing either way.
+  void check_relayed(const rpc_peer& peer, const detail::ps_done_tasks_msg& m) const {
+    const auto& t = options_.transport;
+    if (t.secret.empty()) return;
+    for (std::size_t i = 0; i < m.tasks.size(); ++i) {
+      const auto& name = m.tasks[i];
+      if (name == peer.identity) continue;
+      if (i < m.proofs.size()) {
+        const auto want = done_proof(t, name);
+        if (m.proofs[i].size() == want.size() && CRYPTO_memcmp(m.proofs[i].data(), want.data(), want.size()) == 0)
+          continue;
+      }
+      throw error(errc::invalid_argument, "done: " + peer.identity + " may report its own end only; '" +
+                                              name.substr(0, 64) + "' came without a ps's proof that it reported done");
+    }
+  }
+
+  // Every task known to be done (with their proofs when this ps has a secret). Caller holds mu_.
   rpc_reply reply() const {
     detail::ps_done_tasks_msg m;
     m.tasks.assign(done_.begin(), done_.end());
+    if (!options_.transport.secret.empty())
+      for (const auto& n : m.tasks) m.proofs.push_back(done_proof(options_.transport, n));
     rpc_reply r;
     r.meta = detail::encode_message(m);
     return r;

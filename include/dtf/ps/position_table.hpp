@@ -3,8 +3,9 @@
 // answers). Kept in memory: a restarted ps starts empty and the chief's restore refills it from
 // the checkpoint (fill_only: a task that reported since keeps its newer position).
 //
-// What a peer cannot do: record a position in another task's name, except as a restore
-// (fill_only) of tasks this ps has none for; grow the table beyond the known workers
+// What a peer cannot do: record a position in another task's name, except the chief
+// (ps_options::chief; anyone when it is not set) as a restore (fill_only) of tasks this ps has
+// none for; grow the table beyond the known workers
 // (ps_options::known_workers) or, without that list, max_done_tasks entries of names of at most
 // 256 characters. A request is checked whole before anything is recorded.
 //
@@ -76,9 +77,11 @@ class position_table {
  private:
   // Caller holds mu_.
   void check(const rpc_peer& peer, const detail::ps_positions_msg& m, const std::string& task) const {
-    if (!m.fill_only && task != peer.identity)
+    const bool restore = m.fill_only && (options_.chief.empty() || peer.identity == options_.chief);
+    if (!restore && task != peer.identity)
       throw error(errc::invalid_argument, "positions: " + peer.identity + " may report its own position only, not '" +
-                                              task.substr(0, 64) + "'s");
+                                              task.substr(0, 64) + "'s" +
+                                              (m.fill_only ? " (only the chief restores others')" : ""));
     // A name already held does not grow the table.
     admit_task_name(options_, task, positions_.size() - positions_.count(task), "positions");
   }

@@ -67,7 +67,8 @@ inline void save_shards(const shard_store& store, const std::filesystem::path& d
     if (fault.shard_copied) fault.shard_copied(held * sizeof(float));
   };
   const auto f = detail::ckpt::stream_shard_file(dir, m.name, std::size_t(m.ps_index), std::size_t(m.num_ps),
-                                                 out.global_step, num_slots, std::move(records), take, fault);
+                                                 out.global_step, num_slots, std::move(records), take, fault,
+                                                 m.at_step.has_value());  // a synchronous save: of one step
   out.file = f.name;
   out.sha256 = f.sha256;
   out.bytes = f.bytes;

@@ -84,10 +84,14 @@ class sync_requests {
       reply.deferred = true;
       return;
     }
-    if (r->dropped)
-      detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": dropped a stale contribution of " +
-                                               peer.identity + " for step " + std::to_string(m.step) + " (" +
-                                               std::to_string(r->dropped_total) + " dropped from it so far)");
+    if (r->dropped)  // a count per interval, not a line each: a backup worker's are many
+      stale_log_.counted([&](std::size_t unlogged) {
+        detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": dropped " +
+                                                 std::to_string(unlogged + 1) + " stale contribution(s) since the "
+                                                 "last such line, the latest of " + peer.identity + " for step " +
+                                                 std::to_string(m.step) + " (" + std::to_string(r->dropped_total) +
+                                                 " dropped from it so far)");
+      });
     if (r->skipped)
       detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": skipped a non-finite contribution of " +
                                                peer.identity);
@@ -131,6 +135,7 @@ class sync_requests {
   std::atomic<std::int64_t>& global_step_;
   std::atomic<std::uint64_t>& updates_;
   status_fn status_;
+  detail::log_limiter stale_log_{std::chrono::milliseconds(options_.transport.refusal_log_interval_ms)};
 };
 
 }  // namespace dtf::ps_detail

@@ -66,6 +66,9 @@ inline train_result serve_ps(const cluster& c, const placement& layout, const tr
   for (const char* job : {"chief", "worker"})
     for (const auto& task : c.spec.tasks(job)) po.known_workers.push_back(task.str());
   po.chief = c.chief().str();  // init, restore, save and shutdown are the chief's alone
+  // Handshake slots for the cluster's own hosts, which strangers' connections cannot take.
+  for (const auto& [job, tasks] : c.spec.jobs)
+    for (const auto& [index, address] : tasks) po.transport.cluster_hosts.push_back(address);
   parameter_server ps(c.spec.address(c.self), std::move(po));
   std::printf("%s: serving %zu shards (%zu bytes) for %s\n", me.c_str(), layout.shards_on(c.self.index).size(),
               layout.bytes_on(c.self.index), o.name.c_str());

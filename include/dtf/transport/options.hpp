@@ -11,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 #include <utility>
 
 namespace dtf {
@@ -55,8 +56,17 @@ struct transport_options {
   /// Server: at most this many of them from one IP address, so that one stranger's silent
   /// connections cannot take the whole handshake budget from the tasks.
   std::size_t max_handshakes_per_source = 32;
-  /// Server: refusals at accept, and drops of peers that never authenticated, are logged at
-  /// most once per this interval, with the count of those not logged (0: every one).
+  /// Server: the cluster's task addresses ("host:port", as the cluster spec gives them; names
+  /// are resolved when the server starts). Connections from their hosts have max_handshakes
+  /// handshake slots of their own, which connections from other addresses cannot take, so a
+  /// flood from strangers' addresses does not hold the tasks out (a stranger on a task's host,
+  /// or behind the same NAT, shares that host's slots, up to max_handshakes_per_source).
+  /// Empty: one budget for every connection. dtf::train sets it from the cluster.
+  std::vector<std::string> cluster_hosts;
+  /// Server: refusals at accept, dropped connections, requests refused unread and a ps's
+  /// dropped stale synchronous contributions are logged at most once per this interval each,
+  /// with the count of those not logged (0: every one), whether or not the peer authenticated
+  /// (without a secret every peer does; with one, a task's key may be an insider's).
   std::uint32_t refusal_log_interval_ms = 1000;
   /// Server: the largest frame parts (control message, payload) a peer may send.
   detail::frame_limits limits{};
@@ -88,13 +98,22 @@ inline void log_line(const transport_options& o, const std::string& line) {
 }
 
 /// Lets through one line per `period` and counts the others, so that a flood (a connection
-/// storm, accept failing again and again) costs a line a second, not a disk. Thread-safe.
+/// storm, accept failing again and again) costs a line a second, not a disk: the first event
+/// after a period is logged with the count of those not logged since the last line. Thread-safe.
 class log_limiter {
  public:
   explicit log_limiter(std::chrono::milliseconds period = std::chrono::seconds(1)) : period_(period) {}
-  /// Returns the number of suppressed lines to mention (>= 0) when this line may be logged.
+  /// Calls emit(suffix) when this line may be logged; the suffix names the suppressed lines
+  /// ("" when none were).
   template <class Emit>
   void operator()(Emit emit) {
+    counted([&](std::size_t suppressed) {
+      emit(suppressed == 0 ? std::string() : " (" + std::to_string(suppressed) + " similar lines suppressed)");
+    });
+  }
+  /// Calls emit(n) when this event may be logged, n the events not logged since the last line.
+  template <class Emit>
+  void counted(Emit emit) {
     std::size_t suppressed = 0;
     {
       std::lock_guard g(mu_);
@@ -106,7 +125,7 @@ class log_limiter {
       next_ = now + period_;
       suppressed = std::exchange(suppressed_, 0);
     }
-    emit(suppressed == 0 ? std::string() : " (" + std::to_string(suppressed) + " similar lines suppressed)");
+    emit(suppressed);
   }
 
  private:

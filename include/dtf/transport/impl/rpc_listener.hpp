@@ -27,10 +27,13 @@ rpc_server<Handler>::rpc_server(Handler& handler, transport_options options, con
                                             {options_.secret, options_.task_key}, options_.identity,
                                             options_.cluster_id)),
       stranger_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
+      peer_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
+      refusal_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
       acceptor_(io_),
       accept_backoff_(io_),
       cap_log_(std::chrono::milliseconds(options_.refusal_log_interval_ms)),
       threads_(std::max(1, threads)) {
+  cluster_sources_ = transport::resolve_cluster_hosts(options_.cluster_hosts);
   // A server derives each client's key from the master secret (docs/design/identity.md).
   if (options_.secret.empty() && !options_.task_key.empty())
     throw error(errc::invalid_config, options_.identity + " holds only its own task key: a server needs the "
@@ -96,7 +99,7 @@ void rpc_server<Handler>::accept() {
     accept_pause_ = milliseconds(0);
     std::error_code ignored;
     const auto ep = sock.remote_endpoint(ignored);
-    const std::string source = ignored ? std::string("unknown") : ep.address().to_string();
+    const std::string source = ignored ? std::string("unknown") : transport::normalised_source(ep.address().to_string());
     if (const auto why = admit_handshake(source); !why.empty()) {
       // Closed before a byte is read or written: the stranger learns nothing, costs no buffer,
       // and a real client retries (rpc_client::connect).
@@ -117,8 +120,12 @@ void rpc_server<Handler>::accept() {
 template <class Handler>
 std::string rpc_server<Handler>::admit_handshake(const std::string& source) {
   std::lock_guard g(sources_mu_);
-  if (handshaking_.load() >= options_.max_handshakes)
-    return std::to_string(options_.max_handshakes) + " connections in the handshake (max_handshakes)";
+  // The cluster's hosts and everyone else have a budget each: strangers cannot take the tasks'.
+  const bool own = cluster_sources_.count(source) > 0;
+  auto& budget = own ? handshaking_own_ : handshaking_strangers_;
+  if (budget >= options_.max_handshakes)
+    return std::to_string(options_.max_handshakes) + " connections" + (own ? " from the cluster's hosts" : "") +
+           " in the handshake (max_handshakes)";
   auto& from = handshaking_from_[source];
   if (from >= options_.max_handshakes_per_source) {
     if (from == 0) handshaking_from_.erase(source);
@@ -126,6 +133,7 @@ std::string rpc_server<Handler>::admit_handshake(const std::string& source) {
            " connections from this address in the handshake (max_handshakes_per_source)";
   }
   ++from;
+  ++budget;
   ++handshaking_;
   return {};
 }
@@ -135,6 +143,7 @@ void rpc_server<Handler>::end_handshake(const std::string& source) {
   std::lock_guard g(sources_mu_);
   const auto it = handshaking_from_.find(source);
   if (it != handshaking_from_.end() && --it->second == 0) handshaking_from_.erase(it);  // the map holds live sources only
+  --(cluster_sources_.count(source) > 0 ? handshaking_own_ : handshaking_strangers_);
   --handshaking_;
 }
 

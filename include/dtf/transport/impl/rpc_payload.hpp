@@ -105,8 +105,11 @@ void rpc_server<Handler>::session::on_piece(std::error_code ec) {
 // them; the frame deadline still bounds them), and the connection goes on.
 template <class Handler>
 void rpc_server<Handler>::session::refuse_payload(std::string why, std::uint64_t unread) {
-  detail::log_line(server_.options_, "dtf " + server_.options_.identity + ": refused a request of '" +
-                                         peer_.identity + "' unread: " + why);
+  // Any connected peer may send such requests one after another: a line a second, with a count.
+  server_.refusal_log_([&](const std::string& suppressed) {
+    detail::log_line(server_.options_, "dtf " + server_.options_.identity + ": refused a request of '" +
+                                           peer_.identity + "' unread: " + why + suppressed);
+  });
   discard_ = unread;
   send_reply(rpc_reply::failure(errc::invalid_argument, std::move(why)));
 }

@@ -140,11 +140,10 @@ class rpc_server<Handler>::session : public std::enable_shared_from_this<session
     if (!authenticated_ || reason.find("closed") == std::string::npos) ++server_.rejected_;
     const auto line = "dtf " + server_.options_.identity + ": disconnected " +
                       (peer_.identity.empty() ? "" : "'" + peer_.identity + "' ") + "from " + remote_ + ": " + reason;
-    // Before authentication anyone may cause this line: at most one a second, with a count.
-    if (authenticated_)
-      detail::log_line(server_.options_, line);
-    else
-      server_.stranger_log_([&](const std::string& suppressed) { detail::log_line(server_.options_, line + suppressed); });
+    // Anyone may cause this line before authentication, and after it too without a secret (or
+    // an insider with a task's key): at most one a second each, with a count.
+    (authenticated_ ? server_.peer_log_ : server_.stranger_log_)(
+        [&](const std::string& suppressed) { detail::log_line(server_.options_, line + suppressed); });
     std::error_code ec;
     timer_.cancel();
     socket_.close(ec);
