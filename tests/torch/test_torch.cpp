@@ -22,6 +22,8 @@ namespace {
 
 using dtf::tensor;
 using dtf::torch::module_model;
+using dtf::test::distinct_trainable;
+using dtf::test::flat;
 using dtf::test::relayout;
 using dtf::test::small_net_init;
 using dtf::test::torch_small_net;
@@ -73,25 +75,6 @@ tnn::Sequential frozen_net(float value) {
   f->weight.requires_grad_(false);
   f->bias.requires_grad_(false);
   return tnn::Sequential(f, tnn::ReLU(), tnn::Linear(8, 3));
-}
-
-/// The distinct trainable tensors of `m` in named_parameters() order (LibTorch alone).
-std::vector<torch::Tensor> distinct_trainable(const tnn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : m.parameters())
-    if (t.requires_grad() && std::none_of(out.begin(), out.end(), [&](const torch::Tensor& o) { return o.is_same(t); }))
-      out.push_back(t);
-  return out;
-}
-
-/// The tensors (or their gradients), flattened one after another.
-std::vector<float> flat(const std::vector<torch::Tensor>& ts, bool grads = false) {
-  std::vector<float> out;
-  for (const auto& t : ts) {
-    const auto c = (grads ? t.grad() : t).detach().contiguous();
-    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-  }
-  return out;
 }
 
 torch::Tensor torch_x(const tensor& x) {
