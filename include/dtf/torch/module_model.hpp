@@ -14,12 +14,11 @@
 // after dtf::train returns (the strategy and its buffers gone), the module is a plain LibTorch
 // module holding the values of the last p handed to it: torch::save, module->forward, a LibTorch
 // optimizer and another dtf::train work on it. On the chief (rank 0) of a run that evaluates
-// (options.evaluate, e.g. dtf::evaluate_on, calls logits with the final parameters) those are
-// the job's trained values; in a run that does not, they are the parameters its last step's
-// forward ran with (one update before the end). The module_model borrows nothing from the
-// module it cannot give back: the hooks it puts on the module's gradient accumulators are
-// removed when it is destroyed. The module's structure (which tensors are parameters, tied,
-// frozen) is read when the module_model is constructed.
+// (options.evaluate, e.g. dtf::evaluate_on, runs logits on the final parameters) those are the
+// job's trained values; otherwise the parameters its last step's forward ran with (one update
+// before the end). The hooks the module_model puts on the module's gradient accumulators go
+// when it is destroyed. The module's structure (parameters, ties, frozen flags) is read when
+// the module_model is constructed.
 //
 // The contract (models dtf::model, dtf::classifier and dtf::streams_gradients, dtf/concepts.hpp):
 //   variables    the module's trainable parameters (requires_grad), in named_parameters() order,
@@ -28,11 +27,8 @@
 //                used twice) is one variable under its first name (dtf/torch/state.hpp). Every
 //                parameter must be float32, dense and on the CPU; a module with none trainable
 //                is refused (errc::invalid_argument naming the parameter or the module).
-//   frozen       parameters with requires_grad(false) are not variables: no gradient, and
-//                initialize never resets them. They are buffers (below), after the registered
-//                ones: the chief's are the job's, saved and restored with every checkpoint and
-//                broadcast from rank 0 at a collective job's start, so every rank computes the
-//                same function.
+//   frozen       parameters with requires_grad(false) are not variables: initialize never
+//                resets them, and they are buffers (below), the same on every rank.
 //   parameters   copied from p into the module's own tensors at each loss_and_gradients and
 //                logits (one memcpy per parameter: dtf's buffers may be freed or moved at any
 //                time after the call).
@@ -46,11 +42,8 @@
 //                same graph: LibTorch's CPU engine runs a graph's nodes on the calling thread in
 //                sequence-number order). A variable that received no gradient this step (an
 //                unused branch) is reported after backward with zeros. Every float exactly once.
-//   input        x [batch, features] float32 is viewed (no copy) as [batch, input_shape...];
-//                a feature count that is not the product of input_shape is
-//                errc::shape_mismatch naming both. Labels (int32) are widened to int64 for
-//                the loss, a callable loss(logits, labels) -> scalar tensor (cross-entropy by
-//                default).
+//   input        x viewed (no copy) as [batch, input_shape...], labels widened to int64 for
+//                loss(logits, labels) (cross-entropy by default): dtf/torch/options.hpp.
 //   modes        dtf never sets a mode the user set: loss_and_gradients runs the module in the
 //                modes it has (a module is constructed in train mode; a submodule the user put
 //                in eval(), e.g. a BatchNorm with frozen statistics, stays in eval); logits
@@ -60,12 +53,10 @@
 //                a dropout option of MultiheadAttention, LSTM, GRU, RNN; dtf/torch/seeding.hpp)
 //                or options.random_forward: each forward in train mode reseeds LibTorch's
 //                generator from (seed, task, replica, this copy's forward count) under a
-//                process-wide lock held for the forward only: dropout masks differ per task
-//                and per replica and are the same on a rerun. `task` comes from the options
-//                (the example passes its index among the training tasks); a copy's replica index
-//                is the number of copies made of its source before it (mirrored copies the model
-//                once per replica, in order). A module without one runs its forwards unlocked,
-//                so mirrored replicas and Hogwild threads run theirs in parallel.
+//                process-wide lock held for the forward only: masks differ per task (options)
+//                and replica (a copy's index: the copies made of its source before it) and are
+//                the same on a rerun. Other modules' forwards run unlocked, in parallel in
+//                mirrored replicas and Hogwild threads.
 //   initialize   options.init: init_from::seed (the default) fills p from `seed`: under
 //                torch::manual_seed(seed) the reset_parameters() of LibTorch's built-in layers
 //                (Linear, Conv1-3d, BatchNorm1-3d, LayerNorm, Embedding), each layer once (a
@@ -84,10 +75,9 @@
 //                mode), read and written by dtf::train, which keeps the chief's (rank 0's) as
 //                the job's: saved with every checkpoint, restored (through resharding too),
 //                broadcast to every rank at a collective job's start. A ps job broadcasts none:
-//                each worker's frozen parameters are its own module's (the same on every task
-//                when the module is built or loaded the same way). Buffers of other types
-//                (BatchNorm's int64 num_batches_tracked, which only momentum-less BatchNorm
-//                reads) stay each task's own.
+//                each worker's frozen parameters are its own module's (the same when every task
+//                builds or loads it the same way). Other types (BatchNorm's int64
+//                num_batches_tracked) stay each task's own.
 //
 // CPU builds only: Debian's LibTorch is built without CUDA, and dtf's device memory on CUDA
 // builds is GPU memory. Include this header only in translation units that need LibTorch; it
@@ -148,7 +138,7 @@ class module_model {
   /// replica index is the number of copies made of `other` before it. Errors:
   /// errc::invalid_argument when the module cannot clone.
   module_model(const module_model& other)
-      : module_(clone_of(other.module_)), options_(other.options_), loss_(other.loss_),
+      : module_(detail::clone_module(other.module_)), options_(other.options_), loss_(other.loss_),
         replica_(other.copies_->fetch_add(1)) {
     detail::copy_modes(*other.module_, *module_);
     bind_module(&other);
@@ -256,26 +246,6 @@ class module_model {
   }
 
  private:
-  static Module clone_of(const Module& m) {
-    std::shared_ptr<::torch::nn::Module> copy;
-    try {
-      copy = m->clone();
-    } catch (const c10::Error& e) {
-      throw error(errc::invalid_argument, std::string("dtf::torch::module_model: a copy of the model (mirrored makes one "
-                                                      "per replica) needs module->clone(): ") +
-                                              e.what_without_backtrace());
-    }
-    auto typed = std::dynamic_pointer_cast<typename Module::ContainedType>(copy);
-    if (!typed) throw error(errc::internal, "dtf::torch::module_model: clone() returned another module type");
-    return Module(std::move(typed));
-  }
-
-  static dims shape_of(const ::torch::Tensor& t) {
-    dims shape;
-    for (auto d : t.sizes()) shape.push_back(std::size_t(d));
-    return shape;
-  }
-
   // Reads the module's parameters and buffers into slots (as `source`'s for a copy), checks
   // them, and hooks the trainable ones' gradient accumulators.
   void bind_module(const module_model* source) {
@@ -313,7 +283,7 @@ class module_model {
     }
     std::size_t offset = 0, buffer_offset = 0;
     auto add_buffer = [&](const detail::tensor_slot& s) {
-      buffer_specs_.push_back({s.name, shape_of(s.members.front()), buffer_offset});
+      buffer_specs_.push_back({s.name, detail::shape_of(s.members.front()), buffer_offset});
       buffer_offset += std::size_t(s.members.front().numel());
       buffer_tensors_.push_back(s.members.front());
     };
@@ -325,7 +295,7 @@ class module_model {
         add_buffer(s);
         continue;
       }
-      variables_.push_back({s.name, shape_of(s.members.front()), offset});
+      variables_.push_back({s.name, detail::shape_of(s.members.front()), offset});
       offset += std::size_t(s.members.front().numel());
       trainable_.push_back(k);
     }

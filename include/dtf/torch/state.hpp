@@ -9,6 +9,7 @@
 //           to share one storage and its requires_grad flags set as the source's.
 //   modes   the train/eval flag of every submodule, recorded and put back, so that evaluation
 //           (which switches the root to eval) leaves each submodule in the mode its user set.
+//   copies  clone() wrapped: an error naming the cause when the module cannot clone.
 #pragma once
 
 #if DTF_CUDA
@@ -16,6 +17,7 @@
 #endif
 
 #include <dtf/error.hpp>
+#include <dtf/variable.hpp>
 
 #include <torch/torch.h>
 
@@ -100,6 +102,30 @@ inline void copy_modes(const ::torch::nn::Module& source, ::torch::nn::Module& c
   const auto theirs = source.named_modules("", /*include_self=*/true);
   for (const auto& item : copy.named_modules("", /*include_self=*/true))
     if (const auto* m = theirs.find(item.key())) item.value()->train((*m)->is_training());
+}
+
+/// A deep copy of the module a holder holds (module->clone()). Errors: errc::invalid_argument
+/// when it cannot clone (its Impl does not derive from torch::nn::Cloneable<Impl>).
+template <class Holder>
+Holder clone_module(const Holder& m) {
+  std::shared_ptr<::torch::nn::Module> copy;
+  try {
+    copy = m->clone();
+  } catch (const c10::Error& e) {
+    throw error(errc::invalid_argument, std::string("dtf::torch::module_model: a copy of the model (mirrored makes one "
+                                                    "per replica) needs module->clone(): ") +
+                                            e.what_without_backtrace());
+  }
+  auto typed = std::dynamic_pointer_cast<typename Holder::ContainedType>(copy);
+  if (!typed) throw error(errc::internal, "dtf::torch::module_model: clone() returned another module type");
+  return Holder(std::move(typed));
+}
+
+/// A tensor's shape as dtf's dims.
+inline dims shape_of(const ::torch::Tensor& t) {
+  dims shape;
+  for (auto d : t.sizes()) shape.push_back(std::size_t(d));
+  return shape;
 }
 
 }  // namespace dtf::torch::detail
