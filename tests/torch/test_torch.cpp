@@ -180,7 +180,7 @@ TEST_CASE("torch: the module holds the parameters handed to it; gradients are th
   CHECK(lent == net.num_parameters());  // every gradient written in place, no copy
   std::size_t k = 0;
   for (const auto& t : net.module()->parameters()) {
-    const auto& v = net.variables()[k++];
+    const auto v = net.variables()[k++];  // a copy: variables() returns by value
     CHECK_FALSE(t.grad().defined());  // the loan of g ended with the call
     CHECK(t.data_ptr<float>() != p.data() + v.offset);
     CHECK(torch::equal(t, torch::from_blob(p.data() + v.offset, t.sizes())));
