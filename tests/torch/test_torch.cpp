@@ -10,14 +10,20 @@
 #include "../train_helpers.hpp"
 #include "twin.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <future>
+#include <sstream>
 #include <vector>
 
 namespace {
 
 using dtf::tensor;
 using dtf::torch::module_model;
+using dtf::test::distinct_trainable;
+using dtf::test::flat;
 using dtf::test::relayout;
 using dtf::test::small_net_init;
 using dtf::test::torch_small_net;
@@ -47,6 +53,65 @@ struct BranchyImpl : tnn::Cloneable<BranchyImpl> {
   tnn::Linear a{nullptr}, unused{nullptr}, b{nullptr};
 };
 TORCH_MODULE(Branchy);
+
+
+/// Linear(8, 8) used twice, then Linear(8, 3), seeded: LibTorch's C++ named_parameters() lists
+/// the tied layer's weight and bias twice (171 floats).
+tnn::Sequential tied_net() {
+  torch::manual_seed(11);
+  tnn::Linear l(8, 8);
+  return tnn::Sequential(l, tnn::ReLU(), l, tnn::Linear(8, 3));
+}
+
+/// Linear(8, 8) with every value `value` and frozen (requires_grad false), ReLU, Linear(8, 3).
+tnn::Sequential frozen_net(float value) {
+  torch::manual_seed(12);
+  tnn::Linear f(8, 8);
+  {
+    torch::NoGradGuard no_grad;
+    f->weight.fill_(value);
+    f->bias.fill_(value);
+  }
+  f->weight.requires_grad_(false);
+  f->bias.requires_grad_(false);
+  return tnn::Sequential(f, tnn::ReLU(), tnn::Linear(8, 3));
+}
+
+torch::Tensor torch_x(const tensor& x) {
+  return torch::from_blob(const_cast<float*>(x.data<float>()), {std::int64_t(x.dim(0)), std::int64_t(x.dim(1))});
+}
+torch::Tensor torch_y(const tensor& y) {
+  return torch::from_blob(const_cast<std::int32_t*>(y.data<std::int32_t>()), {std::int64_t(y.dim(0))}, torch::kInt)
+      .to(torch::kLong);
+}
+
+/// LibTorch alone: the mean cross-entropy of forward on the batch, backward (gradients accumulate).
+float torch_loss(const std::function<torch::Tensor(torch::Tensor)>& forward, const batch_tensors& b) {
+  auto loss = torch::nn::functional::cross_entropy(forward(torch_x(b.x)), torch_y(b.y));
+  loss.backward();
+  return loss.item<float>();
+}
+
+/// A module whose forward records whether another thread could take dtf's generator lock.
+struct LockProbeImpl : tnn::Cloneable<LockProbeImpl> {
+  explicit LockProbeImpl(bool with_dropout) : with_dropout(with_dropout) { reset(); }
+  void reset() override {
+    fc = register_module("fc", tnn::Linear(8, 3));
+    if (with_dropout) drop = register_module("drop", tnn::Dropout(0.5));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    locked = !std::async(std::launch::async, [] {
+                if (!dtf::torch::detail::generator_mutex().try_lock()) return false;
+                dtf::torch::detail::generator_mutex().unlock();
+                return true;
+              }).get();
+    return with_dropout ? drop(fc(x)) : fc(x);
+  }
+  bool with_dropout = false, locked = false;
+  tnn::Linear fc{nullptr};
+  tnn::Dropout drop{nullptr};
+};
+TORCH_MODULE(LockProbe);
 
 }  // namespace
 
@@ -101,27 +166,35 @@ TEST_CASE("torch: the same MLP as dtf::nn::sequential and as a LibTorch module: 
   for (std::size_t i = 0; i < zv.size(); ++i) CHECK(ztv[i] == Approx(zv[i]).margin(1e-5));
 }
 
-TEST_CASE("torch: parameters and gradients are the caller's buffers, not copies", "[torch]") {
+TEST_CASE("torch: the module holds the parameters handed to it; gradients are the caller's buffer during the call",
+          "[torch][lifetime]") {
   module_model<tnn::Sequential> net(torch_small_net());
   std::vector<float> p(net.num_parameters()), g(net.num_parameters(), 7.0f);
   net.initialize(p, 1);
   const auto batch = first_batch(16, 2);
-  net.loss_and_gradients(p, batch.x, batch.y, g);
+  std::size_t lent = 0;
+  net.loss_and_gradients(p, batch.x, batch.y, g, [&](std::size_t first, std::size_t count) {
+    for (const auto& t : net.module()->parameters())
+      if (t.grad().defined() && t.grad().data_ptr<float>() == g.data() + first) lent += count;
+  });
+  CHECK(lent == net.num_parameters());  // every gradient written in place, no copy
   std::size_t k = 0;
   for (const auto& t : net.module()->parameters()) {
-    const auto& v = net.variables()[k++];
-    CHECK(t.data_ptr<float>() == p.data() + v.offset);
-    CHECK(t.grad().data_ptr<float>() == g.data() + v.offset);
+    const auto v = net.variables()[k++];  // a copy: variables() returns by value
+    CHECK_FALSE(t.grad().defined());  // the loan of g ended with the call
+    CHECK(t.data_ptr<float>() != p.data() + v.offset);
+    CHECK(torch::equal(t, torch::from_blob(p.data() + v.offset, t.sizes())));
   }
+  // The caller's buffer changes after the call: the module's parameters do not.
+  const auto held = net.module()->parameters()[0].clone();
+  const auto kept = p;
+  p[0] += 1.0f;
+  CHECK(torch::equal(net.module()->parameters()[0], held));
   // A second step overwrites the gradient (no accumulation across steps).
+  p = kept;
   std::vector<float> first = g;
   net.loss_and_gradients(p, batch.x, batch.y, g);
   CHECK(g == first);
-  // Another buffer: the module follows it.
-  std::vector<float> p2 = p;
-  p2[0] += 1.0f;
-  net.loss_and_gradients(p2, batch.x, batch.y, g);
-  CHECK(net.module()->parameters()[0].data_ptr<float>() == p2.data());
 }
 
 TEST_CASE("torch: streaming reports every gradient float exactly once, in a fixed order, unused ones as zeros",
@@ -178,7 +251,8 @@ TEST_CASE("torch: a copy is a deep copy with its own replica index", "[torch]") 
   net.loss_and_gradients(p, batch.x, batch.y, g1);
   copy.loss_and_gradients(p, batch.x, batch.y, g2);
   CHECK(g1 == g2);
-  CHECK(net.module()->parameters()[0].data_ptr<float>() == copy.module()->parameters()[0].data_ptr<float>());
+  CHECK(net.module()->parameters()[0].data_ptr<float>() != copy.module()->parameters()[0].data_ptr<float>());
+  CHECK(torch::equal(net.module()->parameters()[0], copy.module()->parameters()[0]));
 }
 
 TEST_CASE("torch: dropout masks differ per task and replica and repeat with the seed", "[torch]") {
@@ -220,4 +294,163 @@ TEST_CASE("torch: non-float32 parameters, no parameters, sparse gradients and wr
                     Catch::Contains("8 features") && Catch::Contains("[1, 28, 28]") && Catch::Contains("784"));
   std::vector<float> short_p(10);
   CHECK_THROWS_WITH(net.loss_and_gradients(short_p, batch.x, batch.y, g), Catch::Contains("10 floats"));
+}
+
+TEST_CASE("torch: a tied layer is one variable, and trains as LibTorch trains the tied module", "[torch][state]") {
+  module_model<tnn::Sequential> net(tied_net(), {.init = dtf::torch::init_from::module});
+  CHECK(net.num_parameters() == 99);  // 64 + 8 + 24 + 3, not LibTorch's 171
+  const auto vars = net.variables();
+  REQUIRE(vars.size() == 4);
+  CHECK(vars[0].name == "0.weight");
+  CHECK(vars[2].name == "3.weight");
+  // LibTorch alone: the same module (same seed), SGD over its distinct parameters with the same
+  // float arithmetic (p - 0.1 g): every step bit for bit.
+  auto ref = tied_net();
+  const auto ref_params = distinct_trainable(*ref);
+  std::vector<float> p(net.num_parameters()), g(p.size());
+  net.initialize(p, 0);
+  CHECK(p == flat(ref_params));
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const auto batch = first_batch(32, 20 + step);
+    const float loss = net.loss_and_gradients(p, batch.x, batch.y, g);
+    for (auto& t : ref_params) t.mutable_grad() = torch::Tensor();
+    const float ref_loss = torch_loss([&](torch::Tensor x) { return ref->forward(x); }, batch);
+    CHECK(loss == ref_loss);
+    CHECK(g == flat(ref_params, /*grads=*/true));  // the tie's gradient: both uses summed
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= 0.1f * g[i];
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& t : ref_params) t.sub_(t.grad() * 0.1f);
+    }
+    CHECK(p == flat(ref_params));
+  }
+  // The module is tied still: both reaches hold the trained values.
+  CHECK(net.module()[0]->as<tnn::Linear>()->weight.is_same(net.module()[2]->as<tnn::Linear>()->weight));
+  // A copy keeps the tie.
+  module_model<tnn::Sequential> copy(net);
+  CHECK(copy.num_parameters() == 99);
+  std::vector<float> g_copy(p.size());
+  const auto batch = first_batch(32, 30);
+  net.loss_and_gradients(p, batch.x, batch.y, g);
+  copy.loss_and_gradients(p, batch.x, batch.y, g_copy);
+  CHECK(g_copy == g);
+}
+
+TEST_CASE("torch: frozen parameters keep their values through initialize, are buffers, and stay frozen in copies",
+          "[torch][state]") {
+  module_model<tnn::Sequential> net(frozen_net(0.5f));
+  CHECK(net.num_parameters() == 27);  // Linear(8, 3) only
+  std::vector<float> p(net.num_parameters());
+  net.initialize(p, 3);
+  const auto frozen = net.module()[0]->as<tnn::Linear>();
+  CHECK(torch::all(frozen->weight == 0.5f).item<bool>());
+  CHECK(torch::all(frozen->bias == 0.5f).item<bool>());
+  // The trainable layer as LibTorch draws it under the seed, after the frozen layer's draws
+  // (every built-in layer is reset in order; the frozen one's values are put back).
+  torch::manual_seed(3);
+  tnn::Linear a(8, 8), b(8, 3);
+  CHECK(p == flat({b->weight, b->bias}));
+  // The frozen values are buffers: saved, restored and shared as the job's.
+  const auto specs = net.buffers();
+  REQUIRE(specs.size() == 2);
+  CHECK(specs[0].name == "0.weight");
+  CHECK(specs[1].name == "0.bias");
+  std::vector<float> values(dtf::num_parameters(specs));
+  net.read_buffers(values);
+  CHECK(values == std::vector<float>(72, 0.5f));
+  // A copy (clone() turns requires_grad back on) keeps them frozen, and computes the same.
+  module_model<tnn::Sequential> copy(net);
+  CHECK(copy.num_parameters() == 27);
+  CHECK_FALSE(copy.module()[0]->as<tnn::Linear>()->weight.requires_grad());
+  const auto batch = first_batch(16, 6);
+  std::vector<float> g(p.size()), g_copy(p.size());
+  net.loss_and_gradients(p, batch.x, batch.y, g);
+  copy.loss_and_gradients(p, batch.x, batch.y, g_copy);
+  CHECK(g_copy == g);
+  CHECK(torch::all(frozen->weight == 0.5f).item<bool>());  // no step moved it
+}
+
+TEST_CASE("torch: a submodule the user put in eval stays in eval through training, evaluation and copies",
+          "[torch][state]") {
+  auto build = [] {
+    torch::manual_seed(13);
+    tnn::Sequential m(tnn::BatchNorm1d(8), tnn::Linear(8, 3));
+    auto bn = m[0]->as<tnn::BatchNorm1d>();
+    bn->running_mean.fill_(0.3f);
+    bn->running_var.fill_(2.0f);
+    bn->eval();  // frozen statistics: the usual fine-tuning recipe
+    return m;
+  };
+  module_model<tnn::Sequential> net(build(), {.init = dtf::torch::init_from::module});
+  auto bn = net.module()[0]->as<tnn::BatchNorm1d>();
+  std::vector<float> p(net.num_parameters()), g(p.size());
+  net.initialize(p, 0);
+  const auto batch = first_batch(16, 7);
+  net.loss_and_gradients(p, batch.x, batch.y, g);
+  CHECK_FALSE(bn->is_training());
+  CHECK(net.module()->is_training());
+  CHECK(torch::all(bn->running_mean == 0.3f).item<bool>());  // eval: the statistics did not move
+  // LibTorch alone, the same module in the same modes: the same gradient.
+  auto ref = build();
+  torch_loss([&](torch::Tensor x) { return ref->forward(x); }, batch);
+  CHECK(g == flat(distinct_trainable(*ref), /*grads=*/true));
+  tensor z;
+  net.logits(p, batch.x, z);
+  CHECK_FALSE(bn->is_training());
+  CHECK(net.module()->is_training());
+  CHECK(net.module()[1]->is_training());
+  module_model<tnn::Sequential> copy(net);
+  CHECK_FALSE(copy.module()[0]->is_training());
+  CHECK(copy.module()->is_training());
+}
+
+TEST_CASE("torch: init_from::module gives the module's values bit for bit; a seed gives LibTorch's draws",
+          "[torch][state]") {
+  // A module saved and loaded, as a pretrained one is.
+  auto trained = torch_small_net();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& t : trained->parameters()) t.uniform_(-3.0, 3.0);
+  }
+  std::stringstream file;
+  torch::save(trained, file);
+  auto loaded = torch_small_net();
+  torch::load(loaded, file);
+  module_model<tnn::Sequential> tuned(loaded, {.init = dtf::torch::init_from::module});
+  std::vector<float> p(tuned.num_parameters());
+  tuned.initialize(p, 9);
+  CHECK(p == flat(distinct_trainable(*trained)));
+  // init_from::seed (the default): the built-in layers as LibTorch draws them under the seed.
+  module_model<tnn::Sequential> fresh(loaded);
+  fresh.initialize(p, 9);
+  torch::manual_seed(9);
+  tnn::Linear a(8, 16), b(16, 3);  // in this order (a call's arguments are built in any order)
+  CHECK(p == flat({a->weight, a->bias, b->weight, b->bias}));
+}
+
+TEST_CASE("torch: threads default to LibTorch's own, and only modules that draw random numbers take the generator lock",
+          "[torch]") {
+  const int before = torch::get_num_threads();
+  torch::set_num_threads(2);
+  { module_model<tnn::Sequential> net(torch_small_net()); }
+  CHECK(torch::get_num_threads() == 2);  // constructing a model left the process's setting alone
+  torch::set_num_threads(before);
+  const auto batch = first_batch(8, 1);
+  for (bool with_dropout : {false, true}) {
+    LockProbe probe(with_dropout);
+    module_model<LockProbe> net(probe);
+    std::vector<float> p(net.num_parameters()), g(p.size());
+    net.initialize(p, 1);
+    net.loss_and_gradients(p, batch.x, batch.y, g);
+    INFO("with dropout: " << with_dropout);
+    CHECK(probe->locked == with_dropout);
+  }
+  // A forward that draws in code of its own says so.
+  LockProbe plain(false);
+  module_model<LockProbe> told(plain, {.random_forward = true});
+  std::vector<float> p(told.num_parameters()), g(p.size());
+  told.initialize(p, 1);
+  told.loss_and_gradients(p, batch.x, batch.y, g);
+  CHECK(plain->locked);
 }

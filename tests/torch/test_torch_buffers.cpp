@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,31 @@ void keep_final_parameters(dtf::train_options& o, std::vector<float>& out) {
     out.assign(p.begin(), p.end());
     return dtf::nn::evaluation{};
   };
+}
+
+
+/// Linear(8, 8) with every value `value`, frozen, then Linear(8, 3).
+bn_model frozen_pair(float value) {
+  torch::manual_seed(15);
+  torch::nn::Linear f(8, 8);
+  {
+    torch::NoGradGuard no_grad;
+    f->weight.fill_(value);
+    f->bias.fill_(value);
+  }
+  f->weight.requires_grad_(false);
+  f->bias.requires_grad_(false);
+  return bn_model(torch::nn::Sequential(f, torch::nn::Linear(8, 3)));
+}
+
+/// The module's parameters, flattened in named_parameters() order (LibTorch alone).
+std::vector<float> module_values(const torch::nn::Module& m) {
+  std::vector<float> out;
+  for (const auto& t : m.parameters()) {
+    const auto c = t.detach().contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
 }
 
 }  // namespace
@@ -198,4 +224,59 @@ TEST_CASE("torch: buffers saved through 2 ps come back restored into 1 ps", "[to
   REQUIRE(job(1, second, restored).exit_code == 0);
   CHECK(restored == trained);
   CHECK(buffers_of(second) == saved);
+}
+
+TEST_CASE("torch: frozen parameters are rank 0's on every rank, and no step moves them", "[torch][buffers][collectives]") {
+  const auto data = dtf::test::synthetic(32, 10, dtf::test::labels::argmax).batch(16);
+  std::vector<std::vector<float>> frozen(2);
+  const auto failures = dtf::test::run_ranks_collect(2, {}, [&](dtf::communicator& c) {
+    auto net = frozen_pair(c.rank() == 0 ? 0.5f : 0.25f);  // rank 1 built its frozen layer otherwise
+    dtf::strategies::ring_allreduce<bn_model> r(c, net, {.rule = dtf::optim::sgd{0.1f}});
+    r.initialize(3);
+    dtf::detail::share_buffers(c, net, r, "", "", "test");  // dtf::train's start of a collective job
+    auto s = data.stream();
+    while (auto b = s.next()) r.step(*b);
+    frozen[c.rank()] = module_values(*net.module()[0]);
+  });
+  for (std::size_t k = 0; k < 2; ++k) {
+    INFO("rank " << k);
+    REQUIRE((failures[k] ? dtf::test::message_of(failures[k]) : std::string()) == "");
+    CHECK(frozen[k] == std::vector<float>(72, 0.5f));
+  }
+}
+
+TEST_CASE("torch: after dtf::train returns, the module owns the trained values: LibTorch saves and runs it, and it "
+          "trains again",
+          "[torch][lifetime]") {
+  const auto data = dtf::test::synthetic(96, 6, dtf::test::labels::argmax);
+  auto net = bn_net();
+  std::vector<float> trained;
+  dtf::train_options o{.name = "owned", .epochs = 1, .last_step = 5, .batch = 8, .seed = 2, .summary_every = 0,
+                       .log_every = 0};
+  o.evaluate = [&](std::span<const float> p) {
+    trained.assign(p.begin(), p.end());
+    return dtf::nn::evaluate(net, p, data);
+  };
+  REQUIRE(dtf::train(dtf::local_cluster(), net, data, dtf::strategies::ring_allreduce<>(), o).global_step == 5);
+  // The strategy and its buffers are gone: the module's own tensors hold the final parameters.
+  CHECK(module_values(*net.module()) == trained);
+  std::stringstream file;
+  torch::save(net.module(), file);
+  auto loaded = bn_net().module();
+  torch::load(loaded, file);
+  CHECK(module_values(*loaded) == trained);
+  // LibTorch's forward on the module: the logits dtf computes (eval mode, the chief's buffers).
+  auto batch = *data.batch(8).stream().next();
+  dtf::tensor x, z;
+  dtf::assign_from_host(x, batch.features);
+  net.logits(trained, x, z);
+  net.module()->eval();
+  const auto out = net.module()->forward(torch::from_blob(x.data<float>(), {8, 8})).contiguous();
+  net.module()->train();
+  CHECK(std::vector<float>(out.data_ptr<float>(), out.data_ptr<float>() + out.numel()) == z.to_vector<float>());
+  // A second run with the same model: a fresh start from the seed, trained as the first.
+  std::vector<float> first = trained;
+  REQUIRE(dtf::train(dtf::local_cluster(), net, data, dtf::strategies::ring_allreduce<>(), o).global_step == 5);
+  CHECK(trained == first);
+  CHECK(module_values(*net.module()) == trained);
 }

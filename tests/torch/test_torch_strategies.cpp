@@ -27,6 +27,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,46 @@ data::host_batch rows_of(const data::host_batch& b, std::size_t begin, std::size
   return out;
 }
 
+
+/// Linear(8, 8) frozen at 0.5, ReLU, Linear(8, 8) used twice (tied), Linear(8, 3), seeded:
+/// 99 trainable floats (LibTorch's named_parameters() lists 243, 72 of them frozen).
+::torch::nn::Sequential frozen_tied_net() {
+  namespace tnn = ::torch::nn;
+  ::torch::manual_seed(14);
+  tnn::Linear f(8, 8), l(8, 8);
+  {
+    ::torch::NoGradGuard no_grad;
+    f->weight.fill_(0.5f);
+    f->bias.fill_(0.5f);
+  }
+  f->weight.requires_grad_(false);
+  f->bias.requires_grad_(false);
+  return tnn::Sequential(f, tnn::ReLU(), l, tnn::ReLU(), l, tnn::Linear(8, 3));
+}
+
+/// frozen_tied_net() as a dtf model that starts from the module's values.
+struct frozen_tied : dtf::torch::module_model<::torch::nn::Sequential> {
+  frozen_tied() : module_model(frozen_tied_net(), {.init = dtf::torch::init_from::module}) {}
+};
+
+/// LibTorch alone: SGD (p - lr g, the same float arithmetic) on frozen_tied_net() over data's
+/// batches, one step each; its distinct trainable values at the end.
+std::vector<float> torch_sgd(const data::dataset& data, float lr) {
+  auto m = frozen_tied_net();
+  const auto params = test::distinct_trainable(*m);
+  auto s = data.stream();
+  while (auto b = s.next()) {
+    const auto n = std::int64_t(b->labels.size());
+    auto x = ::torch::from_blob(const_cast<float*>(b->features.data()), {n, 8}).clone();
+    auto y = ::torch::from_blob(const_cast<std::int32_t*>(b->labels.data()), {n}, ::torch::kInt).to(::torch::kLong);
+    for (const auto& t : params) t.mutable_grad() = ::torch::Tensor();
+    ::torch::nn::functional::cross_entropy(m->forward(x), y).backward();
+    ::torch::NoGradGuard no_grad;
+    for (const auto& t : params) t.sub_(t.grad() * lr);
+  }
+  return test::flat(params);
+}
+
 }  // namespace
 
 // Tolerance: the two models sum float32 products in different orders (LibTorch's kernels against
@@ -199,5 +240,115 @@ TEST_CASE("torch: ring-allreduce over 2 and 3 ranks equals one process at the co
     CHECK(by_overlap[1] == by_overlap[0]);                 // overlap changes no bit
     for (const auto& r : by_overlap[1]) CHECK(r == by_overlap[1][0]);  // the replicas agree bitwise
     CHECK(relative_gap(by_overlap[1][0], p) <= 1e-5);     // the mean of ranks' means is the batch mean
+  }
+}
+
+TEST_CASE("torch: mirrored's copies keep a frozen layer and a tie, and train as LibTorch at the combined batch",
+          "[torch][strategies][state]") {
+  // Two replicas of batch 16 against LibTorch alone on the 32 rows (the mean of two equal
+  // batches' means is the mean over both; the sums run in another order: 1e-6 relative).
+  const auto data = test::synthetic(128, 8, test::labels::argmax);
+  auto comm = communicator::single();
+  frozen_tied net;
+  REQUIRE(net.num_parameters() == 99);
+  strategies::mirrored<frozen_tied> s(comm, net, 2, {.rule = optim::sgd{0.1f}});
+  s.initialize(1);
+  auto stream = data.batch(16).stream();
+  while (true) {
+    auto a = stream.next(), b = stream.next();
+    if (!a || !b) break;
+    const data::host_batch two[] = {*a, *b};
+    s.step(two);
+  }
+  const std::vector<float> trained(s.parameters().begin(), s.parameters().end());
+  const auto reference = torch_sgd(data.batch(32), 0.1f);
+  INFO("relative gap " << relative_gap(trained, reference));
+  CHECK(relative_gap(trained, reference) <= 1e-6);
+  CHECK(relative_gap(reference, test::flat(test::distinct_trainable(*frozen_tied_net()))) > 1e-3);  // it moved
+  for (std::size_t k = 0; k < 2; ++k) {
+    const auto f = s.model(k).module()[0]->as<::torch::nn::Linear>();
+    CHECK_FALSE(f->weight.requires_grad());
+    CHECK(::torch::all(f->weight == 0.5f).item<bool>());
+  }
+}
+
+TEST_CASE("torch: ring-allreduce with a tie and a frozen layer: overlap on and off bitwise, as one process",
+          "[torch][collectives][overlap][state]") {
+  const std::size_t ranks = 2, batch = 8, steps = 4;
+  const auto data = test::synthetic(ranks * batch * steps, 12, test::labels::argmax).batch(ranks * batch);
+  std::vector<std::vector<float>> by_overlap[2];
+  for (bool overlap : {false, true}) {
+    auto& result = by_overlap[overlap];
+    result.resize(ranks);
+    const auto failures = test::run_ranks_collect(ranks, {}, [&](communicator& c) {
+      frozen_tied net;
+      strategies::ring_allreduce<frozen_tied> r(c, net, {.rule = optim::sgd{0.1f}, .overlap = overlap, .bucket_bytes = 1});
+      RANK_CHECK(r.overlaps() == overlap, r.overlaps());
+      r.initialize(5);
+      auto stream = data.stream();
+      while (auto b = stream.next()) r.step(rows_of(*b, c.rank() * batch, batch));
+      result[c.rank()].assign(r.parameters().begin(), r.parameters().end());
+    });
+    for (std::size_t k = 0; k < ranks; ++k) {
+      INFO("rank " << k);
+      REQUIRE((failures[k] ? test::message_of(failures[k]) : std::string()) == "");
+    }
+  }
+  const auto reference = torch_sgd(data, 0.1f);
+  INFO("relative gap to LibTorch alone " << relative_gap(by_overlap[1][0], reference));
+  CHECK(by_overlap[1] == by_overlap[0]);
+  CHECK(by_overlap[1][1] == by_overlap[1][0]);
+  CHECK(relative_gap(by_overlap[1][0], reference) <= 1e-5);
+}
+
+TEST_CASE("torch: init_from::module gives a loaded module's values back bit for bit through a ps and ring-allreduce",
+          "[torch][strategies][state]") {
+  // A pretrained module: values of its own, saved and loaded with LibTorch.
+  std::string saved;
+  {
+    auto m = test::torch_small_net();
+    ::torch::manual_seed(21);
+    ::torch::NoGradGuard no_grad;
+    for (auto& t : m->parameters()) t.normal_(0.0, 2.0);
+    std::ostringstream out;
+    ::torch::save(m, out);
+    saved = out.str();
+  }
+  auto loaded = [&] {
+    auto m = test::torch_small_net();
+    std::istringstream in(saved);
+    ::torch::load(m, in);
+    return m;
+  };
+  const auto values = test::flat(test::distinct_trainable(*loaded()));
+  struct tuned : dtf::torch::module_model<::torch::nn::Sequential> {
+    explicit tuned(::torch::nn::Sequential m) : module_model(std::move(m), {.init = dtf::torch::init_from::module}) {}
+  };
+  // Through a ps: the chief initialises it, no step is taken, the ps holds the loaded values.
+  {
+    running_ps ps0(opts("ps.0"));
+    tuned net(loaded());
+    const auto layout = partitioners::greedy_load_balancing{}.place(net.variables(), 1);
+    ps_client client({ps0.address()}, layout, opts("worker.0"));
+    client.connect();
+    strategies::async_worker<strategies::downpour, tuned> w(strategies::downpour(strategies::downpour_config{}), net, client, 0, 1);
+    w.initialize_ps(3);
+    std::vector<float> held(values.size());
+    client.pull(held);
+    CHECK(held == values);
+  }
+  // Through ring-allreduce over 2 ranks: rank 0's module's values on every rank (rank 1's module
+  // holds other values).
+  std::vector<std::vector<float>> held(2);
+  const auto failures = test::run_ranks_collect(2, {}, [&](communicator& c) {
+    tuned net(c.rank() == 0 ? loaded() : test::torch_small_net());
+    strategies::ring_allreduce<tuned> r(c, net, {.rule = optim::sgd{0.1f}});
+    r.initialize(3);
+    held[c.rank()].assign(r.parameters().begin(), r.parameters().end());
+  });
+  for (std::size_t k = 0; k < 2; ++k) {
+    INFO("rank " << k);
+    REQUIRE((failures[k] ? test::message_of(failures[k]) : std::string()) == "");
+    CHECK(held[k] == values);
   }
 }

@@ -1,6 +1,6 @@
 // The LibTorch twin of dtf::test::small_net() (Linear(8, 16), ReLU, Linear(16, 3)) and the map
 // between the two parameter layouts, for tests that compare dtf::torch::module_model with
-// dtf::nn::sequential.
+// dtf::nn::sequential; a module's distinct trainable values as LibTorch alone reads them.
 #pragma once
 
 #include <torch/torch.h>
@@ -34,6 +34,26 @@ inline std::vector<float> relayout(const std::vector<float>& p, bool to_torch) {
     at += in * outs;
     std::copy_n(p.begin() + std::ptrdiff_t(at), outs, out.begin() + std::ptrdiff_t(at));
     at += outs;
+  }
+  return out;
+}
+
+/// The distinct trainable tensors of `m`, in named_parameters() order (LibTorch alone: its C++
+/// named_parameters() lists a tied tensor once per name).
+inline std::vector<::torch::Tensor> distinct_trainable(const ::torch::nn::Module& m) {
+  std::vector<::torch::Tensor> out;
+  for (const auto& t : m.parameters())
+    if (t.requires_grad() && std::none_of(out.begin(), out.end(), [&](const ::torch::Tensor& o) { return o.is_same(t); }))
+      out.push_back(t);
+  return out;
+}
+
+/// The tensors (or their gradients), flattened one after another.
+inline std::vector<float> flat(const std::vector<::torch::Tensor>& ts, bool grads = false) {
+  std::vector<float> out;
+  for (const auto& t : ts) {
+    const auto c = (grads ? t.grad() : t).detach().contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
   }
   return out;
 }

@@ -1,0 +1,94 @@
+// dtf/torch/options.hpp — how the LibTorch adapter (dtf/torch/module_model.hpp) feeds and runs
+// a module: its options, its default loss, and dtf's features and labels as the tensors the
+// module and the loss take.
+#pragma once
+
+#if DTF_CUDA
+#error "dtf/torch: the LibTorch adapter is for CPU builds (Debian's LibTorch has no CUDA)"
+#endif
+
+#include <dtf/error.hpp>
+#include <dtf/tensor.hpp>
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtf::torch {
+
+/// The default loss: mean softmax cross-entropy of logits [batch, classes] against int64 labels.
+struct cross_entropy {
+  /// The mean loss of the batch (a scalar tensor autograd can differentiate).
+  ::torch::Tensor operator()(const ::torch::Tensor& logits, const ::torch::Tensor& labels) const {
+    return ::torch::nn::functional::cross_entropy(logits, labels);
+  }
+};
+
+/// Where initialize takes the parameters from.
+enum class init_from {
+  seed,    ///< LibTorch's built-in layers re-initialised from the seed (frozen parameters kept)
+  module,  ///< the module's current values (fine-tuning a loaded model), bit for bit
+};
+
+/// How module_model feeds and runs the module.
+struct module_options {
+  /// One example's shape as the module takes it, e.g. {1, 28, 28} for a convolutional network on
+  /// Fashion-MNIST; empty: [batch, features] as the data has it.
+  std::vector<std::int64_t> input_shape;
+  /// LibTorch's intra-op threads and dtf's BLAS threads (one option for both); 0 leaves both.
+  int threads = 0;
+  /// Base seed of the dropout masks (combined with task, replica and forward count).
+  std::uint64_t seed = 0;
+  /// This task's index among the training tasks (its dropout masks differ from the others').
+  std::uint64_t task = 0;
+  /// Where initialize takes the parameters from (see init_from).
+  init_from init = init_from::seed;
+  /// The forward draws random numbers in code of the module's own (torch::dropout in a custom
+  /// forward), which dtf cannot see: reseed and lock for every forward as for dropout layers.
+  bool random_forward = false;
+};
+
+namespace detail {
+
+/// x [batch, features] float32 viewed (no copy) as [batch, input_shape...] (empty: as x is).
+/// Errors: errc::invalid_argument for other features; errc::shape_mismatch naming both when the
+/// feature count is not the product of input_shape.
+inline ::torch::Tensor input_of(const tensor& x, const std::vector<std::int64_t>& input_shape) {
+  if (x.type() != dtype::float32 || x.rank() < 1)
+    throw error(errc::invalid_argument, "dtf::torch::module_model: features must be float32 [batch, ...]");
+  const std::int64_t batch = std::int64_t(x.dim(0));
+  std::vector<std::int64_t> sizes{batch};
+  if (input_shape.empty()) {
+    for (std::size_t d = 1; d < x.rank(); ++d) sizes.push_back(std::int64_t(x.dim(d)));
+  } else {
+    std::int64_t per_example = 1;
+    for (auto d : input_shape) per_example *= d;
+    const std::size_t features = batch == 0 ? 0 : x.size() / std::size_t(batch);
+    if (per_example <= 0 || std::size_t(per_example) != features) {
+      std::string shape;
+      for (auto d : input_shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      throw error(errc::shape_mismatch, "dtf::torch::module_model: an example has " + std::to_string(features) +
+                                            " features, the input shape [" + shape + "] takes " +
+                                            std::to_string(per_example));
+    }
+    sizes.insert(sizes.end(), input_shape.begin(), input_shape.end());
+  }
+  return ::torch::from_blob(const_cast<float*>(x.template data<float>()), sizes,
+                            ::torch::TensorOptions().dtype(::torch::kFloat));
+}
+
+/// Labels int32 [batch] widened to int64 for the loss. Errors: errc::shape_mismatch otherwise.
+inline ::torch::Tensor labels_of(const tensor& y, std::int64_t batch) {
+  if (y.type() != dtype::int32 || y.rank() != 1 || std::int64_t(y.dim(0)) != batch)
+    throw error(errc::shape_mismatch, "dtf::torch::module_model: labels must be int32 [batch] with batch " +
+                                          std::to_string(batch));
+  return ::torch::from_blob(const_cast<std::int32_t*>(y.template data<std::int32_t>()), {batch},
+                            ::torch::TensorOptions().dtype(::torch::kInt))
+      .to(::torch::kLong);
+}
+
+}  // namespace detail
+
+}  // namespace dtf::torch
