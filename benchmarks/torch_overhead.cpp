@@ -7,7 +7,8 @@
 //   plain    LibTorch as its users write it: zero_grad, forward, cross_entropy, backward, and
 //            the loss read out as a float (the adapter returns it too)
 //   adapter  module_model::loss_and_gradients on fixed dtf buffers (std::vector<float> p, g):
-//            the parameters and gradients are views of p and g, bound once (see the header)
+//            the parameters copied in from p at each call, the gradients views of g for the
+//            call (see the header)
 // After --warmup steps of each, --rounds rounds of --steps steps of each, the two interleaved
 // (plain first in odd rounds, adapter first in even ones) so that noise from other work hits
 // both alike; every step is timed on its own. Before timing, the two are checked to compute the

@@ -84,6 +84,15 @@ concept has_buffers = requires(const M& cm, M& m, std::span<float> out, std::spa
   m.write_buffers(in);
 };
 
+/// adopts_parameters (optional, for models that hold state of their own, e.g. a LibTorch
+/// module): dtf::train hands the job's trained values over at its end, on the chief (ps
+/// strategies: the values on the ps) or every rank (collective strategies: rank 0's), so that
+/// the model holds them after train() returns. For `M m` and a span `p` of num_parameters(...)
+/// floats in device memory:
+///   m.set_parameters(p)    takes p's values
+template <class M>
+concept adopts_parameters = requires(M& m, std::span<const float> p) { m.set_parameters(p); };
+
 /// lr_schedule: a learning rate as a function of the global step.
 ///   s(step) -> float
 template <class S>

@@ -280,3 +280,42 @@ TEST_CASE("torch: after dtf::train returns, the module owns the trained values: 
   CHECK(trained == first);
   CHECK(module_values(*net.module()) == trained);
 }
+
+TEST_CASE("torch: without an evaluation, dtf::train still leaves the job's trained values in the module",
+          "[torch][lifetime]") {
+  using namespace dtf;
+  const auto data = test::synthetic(96, 5, test::labels::argmax);
+  const train_options o{.name = "adopt", .epochs = 1, .last_step = 6, .batch = 8, .seed = 2, .summary_every = 0,
+                        .log_every = 0, .timeout_ms = 10000, .finish_timeout_s = 60};
+  // Through a ps: the chief's module takes the values on the ps at the end (set_parameters).
+  auto ps_job = [&](bn_model& net, std::vector<float>* final_parameters) {
+    ps_options po{test::opts("ps.0")};
+    po.transport.cluster_id.clear();  // the spec's id depends on the free port
+    po.transport.log = [](const std::string&) {};
+    test::running_ps server(std::move(po));
+    cluster c;
+    c.source = "test";
+    c.spec.jobs["ps"][0] = server.address();
+    c.spec.jobs["worker"][0] = "127.0.0.1:1";  // the worker listens nowhere (a ps strategy)
+    c.self = {"worker", 0};
+    train_options mine = o;
+    if (final_parameters) keep_final_parameters(mine, *final_parameters);
+    return train(c, net, data, strategies::downpour({.fetch_every = 1, .push_every = 1}), mine,
+                 partitioners::round_robin{});
+  };
+  std::vector<float> trained;
+  auto evaluated = bn_net();
+  REQUIRE(ps_job(evaluated, &trained).exit_code == 0);
+  auto plain = bn_net();
+  REQUIRE(ps_job(plain, nullptr).exit_code == 0);
+  CHECK(module_values(*plain.module()) == trained);
+  // Through ring-allreduce: every rank's module takes rank 0's final parameters.
+  std::vector<float> ring_trained;
+  train_options with_eval = o;
+  keep_final_parameters(with_eval, ring_trained);
+  auto first = bn_net();
+  REQUIRE(train(local_cluster(), first, data, strategies::ring_allreduce<>(), with_eval).global_step == 6);
+  auto second = bn_net();
+  REQUIRE(train(local_cluster(), second, data, strategies::ring_allreduce<>(), o).global_step == 6);
+  CHECK(module_values(*second.module()) == ring_trained);
+}

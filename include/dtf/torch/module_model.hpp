@@ -13,10 +13,9 @@
 // the .grad() is undefined again when the call returns, thrown or not. So between calls, and
 // after dtf::train returns (the strategy and its buffers gone), the module is a plain LibTorch
 // module holding the values of the last p handed to it: torch::save, module->forward, a LibTorch
-// optimizer and another dtf::train work on it. On the chief (rank 0) of a run that evaluates
-// (options.evaluate, e.g. dtf::evaluate_on, runs logits on the final parameters) those are the
-// job's trained values; otherwise the parameters its last step's forward ran with (one update
-// before the end). The hooks the module_model puts on the module's gradient accumulators go
+// optimizer and another dtf::train work on it. At its end dtf::train hands the job's trained
+// values over (set_parameters): on every rank of a collective strategy, on the chief of a ps
+// strategy; another ps worker keeps the parameters its last step's forward ran with. The hooks the module_model puts on the module's gradient accumulators go
 // when it is destroyed. The module's structure (parameters, ties, frozen flags) is read when
 // the module_model is constructed.
 //
@@ -224,6 +223,13 @@ class module_model {
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            const gradient_ready_fn& ready) {
     return step(p, x, y, g, ready ? &ready : nullptr);
+  }
+
+  /// Takes p's values into the module's own parameters (dtf::train hands the job's trained values
+  /// over at its end: dtf::adopts_parameters). Errors: errc::shape_mismatch.
+  void set_parameters(std::span<const float> p) {
+    check_size(p.size(), "parameter");
+    copy_in(p);
   }
 
   /// Logits [batch, classes] into out: the root in eval mode, without autograd; every

@@ -442,6 +442,7 @@ train_result train_collective(cluster c, M& net, const data::dataset& train_set,
   train_result result;
   ring_run run = run_replicas(s, ring, d, at, net, engine, o, result);  // run
   close_ring(*s.session, ring, run, engine);  // finish
+  if constexpr (adopts_parameters<M>) net.set_parameters(engine.parameters());  // every rank holds rank 0's
   report_ring(ring, d, run, net, engine, o, result, started);
   return result;
 }

@@ -117,6 +117,15 @@ struct ps_trainer {
     centre.copy_from_host<float>(centre_host);
     return evaluate(centre.span<float>());
   }
+  /// The chief, at the end: the model takes θ̃ (adopts_parameters), then its evaluation.
+  std::optional<nn::evaluation> final_centre() {
+    if constexpr (adopts_parameters<M>) {
+      job.ps.read_values(centre_host);
+      centre.copy_from_host<float>(centre_host);
+      net.set_parameters(centre.span<const float>());
+    }
+    return evaluate_centre();
+  }
   void log_epoch(std::size_t epoch) {
     if (const auto e = evaluate_centre()) {
       std::printf("%s: epoch %zu  centre test_loss %.4f  test_accuracy %.4f\n", job.me.c_str(), epoch, e->loss,
@@ -364,7 +373,7 @@ train_result train_through_ps(const cluster& c, M& net, const data::dataset& tra
   else
     extra = run_async(t, s, p, my_shard, result);
   result.loss = p.last_loss;
-  finish_ps_job(job, s, result, std::move(extra), [&] { return t.evaluate_centre(); },
+  finish_ps_job(job, s, result, std::move(extra), [&] { return t.final_centre(); },
                 [&] { return t.w().global_step(); });
   return result;
 }
