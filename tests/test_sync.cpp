@@ -680,6 +680,9 @@ struct pending_attack {
     thread.join();
     return error;
   }
+  ~pending_attack() {  // a failed check unwinds past result()
+    if (thread.joinable()) thread.join();
+  }
 };
 }  // namespace
 
