@@ -108,7 +108,7 @@ class sync_aggregator {
     if (n_ == 0) throw error(errc::invalid_argument, "synchronous push to a ps initialised for asynchronous training");
     expire_hold(tables, apply, advanced, status);
     const contribution_id id{who, m.incarnation, m.sequence};
-    if (m.step < step_) {  // (a rate other than its decision's throws)
+    if (m.step < step_) {
       auto r = admission_.commit(id, m.step, m.rate());
       if (r.v == sync_admission::verdict::admitted) return outcome{false, 0, false, std::move(r.decision)};
       return outcome{true, ++dropped_[who], false, std::move(r.decision)};
@@ -136,9 +136,10 @@ class sync_aggregator {
     const auto in = check_part(who, step_, m, payload, rows, store, acc_, policy, earlier);
     if (!in) return outcome{false, 0, true, {}, {}};
     admission_.check(id, m.step, m.rate(), m.receipts);  // every other ps holds the whole part
-    // Not of the rate the step's sums are of: a copy, summed only if its rate decides the step
-    // (bounded per worker as staged parts are; refused before anything is recorded).
-    const bool summed = !kind_ || step_rate{*kind_, lr_} == m.rate();
+    // Summed as it arrives when of the rate of the step's first commit and its worker's first
+    // of it (what a decision at that rate takes); else a copy, summed only if it is in the
+    // decision (bounded per worker as staged parts are; refused before anything is recorded).
+    const bool summed = !kind_ || (step_rate{*kind_, lr_} == m.rate() && admission_.first_of(who, m.rate()));
     if (!summed && staging_.received(id) == 0 &&
         staging_.staged_of(who) >= sync_staging<staged_part>::parts_per_worker)
       throw error(errc::invalid_argument, who + " has " + std::to_string(staging_.staged_of(who)) +
@@ -385,7 +386,7 @@ class sync_aggregator {
   template <class Tables, class Apply, class Advanced, class Status>
   void decided(const sync_decision& d, const std::vector<sync_admission::entry>& refused, Tables& tables, Apply& apply,
                Advanced& advanced, Status& status) {
-    if (!kind_ || step_rate{*kind_, lr_} != d.rate) {  // not the rate summed: the sums of d's copies
+    if (!kind_ || step_rate{*kind_, lr_} != d.rate) {  // not the rate summed: d's copies summed
       for (auto& [id, acc] : acc_) std::fill(acc.begin(), acc.end(), 0.0f);
       for (auto& [table, sum] : rows_) sum.at.clear(), sum.ids.clear(), sum.values.clear();
       std::optional<std::vector<staged_part*>> parts;
@@ -407,8 +408,9 @@ class sync_aggregator {
         w.send(rpc_reply::failure(errc::invalid_argument, sync_admission::refusal(wid, no->rate, d)));
         continue;
       }
-      rpc_reply out;
-      status(out, d, false, 0);
+      rpc_reply out;  // in d, or of d's rate and not in it (a worker's second life): dropped
+      const bool in = std::find(d.ids.begin(), d.ids.end(), wid) != d.ids.end();
+      status(out, d, !in, in ? 0 : ++dropped_[wid.worker]);
       w.send(std::move(out));
     }
     waiting_.clear();

@@ -10,9 +10,9 @@
 //      staged on ps 0 (sync_staging::held);
 //   2. then commits on ps 0 with ps 0's part (its last segment) and the receipts
 //      (sync_admission::commit): ps 0 refuses a commit without a receipt of every ps p > 0
-//      (dtf/ps/sync_proofs.hpp), groups the commits of t by rate, and the first rate with N
-//      commits decides t: the set S_t, at that rate, signed; the commits of other rates are
-//      refused. ps 0 applies its parts, advances, and answers every committer of t: a commit
+//      (dtf/ps/sync_proofs.hpp), groups the commits of t by rate, and the first rate with
+//      commits of N workers decides t: the set S_t (each worker's first commit of that rate),
+//      at that rate, signed; the commits of other rates are refused. ps 0 applies its parts, advances, and answers every committer of t: a commit
 //      for a step already decided is answered at once with that decision;
 //   3. forwards S_t to every ps p > 0 (sync_staging::parts_of, then advance): a decision ps 0
 //      did not sign is refused; the first genuine arrival applies the staged parts of S_t, in
@@ -51,7 +51,7 @@ class sync_admission {
   enum class verdict {
     pending,    ///< recorded; its answer waits for the step's decision
     duplicate,  ///< this id is already recorded for the step (a retry): it waits as before
-    overflow,   ///< held with a rate at N: not recorded, answered (dropped) once the step is decided
+    overflow,   ///< held with a rate full: not recorded, answered (dropped) once the step is decided
     admitted,   ///< in `decision` (decided by this commit, or before it: a retry)
     dropped,    ///< the step was decided without it (`decision`, when still kept)
   };
@@ -86,10 +86,14 @@ class sync_admission {
     proofs_.check_receipts(receipts, step, id, rate);
   }
 
-  /// Records id's commit to `step` at `rate`, with the receipts of the other ps. Throws
-  /// errc::invalid_argument (nothing recorded) for a step not reached yet, receipts that do
-  /// not prove the part staged on every other ps (check()), or a rate other than a decided
-  /// step's.
+  /// Records id's commit to `step` at `rate`, with the receipts of the other ps. The step is
+  /// decided by the first rate with commits of N workers (names: a worker's other lives and
+  /// retries do not count twice, and one name alone decides nothing when N > 1): S_t is each of
+  /// those workers' first commit of that rate; the step's commits of other rates are refused
+  /// (result::refused), its other commits dropped. Throws errc::invalid_argument (nothing
+  /// recorded) for a step not reached yet, or receipts that do not prove the part staged on
+  /// every other ps (check()). A commit for a decided step is admitted when in its decision,
+  /// else dropped.
   result commit(const contribution_id& id, std::int64_t step, const step_rate& rate = {},
                 const std::vector<sync_receipt>& receipts = {}) {
     if (step > step_)
@@ -98,7 +102,6 @@ class sync_admission {
     if (step < step_) {
       const auto d = decision_of(step);
       if (d && std::find(d->ids.begin(), d->ids.end(), id) != d->ids.end()) return {verdict::admitted, d, false, {}};
-      if (d && d->rate != rate) throw error(errc::invalid_argument, refusal(id, rate, *d));
       return {verdict::dropped, d, false, {}};
     }
     if (recorded(id)) return {verdict::duplicate, {}, false, {}};
@@ -138,19 +141,34 @@ class sync_admission {
   bool recorded(const contribution_id& id) const {
     return std::any_of(current_.begin(), current_.end(), [&](const entry& e) { return e.id == id; });
   }
+  /// Whether a commit of `worker` at `rate` would be its first of that rate in the current step
+  /// (the one a decision at that rate takes).
+  bool first_of(const std::string& worker, const step_rate& rate) const {
+    return std::none_of(current_.begin(), current_.end(),
+                        [&](const entry& e) { return e.id.worker == worker && e.rate == rate; });
+  }
 
  private:
+  // The workers with a commit of `rate` recorded.
   std::size_t of_rate(const step_rate& rate) const {
-    return std::size_t(std::count_if(current_.begin(), current_.end(), [&](const entry& e) { return e.rate == rate; }));
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < current_.size(); ++i)
+      k += current_[i].rate == rate && std::none_of(current_.begin(), current_.begin() + std::ptrdiff_t(i), [&](const entry& e) {
+             return e.rate == rate && e.id.worker == current_[i].id.worker;
+           });
+    return k;
   }
   result decide(const step_rate& rate) {
     sync_decision d{step_, {}, rate, {}};
     std::vector<entry> refused;
+    std::vector<std::string> in;  // the workers in d
     for (auto& e : current_) {
-      if (e.rate == rate)
-        d.ids.push_back(std::move(e.id));
-      else
+      if (e.rate != rate)
         refused.push_back(std::move(e));
+      else if (std::find(in.begin(), in.end(), e.id.worker) == in.end() && d.ids.size() < n_) {
+        in.push_back(e.id.worker);
+        d.ids.push_back(std::move(e.id));
+      }
     }
     proofs_.sign(d);
     current_.clear();
