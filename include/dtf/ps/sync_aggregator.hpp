@@ -31,6 +31,7 @@
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sync_part.hpp>
 #include <dtf/ps/sync_protocol.hpp>
+#include <dtf/ps/sync_sums.hpp>
 #include <dtf/transport.hpp>
 
 #include <algorithm>
@@ -43,7 +44,6 @@
 #include <span>
 #include <string>
 #include <utility>
-#include <unordered_map>
 #include <vector>
 
 namespace dtf::ps_detail {
@@ -73,17 +73,10 @@ class sync_aggregator {
     overflow_.clear();
     holder_.clear();
     n_ = n;
-    acc_.clear();  // a model-sized buffer, needed only by synchronous training
-    floats_ = 0;
-    if (n_ > 0)
-      for (const auto& [id, s] : store.shards()) {
-        acc_[id].assign(s->values.size(), 0.0f);
-        floats_ += s->values.size();
-      }
+    sums_.reset(store, n_ > 0);
     step_ = step;
     admission_.reset(n, step, proofs);
     staging_.reset(n, step, proofs);
-    rows_.clear();
     positions_.clear();
     failure_.clear();
     broken_ = false;
@@ -133,7 +126,7 @@ class sync_aggregator {
       throw error(errc::invalid_argument, describe(id) + " committed segment " + std::to_string(m.segment) + " of " +
                                               std::to_string(m.segments) + " with " +
                                               std::to_string(staging_.received(id)) + " staged here before it");
-    const auto in = check_part(who, step_, m, payload, rows, store, acc_, policy, earlier);
+    const auto in = check_part(who, step_, m, payload, rows, store, sums_.dense, policy, earlier);
     if (!in) return outcome{false, 0, true, {}, {}};
     admission_.check(id, m.step, m.rate(), m.receipts);  // every other ps holds the whole part
     // Summed as it arrives when of the rate of the step's first commit and its worker's first
@@ -149,8 +142,8 @@ class sync_aggregator {
     if (summed) {
       kind_ = m.kind;
       lr_ = m.learning_rate;
-      if (earlier) accumulate(earlier->ids, earlier->dense, {});
-      accumulate(m.ids, *in, rows);
+      if (earlier) sums_.add(earlier->ids, earlier->dense, {});
+      sums_.add(m.ids, *in, rows);
     } else {
       staging_.stage(id, m.step, m.segment, m.segments, staged_part(m, *in, rows), staged_part::join);
     }
@@ -210,11 +203,11 @@ class sync_aggregator {
                                               std::to_string(staging_.received(id)) + " staged here before it");
     // Non-finite values: ps 0 applies the policy to the whole contribution (all_finite); a part
     // it may admit is staged whatever it holds, unless the policy rejects it outright.
-    const auto in = check_part(who, step_, m, payload, rows, store, acc_,
+    const auto in = check_part(who, step_, m, payload, rows, store, sums_.dense,
                                policy == nonfinite_policy::reject ? policy : nonfinite_policy::apply, earlier);
     tables.reserve_rows(rows);  // here, before ps 0 can admit the part: never after
     staged_part part(m, *in, rows);
-    if (m.segment == 0 && m.segments > 1) part.dense.reserve(floats_);  // the segments join in place
+    if (m.segment == 0 && m.segments > 1) part.dense.reserve(sums_.floats);  // the segments join in place
     staging_.stage(id, m.step, m.segment, m.segments, std::move(part), staged_part::join);
     return outcome{false, 0, false, {}, receipt(id)};
   }
@@ -244,7 +237,7 @@ class sync_aggregator {
       if (p->kind != *kind_ || p->lr != lr_)
         fail("step " + std::to_string(d.step) + " was decided with " + describe(d.rate) +
              " and a part staged here of another rate");
-    for (const auto* p : *parts) add(*p);
+    for (const auto* p : *parts) sums_.add(*p);
     finish(tables, apply, advanced);
     staging_.advance();
     return true;
@@ -320,61 +313,18 @@ class sync_aggregator {
     if (!p) return std::nullopt;
     return staging_.receipt(id, step_rate{p->kind, p->lr});
   }
-  void add(const staged_part& p) {
-    std::vector<contributed_rows> rows;
-    for (const auto& r : p.rows) rows.push_back({r.table, r.dim, r.ids, r.values});
-    accumulate(p.ids, p.dense, rows);
-  }
-  void accumulate(const std::vector<std::uint32_t>& ids, std::span<const float> in,
-                  std::span<const contributed_rows> rows) {
-    std::size_t at = 0;
-    for (auto id : ids) {
-      auto& acc = acc_.at(id);
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += in[at + i];
-      at += acc.size();
-    }
-    add_rows(rows);
-  }
-  void add_rows(std::span<const contributed_rows> rows) {
-    for (const auto& r : rows) {
-      auto& sum = rows_[r.table];
-      sum.dim = r.dim;
-      for (std::size_t i = 0; i < r.ids.size(); ++i) {
-        auto [it, fresh] = sum.at.try_emplace(r.ids[i], sum.ids.size());
-        if (fresh) {
-          sum.ids.push_back(r.ids[i]);
-          sum.values.resize(sum.values.size() + r.dim, 0.0f);
-        }
-        float* to = sum.values.data() + it->second * r.dim;
-        for (std::size_t k = 0; k < r.dim; ++k) to[k] += r.rows[i * r.dim + k];
-      }
-    }
-  }
 
   // The step's N contributions are summed: average, apply, advance. An apply that throws part
   // way fails the ps (fail()): the shards would otherwise hold half a step.
   template <class Tables, class Apply, class Advanced>
   void finish(Tables& tables, Apply& apply, Advanced& advanced) {
-    const float inv = 1.0f / float(n_);
     try {
-      for (auto& [id, acc] : acc_) {
-        for (auto& v : acc) v *= inv;
-        apply(id, update{*kind_, acc, lr_, 1.0f});
-        std::fill(acc.begin(), acc.end(), 0.0f);
-      }
+      sums_.apply_dense(n_, *kind_, lr_, apply);
     } catch (const std::exception& e) {
       fail("step " + std::to_string(step_) + " failed part-way through its apply (" + e.what() +
            "): the ps's shards no longer hold one step");
     }
-    for (auto& [table, sum] : rows_) {
-      if (sum.ids.empty()) continue;
-      for (auto& v : sum.values) v *= inv;
-      // Does not throw: the ids were checked when recorded (see sparse_service::apply_rows).
-      tables.apply_rows(table, sum.ids, sum.values, *kind_ == detail::update_kind::delta);
-      sum.at.clear();  // emptied, not freed: the next step reuses the buffers
-      sum.ids.clear();
-      sum.values.clear();
-    }
+    sums_.apply_rows(n_, *kind_, tables);
     ++step_;
     kind_.reset();
     advanced(step_, positions_);
@@ -387,15 +337,14 @@ class sync_aggregator {
   void decided(const sync_decision& d, const std::vector<sync_admission::entry>& refused, Tables& tables, Apply& apply,
                Advanced& advanced, Status& status) {
     if (!kind_ || step_rate{*kind_, lr_} != d.rate) {  // not the rate summed: d's copies summed
-      for (auto& [id, acc] : acc_) std::fill(acc.begin(), acc.end(), 0.0f);
-      for (auto& [table, sum] : rows_) sum.at.clear(), sum.ids.clear(), sum.values.clear();
+      sums_.clear();
       std::optional<std::vector<staged_part*>> parts;
       try {
         parts = staging_.parts_of(d);
       } catch (const error& e) {
         fail("step " + std::to_string(d.step) + " was decided without its parts' copies here (" + e.message() + ")");
       }
-      for (const auto* p : *parts) add(*p);
+      for (const auto* p : *parts) sums_.add(*p);
       kind_ = d.rate.kind;
       lr_ = d.rate.learning_rate;
     }
@@ -449,17 +398,9 @@ class sync_aggregator {
   std::int64_t step_ = 0;
   sync_admission admission_;            // ps 0: the commits of each step
   sync_staging<staged_part> staging_;   // the parts of the current step (ps 0: segments before a commit)
-  std::optional<detail::update_kind> kind_;  // of the current step's first contribution
+  std::optional<detail::update_kind> kind_;  // the rate summed: of the current step's first commit
   std::optional<float> lr_;
-  std::map<std::uint32_t, std::vector<float>> acc_;  // per shard: sum of this step's contributions
-  std::size_t floats_ = 0;                           // in acc_: a part's
-  struct row_sums {                                  // per table: this step's rows, summed
-    std::uint32_t dim = 0;
-    std::unordered_map<std::uint64_t, std::size_t> at;  // id -> its place in ids
-    std::vector<std::uint64_t> ids;
-    std::vector<float> values;
-  };
-  std::map<std::uint32_t, row_sums> rows_;
+  sync_sums sums_;  // the step's sums: of the rate of kind_ and lr_
   std::map<std::string, data::position> positions_;  // carried by the current step's contributions
   std::vector<std::pair<contribution_id, rpc_responder>> waiting_;  // committers of the current step
   std::vector<std::pair<contribution_id, rpc_responder>> overflow_;  // beyond N while held
