@@ -633,10 +633,13 @@ struct keyed_job {
     chief.connect();
     chief.initialize(theta, {optim::sgd{1.0f}, apply_mode::locked, 2, 3});
   }
-  // worker.0 and worker.1, each with its own key, contribute g[k] at `rate` until step `steps`.
-  void train(std::int64_t steps) {
+  // worker.0 and worker.1, each with its own key, contribute g[k] at `rate` until step `steps`,
+  // in requests of at most `request_bytes` (0: the default, one per ps).
+  void train(std::int64_t steps, std::size_t request_bytes = 0) {
     run_threads(2, [&](std::size_t k) {
-      ps_client c(addresses, layout, keyed("worker." + std::to_string(k)));
+      auto o = keyed("worker." + std::to_string(k));
+      if (request_bytes) o.max_request_bytes = request_bytes;
+      ps_client c(addresses, layout, o);
       c.connect();
       std::vector<float> v(15);
       for (std::int64_t t = c.pull(v); t < steps; t = c.pull(v))
@@ -761,5 +764,31 @@ TEST_CASE("with a secret, a first contribution at another rate is refused to its
                           [](detail::ps_sync_push_msg& m) { m.kind = detail::update_kind::delta; }));
   attacker.call_all(late);
   CHECK(detail::decode_message<detail::ps_status_msg>(late[0].reply_meta, "status").dropped);
+  job.check_trained(6);
+}
+
+TEST_CASE("with a secret, parts in segments carry their receipts; a half-staged part's commit is refused",
+          "[sync][multi_ps][protocol][hostile]") {
+  keyed_job job;
+  ps_client attacker(job.addresses, job.layout, keyed("worker.2"));
+  attacker.connect();
+  REQUIRE(job.layout.num_ps == 2);
+  REQUIRE(attacker.shards_of(1).size() >= 2);
+  // Segment 0 of 2 of its part on ps 1 (its first shard), then the commit: refused.
+  const std::vector<float> zero(15, 0.0f);
+  auto half = one(part_of(attacker, job.layout, 1, detail::message_kind::ps_sync_stage, zero, 0, 77, 0,
+                          [&](detail::ps_sync_push_msg& m) {
+                            m.ids.resize(1);
+                            m.segments = 2;
+                          }));
+  attacker.call_all(half);
+  CHECK_FALSE(detail::decode_message<detail::ps_status_msg>(half[0].reply_meta, "status").receipt);
+  pending_attack commit(job.ps0, [&] {
+    auto c = one(part_of(attacker, job.layout, 0, detail::message_kind::ps_sync_push, zero, 0, 77));
+    attacker.call_all(c);
+  });
+  // The honest workers send each shard in a segment of its own (requests of 1 byte).
+  job.train(6, 1);
+  CHECK_THAT(commit.result(), Catch::Contains("without ps.1's receipt"));
   job.check_trained(6);
 }
