@@ -341,12 +341,14 @@ namespace {
 // A synchronous request of the protocol (dtf/ps/sync_protocol.hpp) on its own, as a worker that
 // dies part-way through push_sync would have sent it: ps `ps`'s part of g.
 rpc_call part_of(ps_client& c, const placement& layout, std::size_t ps, detail::message_kind kind,
-                 const std::vector<float>& g, std::int64_t step, std::uint64_t incarnation, std::uint64_t sequence = 0) {
+                 const std::vector<float>& g, std::int64_t step, std::uint64_t incarnation, std::uint64_t sequence = 0,
+                 const std::function<void(detail::ps_sync_push_msg&)>& tweak = {}) {
   detail::ps_sync_push_msg m;
   m.ids = c.shards_of(ps);
   m.step = step;
   m.incarnation = incarnation;
   m.sequence = sequence;
+  if (tweak) tweak(m);
   auto call = c.request(ps, kind, detail::encode_message(m));
   for (auto id : m.ids)
     call.payload.push_back(asio::buffer(g.data() + layout.shards[id].offset, layout.shards[id].size * sizeof(float)));
@@ -603,4 +605,190 @@ TEST_CASE("checkpoints taken while a backup worker keeps steps completing hold o
   CHECK_THROWS_WITH(checkpoint_reader::from_memory(j.dump(), files, "edited manifest"),
                     Catch::Contains("header.global_step") && Catch::Contains("the checkpoint's is"));
   fs::remove_all(dir);
+}
+
+namespace {
+// A job whose tasks hold what dtfrun gives them (docs/design/identity.md): the 2 ps the master
+// secret, the chief and the workers their own task keys. N = 2 of 3 workers: worker.0 and
+// worker.1 train, worker.2 is the attacker (its own key only).
+const std::string sync_master = "sync-test-master-secret-0123456789";
+transport_options keyed(const std::string& identity) {
+  auto o = opts(identity);
+  o.task_key = derive_task_key(sync_master, identity);
+  return o;
+}
+struct keyed_job {
+  running_ps ps0{opts("ps.0", sync_master)}, ps1{opts("ps.1", sync_master)};
+  std::vector<std::string> addresses{ps0.address(), ps1.address()};
+  placement layout = partitioners::fixed_size{3}.place(two_ps_vars, 2);
+  std::vector<float> theta = std::vector<float>(15), g[2] = {std::vector<float>(15), std::vector<float>(15)};
+  static constexpr float rate = 0.5f;  // the honest workers' learning rate (the rule's is 1)
+  keyed_job() {
+    for (std::size_t j = 0; j < 15; ++j) {
+      theta[j] = 0.25f * float(j);
+      g[0][j] = 0.125f * float(j % 5) - 0.25f;
+      g[1][j] = 0.5f - 0.0625f * float(j);
+    }
+    ps_client chief(addresses, layout, keyed("chief.0"));
+    chief.connect();
+    chief.initialize(theta, {optim::sgd{1.0f}, apply_mode::locked, 2, 3});
+  }
+  // worker.0 and worker.1, each with its own key, contribute g[k] at `rate` until step `steps`,
+  // in requests of at most `request_bytes` (0: the default, one per ps).
+  void train(std::int64_t steps, std::size_t request_bytes = 0) {
+    run_threads(2, [&](std::size_t k) {
+      auto o = keyed("worker." + std::to_string(k));
+      if (request_bytes) o.max_request_bytes = request_bytes;
+      ps_client c(addresses, layout, o);
+      c.connect();
+      std::vector<float> v(15);
+      for (std::int64_t t = c.pull(v); t < steps; t = c.pull(v))
+        if (c.push_sync(g[k], t, rate).dropped) throw std::runtime_error("an honest contribution was dropped");
+      c.mark_done();
+    });
+  }
+  // Both ps hold what `steps` steps of the two honest contributions make, computed here.
+  void check_trained(std::int64_t steps) {
+    std::vector<float> expect = theta, v(15);
+    for (std::int64_t t = 0; t < steps; ++t)
+      for (std::size_t j = 0; j < 15; ++j) expect[j] -= rate * ((g[0][j] + g[1][j]) * 0.5f);
+    ps_client reader(addresses, layout, keyed("evaluator.0"));
+    reader.connect();
+    CHECK(reader.pull(v) == steps);
+    CHECK(ps0.ps->global_step() == steps);
+    CHECK(ps1.ps->global_step() == steps);
+    for (std::size_t j = 0; j < 15; ++j) REQUIRE(v[j] == Catch::Detail::Approx(expect[j]).margin(1e-6));
+  }
+};
+// Runs `attack` on a thread of its own until it is answered or ps 0 holds it as a waiting commit
+// (before the fix, an unproven commit waited for its step), so the honest workers come after it.
+struct pending_attack {
+  std::string error;
+  std::thread thread;
+  std::atomic<bool> answered{false};
+  pending_attack(running_ps& ps0, std::function<void()> attack) {
+    thread = std::thread([this, attack = std::move(attack)] {
+      try {
+        attack();
+      } catch (const dtf::error& e) {
+        error = e.what();
+      }
+      answered = true;
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!answered && ps0.ps->sync_waiters() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+  }
+  std::string result() {
+    thread.join();
+    return error;
+  }
+  ~pending_attack() {  // a failed check unwinds past result()
+    if (thread.joinable()) thread.join();
+  }
+};
+}  // namespace
+
+TEST_CASE("with a secret, a commit whose part ps 1 never staged is refused to its sender and training goes on",
+          "[sync][multi_ps][protocol][hostile]") {
+  keyed_job job;
+  ps_client attacker(job.addresses, job.layout, keyed("worker.2"));
+  attacker.connect();
+  const std::vector<float> zero(15, 0.0f);
+  pending_attack commit(job.ps0, [&] {
+    auto c = one(part_of(attacker, job.layout, 0, detail::message_kind::ps_sync_push, zero, 0, 77));
+    attacker.call_all(c);
+  });
+  job.train(6);
+  CHECK_THAT(commit.result(), Catch::Contains("without ps.1's receipt"));
+  job.check_trained(6);
+}
+
+TEST_CASE("with a secret, decisions ps 0 did not make are refused to their sender and training goes on",
+          "[sync][multi_ps][protocol][hostile]") {
+  keyed_job job;
+  ps_client attacker(job.addresses, job.layout, keyed("worker.2"));
+  attacker.connect();
+  const std::vector<float> zero(15, 0.0f);
+  auto stage = one(part_of(attacker, job.layout, 1, detail::message_kind::ps_sync_stage, zero, 0, 77));
+  attacker.call_all(stage);  // a part of its own staged on ps 1, as a forger would name
+  auto forward = [&](const detail::sync_decision& d) {
+    std::vector<rpc_call> c{attacker.request(1, detail::message_kind::ps_sync_apply,
+                                             detail::encode_message(detail::ps_sync_apply_msg{d}))};
+    attacker.call_all(c);
+  };
+  detail::sync_decision made_up;  // its own part and one of a made-up incarnation, never staged
+  made_up.step = 0;
+  made_up.ids = {{"worker.2", 77, 0}, {"worker.2", 78, 0}};
+  CHECK_THROWS_WITH(forward(made_up), Catch::Contains("that ps 0 did not make"));
+  made_up.ids = {{"worker.0", 1, 0}, {"worker.1", 2, 0}};
+  CHECK_THROWS_WITH(forward(made_up), Catch::Contains("that ps 0 did not make"));
+  CHECK(job.ps1.ps->global_step() == 0);
+  job.train(6);
+  job.check_trained(6);
+  // A decision ps 0 made, asked for as a pull does, then altered: refused; as made: answered.
+  std::vector<rpc_call> ask{attacker.request(0, detail::message_kind::ps_sync_decision,
+                                             detail::encode_message(detail::ps_sync_apply_msg{{5, {}}}))};
+  attacker.call_all(ask);
+  const auto st = detail::decode_message<detail::ps_status_msg>(ask[0].reply_meta, "status");
+  REQUIRE(st.decision);
+  auto altered = *st.decision;
+  std::swap(altered.ids[0], altered.ids[1]);
+  CHECK_THROWS_WITH(forward(altered), Catch::Contains("that ps 0 did not make"));
+  CHECK_NOTHROW(forward(*st.decision));
+  job.check_trained(6);
+}
+
+TEST_CASE("with a secret, a first contribution at another rate is refused to its sender, the honest ones decide",
+          "[sync][multi_ps][protocol][hostile]") {
+  keyed_job job;
+  ps_client attacker(job.addresses, job.layout, keyed("worker.2"));
+  attacker.connect();
+  const std::vector<float> zero(15, 0.0f);
+  // A zero contribution at the rule's rate (no learning rate), staged on ps 1 with its receipt,
+  // committed before anyone else's.
+  auto stage = one(part_of(attacker, job.layout, 1, detail::message_kind::ps_sync_stage, zero, 0, 77));
+  attacker.call_all(stage);
+  const auto receipt = detail::decode_message<detail::ps_status_msg>(stage[0].reply_meta, "status").receipt;
+  REQUIRE(receipt);
+  pending_attack commit(job.ps0, [&] {
+    auto c = one(part_of(attacker, job.layout, 0, detail::message_kind::ps_sync_push, zero, 0, 77, 0,
+                         [&](detail::ps_sync_push_msg& m) { m.receipts = {*receipt}; }));
+    attacker.call_all(c);
+  });
+  job.train(6);
+  CHECK_THAT(commit.result(), Catch::Contains("decided with gradients at learning rate 0.5"));
+  job.check_trained(6);
+  // Late, to the decided step, at another rate: dropped, as any late commit.
+  auto late = one(part_of(attacker, job.layout, 0, detail::message_kind::ps_sync_push, zero, 0, 79, 0,
+                          [](detail::ps_sync_push_msg& m) { m.kind = detail::update_kind::delta; }));
+  attacker.call_all(late);
+  CHECK(detail::decode_message<detail::ps_status_msg>(late[0].reply_meta, "status").dropped);
+  job.check_trained(6);
+}
+
+TEST_CASE("with a secret, parts in segments carry their receipts; a half-staged part's commit is refused",
+          "[sync][multi_ps][protocol][hostile]") {
+  keyed_job job;
+  ps_client attacker(job.addresses, job.layout, keyed("worker.2"));
+  attacker.connect();
+  REQUIRE(job.layout.num_ps == 2);
+  REQUIRE(attacker.shards_of(1).size() >= 2);
+  // Segment 0 of 2 of its part on ps 1 (its first shard), then the commit: refused.
+  const std::vector<float> zero(15, 0.0f);
+  auto half = one(part_of(attacker, job.layout, 1, detail::message_kind::ps_sync_stage, zero, 0, 77, 0,
+                          [&](detail::ps_sync_push_msg& m) {
+                            m.ids.resize(1);
+                            m.segments = 2;
+                          }));
+  attacker.call_all(half);
+  CHECK_FALSE(detail::decode_message<detail::ps_status_msg>(half[0].reply_meta, "status").receipt);
+  pending_attack commit(job.ps0, [&] {
+    auto c = one(part_of(attacker, job.layout, 0, detail::message_kind::ps_sync_push, zero, 0, 77));
+    attacker.call_all(c);
+  });
+  // The honest workers send each shard in a segment of its own (requests of 1 byte).
+  job.train(6, 1);
+  CHECK_THAT(commit.result(), Catch::Contains("without ps.1's receipt"));
+  job.check_trained(6);
 }

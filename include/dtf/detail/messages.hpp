@@ -128,9 +128,12 @@ struct ps_init_msg {
   // An init or restore in parts (dtf/ps/incoming_model.hpp): this is part `part` of `parts`,
   // ids and sizes being this part's shards.
   std::uint32_t part = 0, parts = 1;
+  // The job's ps count and this ps's index: a synchronous ps 0 admits a commit only with a
+  // receipt of each of ps 1 .. num_ps - 1 (docs/design/sync-protocol.md).
+  std::uint32_t num_ps = 1, ps_index = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(ids, sizes, rule, lock_free, replicas_to_aggregate, num_workers, part, parts);
+    ar(ids, sizes, rule, lock_free, replicas_to_aggregate, num_workers, part, parts, num_ps, ps_index);
   }
 };
 struct ps_pull_msg {
@@ -167,22 +170,14 @@ struct sync_rows_part {
     ar(table, count);
   }
 };
-struct ps_sync_push_msg {
-  std::vector<std::uint32_t> ids;
-  std::int64_t step = 0;               // the global step the contribution was computed at
+/// A synchronous contribution's kind and learning rate (the step's is fixed by ps 0's decision).
+struct step_rate {
   update_kind kind = update_kind::gradient;  // gradient or delta (the average is added)
-  std::optional<float> learning_rate;  // gradient: none = the rule's own rate
-  std::vector<sync_rows_part> rows;    // embedding rows held by this ps (applied with the step)
-  std::optional<data::position> position;  // to ps 0: the sender's data position once this
-                                           // contribution's step completes (recorded then)
-  bool all_finite = true;  // to ps 0: every value of the whole contribution (all ps) is finite
-  std::uint64_t incarnation = 0;  // drawn by the sender's client and the client's count of its
-  std::uint64_t sequence = 0;     // contributions: with its identity, the contribution's id
-  std::uint32_t segment = 0, segments = 1;  // a part larger than one request: this request's
-                                            // place in it (docs/design/large-models.md)
+  std::optional<float> learning_rate;        // gradient: none = the rule's own rate
+  bool operator==(const step_rate&) const = default;
   template <class A>
   void serialize(A& ar) {
-    ar(ids, step, kind, learning_rate, rows, position, all_finite, incarnation, sequence, segment, segments);
+    ar(kind, learning_rate);
   }
 };
 /// A synchronous contribution's id: the authenticated identity of its sender (never a name
@@ -197,14 +192,52 @@ struct contribution_id {
     ar(worker, incarnation, sequence);
   }
 };
-/// ps 0's decision of a synchronous step: the contributions it averages, in order.
+/// ps p > 0 -> the worker, answering the stage of a part's last segment: ps `ps` holds every
+/// segment of `id`'s part for `step`, of `rate`; mac under the ps key (zero without a secret).
+/// The worker carries ps 1 .. P - 1's receipts in its commit (dtf/ps/sync_protocol.hpp).
+struct sync_receipt {
+  std::uint32_t ps = 0;
+  std::int64_t step = 0;
+  contribution_id id;
+  step_rate rate;
+  digest mac{};
+  bool operator==(const sync_receipt&) const = default;
+  template <class A>
+  void serialize(A& ar) {
+    ar(ps, step, id, rate, mac);
+  }
+};
+struct ps_sync_push_msg {
+  std::vector<std::uint32_t> ids;
+  std::int64_t step = 0;               // the global step the contribution was computed at
+  update_kind kind = update_kind::gradient;  // gradient or delta (the average is added)
+  std::optional<float> learning_rate;  // gradient: none = the rule's own rate
+  std::vector<sync_rows_part> rows;    // embedding rows held by this ps (applied with the step)
+  std::optional<data::position> position;  // to ps 0: the sender's data position once this
+                                           // contribution's step completes (recorded then)
+  bool all_finite = true;  // to ps 0: every value of the whole contribution (all ps) is finite
+  std::uint64_t incarnation = 0;  // drawn by the sender's client and the client's count of its
+  std::uint64_t sequence = 0;     // contributions: with its identity, the contribution's id
+  std::uint32_t segment = 0, segments = 1;  // a part larger than one request: this request's
+                                            // place in it (docs/design/large-models.md)
+  std::vector<sync_receipt> receipts;  // a commit (to ps 0): the other ps's receipts for the part
+  step_rate rate() const { return {kind, learning_rate}; }
+  template <class A>
+  void serialize(A& ar) {
+    ar(ids, step, kind, learning_rate, rows, position, all_finite, incarnation, sequence, segment, segments, receipts);
+  }
+};
+/// ps 0's decision of a synchronous step: the contributions it averages, in order, and the
+/// step's rate; mac: ps 0's proof under the ps key (zero without a secret).
 struct sync_decision {
   std::int64_t step = 0;
   std::vector<contribution_id> ids;
+  step_rate rate;
+  digest mac{};
   bool operator==(const sync_decision&) const = default;
   template <class A>
   void serialize(A& ar) {
-    ar(step, ids);
+    ar(step, ids, rate, mac);
   }
 };
 /// Worker -> ps p > 0: apply `decision` (ps_sync_apply); worker -> ps 0: the decision of step
@@ -237,10 +270,11 @@ struct ps_status_msg {
   bool skipped = false;            // push: not applied (non-finite values, policy skip)
   bool synchronous = false;        // the ps aggregates synchronous steps (its global step is its own)
   std::optional<sync_decision> decision;  // ps 0's answer to a commit or a decision request
+  std::optional<sync_receipt> receipt;    // ps p > 0's answer to the stage of a part's last segment
   template <class A>
   void serialize(A& ar) {
     ar(global_step, initialized, updates, staleness, workers_done, dropped, dropped_total, skipped, synchronous,
-       decision);
+       decision, receipt);
   }
 };
 /// Chief -> ps: write your shards as DIR/NAME.ps-I-of-N.shard (see dtf/checkpoint.hpp), DIR

@@ -73,6 +73,8 @@ inline ps_restore_msg restore_message(const ps_client& client, std::size_t ps, c
     from.push_back(sv.offset + (sh.offset - how.vars[sh.variable].offset));  // inside sv: plan_restore
   }
   ps_client::set_config(m.init, how.config);
+  m.init.num_ps = std::uint32_t(client.layout().num_ps);  // the receipts a synchronous ps 0 requires
+  m.init.ps_index = std::uint32_t(ps);
   m.global_step = man.global_step;
   m.num_slots = num_slots;
   m.checkpoint = man.name;

@@ -93,6 +93,8 @@ class ps_client : public ps_detail::device_forms<ps_client>,
         m.ids = parts[k];
         for (auto id : m.ids) m.sizes.push_back(layout_.shards[id].size);
         set_config(m, config);
+        m.num_ps = std::uint32_t(layout_.num_ps);  // the receipts a synchronous ps 0 requires
+        m.ps_index = std::uint32_t(ps);
         m.part = k;
         m.parts = std::uint32_t(parts.size());
         calls.push_back(make_call(ps, detail::message_kind::ps_init, detail::encode_message(m)));

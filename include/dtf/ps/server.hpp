@@ -33,8 +33,8 @@
 //   thread of their own (dtf/ps/save_thread.hpp), each shard copied in its turn: a save holds at
 //   most one shard's values and slots more than the model (dtf/ps/shard_snapshot.hpp).
 // What a peer can do: everything an authenticated worker may — push finite garbage, push to
-// ps 0 without shards to advance the step when ps 0 holds none, forward a decision of its own
-// making (N distinct parts staged on the ps: which of them a step applies); without ps_options::chief,
+// ps 0 without shards to advance the step when ps 0 holds none; without a secret, forward a
+// decision of its own making (docs/design/sync-protocol.md); without ps_options::chief,
 // replace the model by a restore and shut the job down.
 #pragma once
 
@@ -262,7 +262,7 @@ class parameter_server {
     store_.install(std::move(shards), cfg.rule, cfg.mode);
     ++generation_;
     model_bytes_ = floats * sizeof(float);
-    sync_.configure(cfg.replicas_to_aggregate, store_, 0, "initialised");
+    sync_.configure(cfg.replicas_to_aggregate, store_, 0, "initialised", ps_detail::sync_proofs::of(options_.transport.secret, m));
     synchronous_ = cfg.replicas_to_aggregate > 0;
     initialized_ = true;
     detail::log_line(options_.transport, "dtf " + options_.transport.identity + ": initialised " +
@@ -330,7 +330,8 @@ class parameter_server {
     // Contributors waiting on a step that the restore replaced learn it (they retry).
     sync_.configure(cfg.replicas_to_aggregate, store_, m.global_step,
                     options_.transport.identity + " was restored from checkpoint " + m.checkpoint +
-                        " while this step was aggregated");
+                        " while this step was aggregated",
+                    ps_detail::sync_proofs::of(options_.transport.secret, m.init));
     global_step_ = m.global_step;
     synchronous_ = cfg.replicas_to_aggregate > 0;
     initialized_ = true;

@@ -10,9 +10,14 @@
 // as a zero gradient, as in a dense step) and applied once with the step by the table's rule,
 // lazily; a dropped contribution's rows are dropped with it.
 // A contribution is recorded only after it is validated (its step, its shard ids: exactly the
-// shards this ps holds, its size, its values' finiteness, its kind matching the step's first
-// contribution): a malformed one is an error to its sender alone and changes nothing. It is
-// attributed to the authenticated connection's identity, never to a name in the message.
+// shards this ps holds, its size, its values' finiteness, its rate's, on ps 0 the receipts of
+// every other ps: dtf/ps/sync_proofs.hpp): a malformed one is an error to its sender alone and
+// changes nothing. It is attributed to the authenticated connection's identity, never to a
+// name in the message. The step's rate (kind and learning rate) is its decision's: ps 0 sums,
+// as they arrive, the commits of the rate of the step's first, keeps a copy of any other, and
+// remakes the sums from the copies when another rate decides the step; commits of a rate the
+// decision does not have are errors to their senders. On ps p > 0 a decision ps 0 did not sign
+// is an error to its sender.
 //
 // An apply that fails part-way (bad_alloc in copy on write) fails the ps loudly: every waiting
 // and later synchronous request gets the error. Liveness: connections that pulled or contributed
@@ -26,6 +31,7 @@
 #include <dtf/ps/shard_store.hpp>
 #include <dtf/ps/sync_part.hpp>
 #include <dtf/ps/sync_protocol.hpp>
+#include <dtf/ps/sync_sums.hpp>
 #include <dtf/transport.hpp>
 
 #include <algorithm>
@@ -38,7 +44,6 @@
 #include <span>
 #include <string>
 #include <utility>
-#include <unordered_map>
 #include <vector>
 
 namespace dtf::ps_detail {
@@ -51,13 +56,16 @@ class sync_aggregator {
     std::uint64_t dropped_total = 0;
     bool skipped = false;            ///< non-finite values, nonfinite_policy::skip
     std::optional<sync_decision> decision;
+    std::optional<sync_receipt> receipt;  ///< a stage that completed a part (or its retry)
   };
 
   ~sync_aggregator() { clear_waiting(); }
 
-  /// N replicas per step (0: asynchronous) over the store's shards, from step `step`. Waiting
-  /// contributors get `reason` as an error (they retry).
-  void configure(std::size_t n, const shard_store& store, std::int64_t step, const std::string& reason) {
+  /// N replicas per step (0: asynchronous) over the store's shards, from step `step`, with this
+  /// ps's proofs (sync_proofs::of: its key, index and the ps count). Waiting contributors get
+  /// `reason` as an error (they retry).
+  void configure(std::size_t n, const shard_store& store, std::int64_t step, const std::string& reason,
+                 const sync_proofs& proofs = {}) {
     std::lock_guard g(mu_);
     for (auto& w : waiting_) w.second.send(rpc_reply::failure(errc::peer_failure, reason));
     for (auto& w : overflow_) w.second.send(rpc_reply::failure(errc::peer_failure, reason));
@@ -65,17 +73,10 @@ class sync_aggregator {
     overflow_.clear();
     holder_.clear();
     n_ = n;
-    acc_.clear();  // a model-sized buffer, needed only by synchronous training
-    floats_ = 0;
-    if (n_ > 0)
-      for (const auto& [id, s] : store.shards()) {
-        acc_[id].assign(s->values.size(), 0.0f);
-        floats_ += s->values.size();
-      }
+    sums_.reset(store, n_ > 0);
     step_ = step;
-    admission_.reset(n, step);
-    staging_.reset(n, step);
-    rows_.clear();
+    admission_.reset(n, step, proofs);
+    staging_.reset(n, step, proofs);
     positions_.clear();
     failure_.clear();
     broken_ = false;
@@ -101,7 +102,7 @@ class sync_aggregator {
     expire_hold(tables, apply, advanced, status);
     const contribution_id id{who, m.incarnation, m.sequence};
     if (m.step < step_) {
-      auto r = admission_.commit(id, m.step);
+      auto r = admission_.commit(id, m.step, m.rate());
       if (r.v == sync_admission::verdict::admitted) return outcome{false, 0, false, std::move(r.decision)};
       return outcome{true, ++dropped_[who], false, std::move(r.decision)};
     }
@@ -115,7 +116,7 @@ class sync_aggregator {
         w = defer();
         return std::nullopt;
       }
-    if (admission_.held() && admission_.pending().size() >= n_) {  // answered once the step is decided
+    if (admission_.held() && admission_.full()) {  // answered once the step is decided
       overflow_.emplace_back(id, defer());
       return std::nullopt;
     }
@@ -125,27 +126,37 @@ class sync_aggregator {
       throw error(errc::invalid_argument, describe(id) + " committed segment " + std::to_string(m.segment) + " of " +
                                               std::to_string(m.segments) + " with " +
                                               std::to_string(staging_.received(id)) + " staged here before it");
-    const auto in = check_part(who, step_, m, payload, rows, store, acc_, policy, earlier);
-    if (!in) return outcome{false, 0, true, {}};
-    if (kind_ && (*kind_ != m.kind || lr_ != m.learning_rate))
-      throw error(errc::invalid_argument, who + ": contribution of another kind or learning rate than step " +
-                                              std::to_string(step_) + "'s first");
+    const auto in = check_part(who, step_, m, payload, rows, store, sums_.dense, policy, earlier);
+    if (!in) return outcome{false, 0, true, {}, {}};
+    admission_.check(id, m.step, m.rate(), m.receipts);  // every other ps holds the whole part
+    // Summed as it arrives when of the rate of the step's first commit and its worker's first
+    // of it (what a decision at that rate takes); else a copy, summed only if it is in the
+    // decision (bounded per worker as staged parts are; refused before anything is recorded).
+    const bool summed = !kind_ || (step_rate{*kind_, lr_} == m.rate() && admission_.first_of(who, m.rate()));
+    if (!summed && staging_.received(id) == 0 &&
+        staging_.staged_of(who) >= sync_staging<staged_part>::parts_per_worker)
+      throw error(errc::invalid_argument, who + " has " + std::to_string(staging_.staged_of(who)) +
+                                              " contributions recorded for step " + std::to_string(step_) + " already");
     tables.reserve_rows(rows);  // last: ids not held here, repeated or beyond a full table throw
     // Valid: record it.
-    kind_ = m.kind;
-    lr_ = m.learning_rate;
+    if (summed) {
+      kind_ = m.kind;
+      lr_ = m.learning_rate;
+      if (earlier) sums_.add(earlier->ids, earlier->dense, {});
+      sums_.add(m.ids, *in, rows);
+    } else {
+      staging_.stage(id, m.step, m.segment, m.segments, staged_part(m, *in, rows), staged_part::join);
+    }
     if (m.position) positions_[who] = *m.position;
-    if (earlier) accumulate(earlier->ids, earlier->dense, {});
-    accumulate(m.ids, *in, rows);
-    auto r = admission_.commit(id, m.step);
+    auto r = admission_.commit(id, m.step, m.rate(), m.receipts);
     if (!r.decided_now) {
       waiting_.emplace_back(id, defer());
       return std::nullopt;
     }
     // This commit completes the step: answered by the return (or by the exception of an apply
     // that failed part-way: never also through a responder).
-    decided(*r.decision, tables, apply, advanced, status);
-    return outcome{false, 0, false, std::move(r.decision)};
+    decided(*r.decision, r.refused, tables, apply, advanced, status);
+    return outcome{false, 0, false, std::move(r.decision), {}};
   }
 
   /// ps 0, a synchronous checkpoint (dtf/ps/sync_protocol.hpp): stops deciding steps, for
@@ -165,12 +176,13 @@ class sync_aggregator {
     std::lock_guard g(mu_);
     if (holder_.empty() || (!holder.empty() && holder != holder_)) return;
     holder_.clear();
-    if (auto d = admission_.release()) decided(*d, tables, apply, advanced, status);
+    if (auto r = admission_.release()) decided(*r->decision, r->refused, tables, apply, advanced, status);
   }
 
   /// ps p > 0: validates and stages `who`'s part of a step, or a segment of it (a retry keeps
-  /// what was staged first); on ps 0, the segments of its part before the commit's. A part for
-  /// a step finished here is answered dropped.
+  /// what was staged first), answered with this ps's receipt once the part is whole; on ps 0,
+  /// the segments of its part before the commit's. A part for a step finished here is
+  /// answered dropped.
   template <class Tables>
   outcome stage(const std::string& who, const detail::ps_sync_push_msg& m, std::span<const std::byte> payload,
                 std::span<const contributed_rows> rows, const shard_store& store, Tables& tables,
@@ -178,12 +190,12 @@ class sync_aggregator {
     std::lock_guard g(mu_);
     if (n_ == 0) throw error(errc::invalid_argument, "synchronous part sent to a ps initialised for asynchronous training");
     const contribution_id id{who, m.incarnation, m.sequence};
-    if (m.step < step_) return outcome{true, 0, false, {}};  // ps 0 answers its commit (dropped)
+    if (m.step < step_) return outcome{true, 0, false, {}, {}};  // ps 0 answers its commit (dropped)
     if (!failure_.empty()) throw error(errc::peer_failure, failure_);
     if (m.step > step_)
       throw error(errc::invalid_argument, who + " staged a part for step " + std::to_string(m.step) +
                                               " but the ps is at step " + std::to_string(step_));
-    if (staging_.received(id) > m.segment) return {};  // a retry
+    if (staging_.received(id) > m.segment) return outcome{false, 0, false, {}, receipt(id)};  // a retry
     const staged_part* earlier = m.segment > 0 ? staging_.held(id, m.segments, m.segment) : nullptr;
     if (m.segment > 0 && !earlier)
       throw error(errc::invalid_argument, describe(id) + " staged segment " + std::to_string(m.segment) + " of " +
@@ -191,18 +203,20 @@ class sync_aggregator {
                                               std::to_string(staging_.received(id)) + " staged here before it");
     // Non-finite values: ps 0 applies the policy to the whole contribution (all_finite); a part
     // it may admit is staged whatever it holds, unless the policy rejects it outright.
-    const auto in = check_part(who, step_, m, payload, rows, store, acc_,
+    const auto in = check_part(who, step_, m, payload, rows, store, sums_.dense,
                                policy == nonfinite_policy::reject ? policy : nonfinite_policy::apply, earlier);
     tables.reserve_rows(rows);  // here, before ps 0 can admit the part: never after
     staged_part part(m, *in, rows);
-    if (m.segment == 0 && m.segments > 1) part.dense.reserve(floats_);  // the segments join in place
+    if (m.segment == 0 && m.segments > 1) part.dense.reserve(sums_.floats);  // the segments join in place
     staging_.stage(id, m.step, m.segment, m.segments, std::move(part), staged_part::join);
-    return {};
+    return outcome{false, 0, false, {}, receipt(id)};
   }
 
-  /// ps p > 0: applies decision d (its staged parts averaged, as ps 0 did) and advances; false
-  /// when d's step was applied here already. A decision naming a part never staged here fails
-  /// the ps loudly (the steps of the ps would no longer be one model's).
+  /// ps p > 0: applies decision d (its staged parts averaged at its rate, as ps 0 did) and
+  /// advances; false when d's step was applied here already. A decision ps 0 did not sign is an
+  /// error to its sender (nothing changes). One naming a part never staged here, or staged at
+  /// another rate (without a secret, or across a restore: sync-protocol.md), fails the ps
+  /// loudly (the steps of the ps would no longer be one model's).
   template <class Tables, class Apply, class Advanced>
   bool apply_decision(const sync_decision& d, Tables& tables, Apply&& apply, Advanced&& advanced) {
     std::lock_guard g(mu_);
@@ -217,15 +231,13 @@ class sync_aggregator {
       throw;
     }
     if (!parts) return false;
-    kind_ = parts->front()->kind;
-    lr_ = parts->front()->lr;
+    kind_ = d.rate.kind;
+    lr_ = d.rate.learning_rate;
     for (const auto* p : *parts)
-      if (p->kind != *kind_ || p->lr != lr_) fail("step " + std::to_string(d.step) + " mixes kinds or learning rates");
-    for (const auto* p : *parts) {
-      std::vector<contributed_rows> rows;
-      for (const auto& r : p->rows) rows.push_back({r.table, r.dim, r.ids, r.values});
-      accumulate(p->ids, p->dense, rows);
-    }
+      if (p->kind != *kind_ || p->lr != lr_)
+        fail("step " + std::to_string(d.step) + " was decided with " + describe(d.rate) +
+             " and a part staged here of another rate");
+    for (const auto* p : *parts) sums_.add(*p);
     finish(tables, apply, advanced);
     staging_.advance();
     return true;
@@ -294,71 +306,60 @@ class sync_aggregator {
   }
 
  private:
-  void accumulate(const std::vector<std::uint32_t>& ids, std::span<const float> in,
-                  std::span<const contributed_rows> rows) {
-    std::size_t at = 0;
-    for (auto id : ids) {
-      auto& acc = acc_.at(id);
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += in[at + i];
-      at += acc.size();
-    }
-    add_rows(rows);
-  }
-  void add_rows(std::span<const contributed_rows> rows) {
-    for (const auto& r : rows) {
-      auto& sum = rows_[r.table];
-      sum.dim = r.dim;
-      for (std::size_t i = 0; i < r.ids.size(); ++i) {
-        auto [it, fresh] = sum.at.try_emplace(r.ids[i], sum.ids.size());
-        if (fresh) {
-          sum.ids.push_back(r.ids[i]);
-          sum.values.resize(sum.values.size() + r.dim, 0.0f);
-        }
-        float* to = sum.values.data() + it->second * r.dim;
-        for (std::size_t k = 0; k < r.dim; ++k) to[k] += r.rows[i * r.dim + k];
-      }
-    }
+  // ps p > 0: this ps's receipt for id's part, when it holds all of it.
+  std::optional<sync_receipt> receipt(const contribution_id& id) {
+    const std::uint32_t k = staging_.received(id);
+    const staged_part* p = k == 0 ? nullptr : staging_.held(id, staging_.count(id), k);
+    if (!p) return std::nullopt;
+    return staging_.receipt(id, step_rate{p->kind, p->lr});
   }
 
   // The step's N contributions are summed: average, apply, advance. An apply that throws part
   // way fails the ps (fail()): the shards would otherwise hold half a step.
   template <class Tables, class Apply, class Advanced>
   void finish(Tables& tables, Apply& apply, Advanced& advanced) {
-    const float inv = 1.0f / float(n_);
     try {
-      for (auto& [id, acc] : acc_) {
-        for (auto& v : acc) v *= inv;
-        apply(id, update{*kind_, acc, lr_, 1.0f});
-        std::fill(acc.begin(), acc.end(), 0.0f);
-      }
+      sums_.apply_dense(n_, *kind_, lr_, apply);
     } catch (const std::exception& e) {
       fail("step " + std::to_string(step_) + " failed part-way through its apply (" + e.what() +
            "): the ps's shards no longer hold one step");
     }
-    for (auto& [table, sum] : rows_) {
-      if (sum.ids.empty()) continue;
-      for (auto& v : sum.values) v *= inv;
-      // Does not throw: the ids were checked when recorded (see sparse_service::apply_rows).
-      tables.apply_rows(table, sum.ids, sum.values, *kind_ == detail::update_kind::delta);
-      sum.at.clear();  // emptied, not freed: the next step reuses the buffers
-      sum.ids.clear();
-      sum.values.clear();
-    }
+    sums_.apply_rows(n_, *kind_, tables);
     ++step_;
     kind_.reset();
     advanced(step_, positions_);
   }
 
-  // Step d was decided: apply it, release its committers with the decision, and the commits
-  // that arrived while it was held with N in, as dropped.
+  // Step d was decided: apply it, release its committers with the decision, the step's
+  // commits of another rate (`refused`) with an error, and the commits that arrived while it
+  // was held with N in, as dropped.
   template <class Tables, class Apply, class Advanced, class Status>
-  void decided(const sync_decision& d, Tables& tables, Apply& apply, Advanced& advanced, Status& status) {
+  void decided(const sync_decision& d, const std::vector<sync_admission::entry>& refused, Tables& tables, Apply& apply,
+               Advanced& advanced, Status& status) {
+    if (!kind_ || step_rate{*kind_, lr_} != d.rate) {  // not the rate summed: d's copies summed
+      sums_.clear();
+      std::optional<std::vector<staged_part*>> parts;
+      try {
+        parts = staging_.parts_of(d);
+      } catch (const error& e) {
+        fail("step " + std::to_string(d.step) + " was decided without its parts' copies here (" + e.message() + ")");
+      }
+      for (const auto* p : *parts) sums_.add(*p);
+      kind_ = d.rate.kind;
+      lr_ = d.rate.learning_rate;
+    }
     finish(tables, apply, advanced);
     staging_.advance();  // the segments of the step's parts staged here
     positions_.clear();
     for (auto& [wid, w] : waiting_) {
-      rpc_reply out;
-      status(out, d, false, 0);
+      const auto no = std::find_if(refused.begin(), refused.end(), [&](const auto& e) { return e.id == wid; });
+      if (no != refused.end()) {
+        w.send(rpc_reply::failure(errc::invalid_argument, sync_admission::refusal(wid, no->rate, d)));
+        continue;
+      }
+      rpc_reply out;  // in d, or of d's rate and not in it (a worker's second life): dropped
+      const bool in = std::find(d.ids.begin(), d.ids.end(), wid) != d.ids.end();
+      status(out, d, !in, in ? 0 : ++dropped_[wid.worker]);
       w.send(std::move(out));
     }
     waiting_.clear();
@@ -374,7 +375,7 @@ class sync_aggregator {
   void expire_hold(Tables& tables, Apply& apply, Advanced& advanced, Status& status) {
     if (holder_.empty() || std::chrono::steady_clock::now() < hold_until_) return;
     holder_.clear();
-    if (auto d = admission_.release()) decided(*d, tables, apply, advanced, status);
+    if (auto r = admission_.release()) decided(*r->decision, r->refused, tables, apply, advanced, status);
   }
 
   // The ps's shards are no longer one step's: every waiting and later synchronous request
@@ -397,17 +398,9 @@ class sync_aggregator {
   std::int64_t step_ = 0;
   sync_admission admission_;            // ps 0: the commits of each step
   sync_staging<staged_part> staging_;   // the parts of the current step (ps 0: segments before a commit)
-  std::optional<detail::update_kind> kind_;  // of the current step's first contribution
+  std::optional<detail::update_kind> kind_;  // the rate summed: of the current step's first commit
   std::optional<float> lr_;
-  std::map<std::uint32_t, std::vector<float>> acc_;  // per shard: sum of this step's contributions
-  std::size_t floats_ = 0;                           // in acc_: a part's
-  struct row_sums {                                  // per table: this step's rows, summed
-    std::uint32_t dim = 0;
-    std::unordered_map<std::uint64_t, std::size_t> at;  // id -> its place in ids
-    std::vector<std::uint64_t> ids;
-    std::vector<float> values;
-  };
-  std::map<std::uint32_t, row_sums> rows_;
+  sync_sums sums_;  // the step's sums: of the rate of kind_ and lr_
   std::map<std::string, data::position> positions_;  // carried by the current step's contributions
   std::vector<std::pair<contribution_id, rpc_responder>> waiting_;  // committers of the current step
   std::vector<std::pair<contribution_id, rpc_responder>> overflow_;  // beyond N while held

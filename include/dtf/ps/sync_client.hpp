@@ -123,6 +123,7 @@ class sync_client {
       if (row_bytes > 0 && !segments[ps].back()->empty() && bytes_of(*segments[ps].back()) + row_bytes > bound)
         segments[ps].push_back(&rows_alone);
     }
+    std::vector<detail::sync_receipt> receipts;  // ps 1 ..'s, for the commit
     auto call_to = [&](std::size_t ps, std::size_t k, detail::message_kind kind) {
       const auto& ids = *segments[ps][k];
       const bool last = k + 1 == segments[ps].size();
@@ -136,6 +137,7 @@ class sync_client {
         if (const std::size_t b = r.ps_begin[ps], e = r.ps_begin[ps + 1]; last && e > b) m.rows.push_back({r.table, e - b});
       if (ps == 0 && position) m.position = *position;
       if (ps == 0) m.all_finite = all_finite;
+      if (kind == detail::message_kind::ps_sync_push) m.receipts = receipts;
       return self().make_call(ps, kind, detail::encode_message(m));
     };
     // The payload, attached just before the request goes (a device form's staging buffer is one
@@ -150,9 +152,10 @@ class sync_client {
         }
     };
     // The protocol of dtf/ps/sync_protocol.hpp: the parts are staged on ps 1.. (and the
-    // segments of ps 0's before its last on ps 0), then the commit goes to ps 0 with its last
-    // segment; ps 0 admits the first N of the step and answers with its decision; the decision
-    // is forwarded to ps 1.. (each applies it once). Every request may be retried.
+    // segments of ps 0's before its last on ps 0), each ps p > 0 answering its part's last
+    // segment with a receipt; then the commit goes to ps 0 with its last segment and the
+    // receipts; ps 0 decides the step and answers with its (signed) decision; the decision is
+    // forwarded to ps 1.. (each applies it once). Every request may be retried.
     std::vector<rpc_call> stages;
     std::vector<std::size_t> segment_of;
     for (std::size_t ps = 0; ps < segments.size(); ++ps)
@@ -161,6 +164,9 @@ class sync_client {
         segment_of.push_back(k);
       }
     self().run(stages, [&](std::size_t i, rpc_call& c) { attach_to(c, c.peer, segment_of[i]); }, [](const rpc_call&) {});
+    for (const auto& c : stages)  // a stage answered dropped (a finished step) has none: ps 0 drops the commit
+      if (auto st = detail::decode_message<detail::ps_status_msg>(c.reply_meta, "status"); st.receipt)
+        receipts.push_back(std::move(*st.receipt));
     std::vector<rpc_call> first{call_to(0, segments[0].size() - 1, detail::message_kind::ps_sync_push)};
     attach_to(first[0], 0, segments[0].size() - 1);
     self().run(first);

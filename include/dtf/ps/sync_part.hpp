@@ -13,6 +13,7 @@
 #include <dtf/ps/shard_store.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -76,6 +77,8 @@ inline std::optional<std::span<const float>> check_part(const std::string& who, 
                                                         nonfinite_policy policy, const staged_part* earlier = nullptr) {
   if (m.kind == detail::update_kind::scaled_delta || m.kind == detail::update_kind::scaled_gradient)
     throw error(errc::invalid_argument, who + ": a synchronous contribution cannot be staleness-scaled");
+  if (m.learning_rate && !std::isfinite(*m.learning_rate))
+    throw error(errc::invalid_argument, who + ": a synchronous contribution's learning rate is not finite");
   // Every segment but a last one of rows alone names a shard: at most one more than the shards.
   if (m.segments == 0 || m.segment >= m.segments || m.segments > held.size() + 1)
     throw error(errc::invalid_argument, who + ": segment " + std::to_string(m.segment) + " of " +

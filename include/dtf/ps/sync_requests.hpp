@@ -1,8 +1,9 @@
 // dtf/ps/sync_requests.hpp — the parameter server's synchronous requests over its state (the
 // protocol: dtf/ps/sync_protocol.hpp; the sums: dtf/ps/sync_aggregator.hpp):
 //   sync push      ps 0: a commit with ps 0's part; answered with the step's decision
-//   sync stage     ps p > 0: a part, staged and acknowledged at once
-//   sync apply     ps p > 0: a decision to apply (a second one is answered at once)
+//   sync stage     ps p > 0: a part, staged and acknowledged at once (with a receipt once whole)
+//   sync apply     ps p > 0: a decision to apply (a second one is answered at once; one ps 0
+//                  did not sign is an error to its sender)
 //   sync decision  ps 0: the decision of a finished step (none once it is no longer kept)
 //   sync hold      ps 0, from the chief: stop deciding steps (a checkpoint), or resume; a hold
 //                  ends with its connection, or at the first commit after its timeout
@@ -73,7 +74,13 @@ class sync_requests {
     sync_.seen(peer.remote, peer.identity);
     if (kind == message_kind::ps_sync_stage) {
       const auto r = sync_.stage(peer.identity, m, payload.first(dense), rows.parts, store_, sparse_, options_.nonfinite);
-      return status_(reply, r.dropped, 0, false, std::nullopt);
+      status_(reply, r.dropped, 0, false, std::nullopt);
+      if (r.receipt) {  // the ps's status, with the receipt the worker carries to ps 0
+        auto st = detail::decode_message<detail::ps_status_msg>(reply.meta, "status");
+        st.receipt = r.receipt;
+        reply.meta = detail::encode_message(st);
+      }
+      return;
     }
     std::optional<sync_aggregator::outcome> r;
     stepping([&](auto& apply, auto& advanced, auto& answer) {

@@ -1,7 +1,8 @@
 // dtf/transport/credentials.hpp — the keys that bind a task's identity to what it can prove
 // (docs/design/identity.md): a master secret M held by the launcher and the ps tasks, a task key
 // K(id) = HMAC-SHA256(M, "dtf task key v1" ‖id‖) held by the one task named id, and a ring key
-// R = HMAC-SHA256(M, "dtf ring key v1") shared by the ranks of a collective job.
+// R = HMAC-SHA256(M, "dtf ring key v1") shared by the ranks of a collective job, and the ps key
+// Kps = HMAC-SHA256(M, "dtf ps key v1") that only the ps hold (synchronous proofs).
 //
 // The handshake (dtf/transport/handshake.hpp) and TLS (dtf/transport/tls.hpp) key every
 // connection with K(client identity): a client uses its own task key, or derives it when it holds
@@ -68,6 +69,14 @@ inline std::string derive_task_key(std::string_view master, std::string_view ide
 inline std::string derive_ring_key(std::string_view master) {
   if (master.empty()) throw error(errc::invalid_config, "the ring key is derived from the master secret, which is empty");
   return detail::to_hex(detail::hmac_sha256(master, {"dtf ring key v1"}));
+}
+
+/// Kps of master secret `master`, as 64 lower-case hex digits: the key only the ps tasks hold,
+/// under which ps 0 signs synchronous decisions and ps p signs receipts of staged parts
+/// (docs/design/sync-protocol.md): a worker can carry them, not make them.
+inline std::string derive_ps_key(std::string_view master) {
+  if (master.empty()) throw error(errc::invalid_config, "the ps key is derived from the master secret, which is empty");
+  return detail::to_hex(detail::hmac_sha256(master, {"dtf ps key v1"}));
 }
 
 /// The key a client named `identity` proves itself with: its own task key, or K(identity)
