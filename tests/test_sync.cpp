@@ -767,7 +767,7 @@ TEST_CASE("with a secret, a first contribution at another rate is refused to its
   job.check_trained(6);
 }
 
-TEST_CASE("with a secret, parts in segments carry their receipts; a half-staged part's commit is refused",
+TEST_CASE("with a secret, parts in segments carry their receipts, and a half-staged part's commit is refused",
           "[sync][multi_ps][protocol][hostile]") {
   keyed_job job;
   ps_client attacker(job.addresses, job.layout, keyed("worker.2"));

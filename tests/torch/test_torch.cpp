@@ -166,7 +166,7 @@ TEST_CASE("torch: the same MLP as dtf::nn::sequential and as a LibTorch module: 
   for (std::size_t i = 0; i < zv.size(); ++i) CHECK(ztv[i] == Approx(zv[i]).margin(1e-5));
 }
 
-TEST_CASE("torch: the module holds the parameters handed to it; gradients are the caller's buffer during the call",
+TEST_CASE("torch: the module holds the parameters handed to it, and gradients are the caller's buffer during the call",
           "[torch][lifetime]") {
   module_model<tnn::Sequential> net(torch_small_net());
   std::vector<float> p(net.num_parameters()), g(net.num_parameters(), 7.0f);
@@ -405,7 +405,7 @@ TEST_CASE("torch: a submodule the user put in eval stays in eval through trainin
   CHECK(copy.module()->is_training());
 }
 
-TEST_CASE("torch: init_from::module gives the module's values bit for bit; a seed gives LibTorch's draws",
+TEST_CASE("torch: init_from::module gives the module's values bit for bit, and a seed gives LibTorch's draws",
           "[torch][state]") {
   // A module saved and loaded, as a pretrained one is.
   auto trained = torch_small_net();

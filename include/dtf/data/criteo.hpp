@@ -70,7 +70,7 @@ struct criteo_options {
 /// Examples in columns: example i's label is labels[i], its dense features
 /// dense[i * 13 .. i * 13 + 13), its ids ids[i * 26 .. i * 26 + 26).
 struct criteo_columns {
-  std::vector<float> labels;
+  std::vector<float> labels;       ///< [examples]: 0 or 1
   std::vector<float> dense;        ///< [examples, 13], row-major
   std::vector<std::uint64_t> ids;  ///< [examples, 26], row-major
   /// Malformed lines skipped (skip_malformed).

@@ -53,8 +53,8 @@ namespace dtf::data {
 
 /// The knobs of synthetic_criteo.
 struct criteo_synthetic_config {
-  std::size_t examples = 10000;
-  std::uint64_t seed = 1;
+  std::size_t examples = 10000;  ///< lines to generate
+  std::uint64_t seed = 1;        ///< the same seed gives the same logs on every platform
   /// Distinct values per categorical column (at most 2^24).
   std::size_t vocabulary = 1000;
   /// Zipf exponent s of the ids' ranks (> 0).
@@ -65,9 +65,9 @@ struct criteo_synthetic_config {
   double missing_rate = 0.05;
   /// The hidden model's terms (see the file comment).
   double bias = -1.5;
-  double linear_scale = 1.0;
-  double interaction_scale = 0.8;
-  double numeric_scale = 0.6;
+  double linear_scale = 1.0;       ///< weight of the ids' own effects
+  double interaction_scale = 0.8;  ///< weight of the pairwise embedding interactions
+  double numeric_scale = 0.6;      ///< weight of the numeric columns
 };
 
 /// Synthetic logs: the raw fields (what write() prints), the labels drawn and the true click
@@ -83,6 +83,7 @@ struct criteo_synthetic {
   std::vector<std::int64_t> integers;    ///< [examples, 13]: values or missing_integer
   std::vector<std::int64_t> categorical; ///< [examples, 26]: 32-bit values or missing_categorical
 
+  /// The number of examples.
   std::size_t size() const noexcept { return labels.size(); }
 
   /// The AUC of the true probabilities against the labels drawn: the best a model can reach.

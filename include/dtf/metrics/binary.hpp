@@ -107,11 +107,12 @@ double log_loss(std::span<const float> p, std::span<const L> labels, double eps 
   return p.empty() ? 0.0 : sum / double(p.size());
 }
 
-/// auc and log_loss for containers (std::vector, ...) of scores and labels.
+/// auc for containers (std::vector, ...) of scores and labels.
 template <class P, class L>
 double auc(const P& scores, const L& labels) {
   return auc(std::span<const float>(scores), std::span<const typename L::value_type>(labels));
 }
+/// log_loss for containers (std::vector, ...) of probabilities and labels.
 template <class P, class L>
 double log_loss(const P& p, const L& labels, double eps = default_log_loss_eps) {
   return log_loss(std::span<const float>(p), std::span<const typename L::value_type>(labels), eps);
@@ -119,8 +120,8 @@ double log_loss(const P& p, const L& labels, double eps = default_log_loss_eps) 
 
 /// What binary_accumulator::result() reports.
 struct binary_metrics {
-  std::uint64_t examples = 0;
-  std::uint64_t positives = 0;
+  std::uint64_t examples = 0;   ///< pairs accumulated
+  std::uint64_t positives = 0;  ///< of which labelled 1
   /// Exact AUC; NaN when one class is absent.
   double auc = std::numeric_limits<double>::quiet_NaN();
   /// Mean clipped log loss (0 for no examples).
@@ -133,6 +134,8 @@ struct binary_metrics {
 /// (8 bytes each) for the AUC; log loss is summed as the batches arrive.
 class binary_accumulator {
  public:
+  /// An empty accumulator whose log loss clips probabilities to [eps, 1 - eps].
+  /// Errors: errc::invalid_argument when eps is outside [0, 0.5).
   explicit binary_accumulator(double eps = default_log_loss_eps) : eps_(eps) {
     if (!(eps >= 0.0 && eps < 0.5))
       throw error(errc::invalid_argument, "metrics::binary_accumulator: eps " + std::to_string(eps) +
