@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,10 @@ data::host_batch rows_of(const data::host_batch& b, std::size_t begin, std::size
 /// 99 trainable floats (LibTorch's named_parameters() lists 243, 72 of them frozen).
 ::torch::nn::Sequential frozen_tied_net() {
   namespace tnn = ::torch::nn;
+  // Ranks build it on threads of one process: the seed and the draws from LibTorch's one global
+  // generator must not interleave with another rank's, or each build holds other values.
+  static std::mutex building;
+  std::lock_guard held(building);
   ::torch::manual_seed(14);
   tnn::Linear f(8, 8), l(8, 8);
   {
