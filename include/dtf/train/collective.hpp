@@ -219,7 +219,7 @@ void start_collective_session(collective_session& s, ring_job& ring, const repli
   const bool is_chief = ring.is_chief();
   s.vars = net.variables();
   // Rank 0 refuses a checkpoint whose step this configuration never reaches (dtf/train/resume.hpp).
-  s.end = {.last_step = o.num_steps > 0 ? std::nullopt
+  s.end = run_end{.last_step = o.num_steps > 0 ? std::nullopt
                                         : std::optional(o.last_step > 0 ? o.last_step : d.epochs_last_step),
            .num_steps = o.num_steps,
            .what = o.last_step > 0 ? "--last_step" : "--epochs " + std::to_string(o.epochs)};

@@ -156,7 +156,7 @@ template <class S, class M>
 ps_start ps_trainer<S, M>::session_start(const data::dataset& train_set) {
   const train_options& o = job.o;
   ps_start st;
-  st.config = {.rule = w().strategy().ps_rule(), .replicas_to_aggregate = replicas, .num_workers = job.trainers};
+  st.config = ps_config{.rule = w().strategy().ps_rule(), .replicas_to_aggregate = replicas, .num_workers = job.trainers};
   if constexpr (!sync) st.config.mode = w().strategy().lock_free() ? apply_mode::lock_free : apply_mode::locked;
   st.init = [this] { init(); };
   st.restored = [this](std::span<const float> v) { std::copy(v.begin(), v.end(), w().params().begin()); };
@@ -165,7 +165,7 @@ ps_start ps_trainer<S, M>::session_start(const data::dataset& train_set) {
     st.tables = &w().tables();
     st.create_tables = [this] { w().create_tables(); };
   }
-  st.end = {.last_step = o.last_step > 0 ? std::optional(o.last_step)
+  st.end = run_end{.last_step = o.last_step > 0 ? std::optional(o.last_step)
                          : sync && o.num_steps == 0 ? std::optional(epochs_last_step) : std::nullopt,
             .exact = sync, .num_steps = o.num_steps,
             .what = o.last_step > 0 ? "--last_step" : "--epochs " + std::to_string(o.epochs)};
