@@ -76,7 +76,6 @@ class parameter_server {
   parameter_server& operator=(const parameter_server&) = delete;
 
   std::uint16_t port() const { return server_.port(); }  ///< the port it listens on (the one picked for port 0)
-
   /// Serves until a shutdown request (returns normally) or stop().
   void run() { server_.run(); }
   void stop() { server_.stop(); }  ///< stops serving: run() returns
