@@ -383,3 +383,107 @@ TEST_CASE("nn::sequential on a CUDA build refuses host memory as parameters, nam
   CHECK(std::isfinite(net.loss_and_gradients(p.span<float>(), x, y, g.span<float>())));
 }
 #endif
+
+namespace {
+// The float at a device address (host memory on CPU builds).
+float read_device_float(const float* p) {
+  float v = 0;
+  thrust::copy(thrust::device_pointer_cast(p), thrust::device_pointer_cast(p) + 1, &v);
+  return v;
+}
+
+// Softmax cross-entropy in double, row by row: the mean loss and d loss / d logits.
+double xent_reference(const std::vector<float>& z, const std::vector<std::int32_t>& y, std::size_t classes,
+                      std::vector<double>& grad) {
+  const std::size_t rows = y.size();
+  grad.assign(z.size(), 0.0);
+  double total = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    double m = z[r * classes];
+    for (std::size_t c = 0; c < classes; ++c) m = std::max(m, double(z[r * classes + c]));
+    double sum = 0;
+    for (std::size_t c = 0; c < classes; ++c) sum += std::exp(double(z[r * classes + c]) - m);
+    total += std::log(sum) + m - z[r * classes + std::size_t(y[r])];
+    for (std::size_t c = 0; c < classes; ++c)
+      grad[r * classes + c] =
+          (std::exp(double(z[r * classes + c]) - m) / sum - (std::int32_t(c) == y[r] ? 1.0 : 0.0)) / double(rows);
+  }
+  return total / double(rows);
+}
+}  // namespace
+
+TEST_CASE("fused softmax cross-entropy: the mean stays on the device and matches a double reference", "[nn][loss][fused]") {
+  nn::softmax_cross_entropy xent;
+  const float* slot = nullptr;
+  // 513 rows: more rows than the reduction's block has threads, so each thread sums several.
+  for (std::size_t rows : {1, 7, 300, 513, 64}) {
+    const std::size_t classes = 10;
+    auto [logits, labels] = make_batch(rows, classes, classes, 70 + rows);
+    std::vector<float> z = test::get(logits);
+    for (auto& v : z) v *= 4.0f;  // confident rows as well as flat ones
+    test::set(logits, z);
+    tensor g_enq, g_op;
+    xent.enqueue(logits, labels, &g_enq, nn::label_check::trusted);
+    if (!slot) slot = xent.device_loss();
+    CHECK(xent.device_loss() == slot);  // one scalar, kept as the batch grows and shrinks
+    const float on_device = read_device_float(xent.device_loss());
+    CHECK(xent.read_loss() == on_device);
+    const float value = xent(logits, labels, &g_op);
+    CHECK(value == on_device);  // the same kernels whether the labels are checked or trusted
+    CHECK(test::get(g_enq) == test::get(g_op));
+    std::vector<double> gref;
+    const double ref = xent_reference(z, labels.to_vector<std::int32_t>(), classes, gref);
+    INFO("rows " << rows);
+    CHECK(value == Approx(ref).epsilon(1e-5));
+    const auto g = test::get(g_op);
+    REQUIRE(g.size() == gref.size());
+    for (std::size_t i = 0; i < g.size(); ++i) REQUIRE(std::abs(g[i] - gref[i]) <= 1e-7 + 1e-5 * std::abs(gref[i]));
+  }
+  // No rows: the mean is 0.
+  tensor none_z({0, 4}), none_y({0}, dtype::int32);
+  xent.enqueue(none_z, none_y, nullptr);
+  CHECK(read_device_float(xent.device_loss()) == 0.0f);
+}
+
+TEST_CASE("trusted labels skip the check but never index with a bad label", "[nn][loss][errors]") {
+  auto logits = tensor::from_host<float>({3, 4}, std::vector<float>{0.5f, 1, -1, 2, 0, 0, 0, 0, 3, 1, 2, 0});
+  auto bad = tensor::from_host<std::int32_t>({3}, std::vector<std::int32_t>{1, 9, 2});
+  auto good = tensor::from_host<std::int32_t>({3}, std::vector<std::int32_t>{1, 3, 2});
+  nn::softmax_cross_entropy xent;
+  CHECK_THROWS_WITH(xent.enqueue(logits, bad, nullptr), Catch::Contains("label 9 at row 1"));
+  tensor g_bad, g_good;
+  xent.enqueue(logits, bad, &g_bad, nn::label_check::trusted);
+  CHECK(std::isnan(xent.read_loss()));  // the NaN hooks see it
+  xent.enqueue(logits, good, &g_good, nn::label_check::trusted);
+  CHECK(std::isfinite(xent.read_loss()));
+  const auto gb = test::get(g_bad), gg = test::get(g_good);
+  for (std::size_t i = 0; i < 12; ++i) {
+    INFO("gradient " << i);
+    if (i / 4 == 1)
+      CHECK(std::isnan(gb[i]));
+    else
+      CHECK(gb[i] == gg[i]);  // the other rows as with good labels
+  }
+  // The type and count of the labels are still checked (host metadata).
+  auto short_labels = tensor::from_host<std::int32_t>({2}, std::vector<std::int32_t>{0, 0});
+  CHECK_THROWS_WITH(xent.enqueue(logits, short_labels, nullptr, nn::label_check::trusted),
+                    Catch::Contains("2 labels for 3 rows"));
+  tensor float_labels({3});
+  CHECK_THROWS_AS(xent.enqueue(logits, float_labels, nullptr, nn::label_check::trusted), dtf::error);
+}
+
+TEST_CASE("nn::sequential with trusted labels gives the checked path's loss and gradients bit for bit", "[nn][loss]") {
+  nn::sequential checked{nn::dense(6, 5), nn::relu(), nn::dense(5, 3)}, trusted = checked;
+  trusted.set_label_check(nn::label_check::trusted);
+  auto [x, y] = make_batch(9, 6, 3, 12);
+  tensor p({checked.num_parameters()}), g1({checked.num_parameters()}), g2({checked.num_parameters()});
+  checked.initialize(p.span<float>(), 3);
+  const float l1 = checked.loss_and_gradients(p.span<float>(), x, y, g1.span<float>());
+  std::vector<std::size_t> reported;
+  const float l2 = trusted.loss_and_gradients(p.span<float>(), x, y, g2.span<float>(),
+                                              gradient_ready_fn([&](std::size_t first, std::size_t) { reported.push_back(first); }));
+  CHECK(l1 == l2);
+  CHECK(read_device_float(trusted.device_loss()) == l2);
+  CHECK(test::get(g1) == test::get(g2));
+  CHECK(reported == std::vector<std::size_t>{5 * 6 + 5, 0});  // last layer first
+}

@@ -33,6 +33,36 @@
 
 namespace dtf::nn {
 
+#if DTF_CUDA
+namespace detail {
+// One event per layer, created at its first use and kept: a ready callback costs an event
+// record and a wait for it, no creation per step. A copy starts with none of its own (events
+// are not shared between instances).
+struct layer_events {
+  std::vector<cudaEvent_t> events;
+  cudaEvent_t current = nullptr;
+  layer_events() = default;
+  layer_events(const layer_events&) {}
+  layer_events& operator=(const layer_events&) { return *this; }
+  ~layer_events() {
+    for (cudaEvent_t e : events)
+      if (e) cudaEventDestroy(e);
+  }
+  // Records layer i's event on the legacy stream (where the layers issue today) and waits for it.
+  void record_and_wait(std::size_t i, std::size_t layers) {
+    if (events.size() < layers) events.resize(layers, nullptr);
+    cudaError_t rc = cudaSuccess;
+    if (!events[i]) rc = cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming);
+    if (rc == cudaSuccess) rc = cudaEventRecord(events[i], cudaStreamLegacy);
+    if (rc == cudaSuccess) rc = cudaEventSynchronize(events[i]);
+    if (rc != cudaSuccess)
+      throw error(errc::internal, std::string("nn::sequential: waiting for a layer's gradient: ") + cudaGetErrorString(rc));
+    current = events[i];
+  }
+};
+}  // namespace detail
+#endif
+
 /// A layer of a sequential model.
 using layer = std::variant<dense, relu>;
 
@@ -109,8 +139,15 @@ class sequential {
 
   /// The same, calling ready(first, count) with each Dense layer's variables (its kernel and
   /// bias, one contiguous range) as soon as their gradient is written (before the layer's
-  /// gradient with respect to its input is computed), from the last layer to the first (dtf::streams_gradients: a collective strategy reduces them while the layers
-  /// below are computed).
+  /// gradient with respect to its input is computed), from the last layer to the first
+  /// (dtf::streams_gradients: a collective strategy reduces them while the layers below are
+  /// computed). What ready may assume: the range's floats are final and may be read from any
+  /// thread and any stream of the device. CUDA builds keep that promise by recording an event
+  /// after the layer's kernels on the stream the layers use (today the legacy default stream)
+  /// and waiting for that event on the host: the host waits for this layer's work only, not for
+  /// the whole device as a cudaDeviceSynchronize would (that also waited for the
+  /// communication thread's copies and collectives on their own streams). The event is
+  /// gradient_event() during the call, for a callee that orders its reads on the device.
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            const gradient_ready_fn& ready) {
     return backprop(p, x, y, g, nullptr, ready ? &ready : nullptr);
@@ -122,11 +159,25 @@ class sequential {
     forward(p.data(), x, out);
   }
 
+  /// How the loss checks the labels (label_check::verify unless set). label_check::trusted is
+  /// for labels checked when they reached the device (data::device_shard): the step then reads
+  /// nothing back for them (see nn::label_check).
+  void set_label_check(label_check c) noexcept { label_check_ = c; }
+  /// The mean loss of the last step, in device memory (host memory on CPU builds): stable once a
+  /// step has run, null before on CUDA builds (nn::softmax_cross_entropy::device_loss).
+  const float* device_loss() const noexcept { return loss_.device_loss(); }
+
+#if DTF_CUDA
+  /// During a ready callback: an event recorded after the reported layer's gradient kernels.
+  cudaEvent_t gradient_event() const noexcept { return events_.current; }
+#endif
+
   /// Mean loss of a batch without gradients.
   float loss(std::span<const float> p, const tensor& x, const tensor& y) {
     check_size(p, "parameter");
     forward(p.data(), x, acts_.back());
-    return loss_(acts_.back(), y, nullptr);
+    loss_.enqueue(acts_.back(), y, nullptr, label_check_);
+    return loss_.read_loss();
   }
 
  private:
@@ -137,7 +188,7 @@ class sequential {
     check_size(p, "parameter");
     check_size(g, "gradient");
     forward(p.data(), x, acts_.back());
-    const float loss = loss_(acts_.back(), y, &grads_.back());
+    loss_.enqueue(acts_.back(), y, &grads_.back(), label_check_);
     // grads_[i] holds d loss / d (output of layer i); each keeps its size from step to step.
     for (std::size_t i = layers_.size(); i-- > 0;) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
@@ -148,9 +199,9 @@ class sequential {
         if (ready)
           done = [&, i, d] {
 #if DTF_CUDA
-            // The strategy may read these floats from another thread and stream at once.
-            if (const cudaError_t rc = cudaDeviceSynchronize(); rc != cudaSuccess)
-              throw error(errc::internal, std::string("nn::sequential: cudaDeviceSynchronize: ") + cudaGetErrorString(rc));
+            // The strategy may read these floats from another thread and stream at once: wait
+            // for this layer's work (the layers issue on the legacy stream), not the device's.
+            events_.record_and_wait(i, layers_.size());
 #endif
             (*ready)(offsets_[i], d->num_parameters());
           };
@@ -162,7 +213,7 @@ class sequential {
         std::get<relu>(layers_[i]).backward(acts_[i], grads_[i], grads_[i - 1]);
       }
     }
-    return loss;
+    return loss_.read_loss();  // after the backward pass is issued: the queue stays full
   }
 
   // The buffer's size, and on CUDA builds that it is device memory (dtf/detail/device_memory.hpp).
@@ -205,6 +256,10 @@ class sequential {
   std::vector<tensor> acts_;  // output of each layer (the last one also holds logits)
   std::vector<tensor> grads_;  // d loss / d (output of each layer)
   softmax_cross_entropy loss_;
+  label_check label_check_ = label_check::verify;
+#if DTF_CUDA
+  detail::layer_events events_;
+#endif
 };
 
 static_assert(model<sequential>, "nn::sequential must model dtf::model");
