@@ -167,3 +167,45 @@ TEST_CASE("adam's fused pass over a long buffer matches the per-element formula 
     CHECK(differ == 0);
   }
 }
+
+TEST_CASE("adam's update count: a restore continues bit for bit, and set_iterations moves the rate", "[optim]") {
+  // CUDA builds keep the count on the device (the update reads nothing from the host's mirror):
+  // a restore must reach it before the next update, and the rate must be that of count + 1.
+  const std::size_t n = 5;
+  const optim::adam rule{.learning_rate = 0.01f};
+  std::vector<std::vector<float>> grads;
+  for (int t = 0; t < 5; ++t) {
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = float(0.1 * (int(i) - 2) + 0.03 * t);
+    grads.push_back(g);
+  }
+  tensor p = tensor::from_host<float>({n}, std::vector<float>{0.5f, -0.25f, 1.0f, 0.0f, -2.0f}), g({n});
+  optim::optimizer<> continuous(rule, n), restored(rule, n);
+  tensor q({n});
+  for (int t = 0; t < 5; ++t) {
+    if (t == 3) {  // restore the second optimizer from the first's checkpoint after three updates
+      const auto slots = continuous.host_slots();
+      restored.load_host_slots(slots, continuous.iterations());
+      test::set(q, test::get(p));
+    }
+    test::set(g, grads[std::size_t(t)]);
+    continuous.apply(p.span<float>(), g.span<const float>());
+    if (t >= 3) restored.apply(q.span<float>(), g.span<const float>());
+  }
+  CHECK(restored.iterations() == 5);
+  CHECK(test::get(q) == test::get(p));
+
+  // After set_iterations(10) the next update is t = 11: against a double reference of that step.
+  optim::optimizer<> late(rule, n);
+  late.set_iterations(10);
+  tensor r = tensor::from_host<float>({n}, std::vector<float>(n, 1.0f));
+  test::set(g, grads[0]);
+  late.apply(r.span<float>(), g.span<const float>());
+  CHECK(late.iterations() == 11);
+  const auto got = test::get(r);
+  const double lr_t = 0.01 * std::sqrt(1 - std::pow(0.999, 11)) / (1 - std::pow(0.9, 11));
+  for (std::size_t i = 0; i < n; ++i) {
+    const double gi = grads[0][i], m = 0.1 * gi, v = 0.001 * gi * gi;
+    CHECK(got[i] == Approx(1.0 - lr_t * m / (std::sqrt(v) + 1e-8)).epsilon(1e-6));
+  }
+}

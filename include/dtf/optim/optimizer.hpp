@@ -9,9 +9,19 @@
 // device system: OpenMP on CPU builds, CUDA on GPU builds), host_space for a parameter
 // server's shards in host memory. A server applying one rule to several shards keeps one
 // optimizer per shard.
+// CUDA builds, device_space: each update is one kernel over the flat buffer issued on stream()
+// (set_stream(); the legacy default stream otherwise). Adam's update count lives in device
+// memory: a one-thread kernel before the update increments it and computes the bias-corrected
+// rate from it in double, as the host does, so the step reads nothing from the host's counter
+// and can be captured in a CUDA graph and replayed (each replay advances the count). On the
+// legacy stream apply() still waits for the update, as Thrust's blocking policy did (callers
+// read the parameters from other streams); on a stream of the caller's it returns at once.
+// iterations() is a host mirror of the count: apply() never reads it back. The rate `lr` is a
+// kernel argument: a captured update replays the rate it was captured with.
 // Thread safety: none; one apply at a time per optimizer.
 #pragma once
 
+#include <dtf/device/kernels.hpp>
 #include <dtf/error.hpp>
 #include <dtf/optim/rules.hpp>
 
@@ -71,6 +81,34 @@ struct apply_at {
   DTF_HD void operator()(std::size_t i) const { k(p[i], g[i], s0, s1, i); }
 };
 
+// Adam's rate at update t: lr sqrt(1 - b2^t) / (1 - b1^t) in double, rounded once to float
+// (the host's formula, used on the device too: sqrt is correctly rounded on both, CUDA's double
+// pow is within 2 ulp of glibc's, and the rounding to float absorbs such a difference but in
+// rare ties).
+DTF_HD inline float adam_rate(float lr, float b1, float b2, std::int64_t t) {
+  const double n = double(t);
+  return float(lr * sqrt(1.0 - pow(double(b2), n)) / (1.0 - pow(double(b1), n)));
+}
+
+// One thread: the next update's count, and its rate into *lr_t (device memory on CUDA builds).
+struct adam_count {
+  std::int64_t* t;
+  float* lr_t;
+  float lr, b1, b2;
+  DTF_HD void operator()(std::size_t) const { *lr_t = adam_rate(lr, b1, b2, ++*t); }
+};
+
+// Adam's element update with the rate read from where adam_count wrote it.
+struct adam_at {
+  const float* lr_t;
+  float b1, b2, eps;
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  DTF_HD void operator()(std::size_t i) const { adam_kernel{*lr_t, b1, b2, eps}(p[i], g[i], m, v, i); }
+};
+
 // The update in one pass over host memory (the buffers never overlap). GCC does not
 // vectorise sqrtf under errno semantics (the default), so Adam's pass, the one that matters,
 // is written with SSE: the same IEEE operations in the same order as adam_kernel (sqrt and
@@ -111,6 +149,12 @@ class optimizer {
     const float init = detail::slot_initial_value(rule_);
     if (n >= 1) slot0_.assign(size, init);
     if (n >= 2) slot1_.assign(size, init);
+#if DTF_CUDA
+    if constexpr (on_device) {
+      counter_.assign(1, 0);
+      rate_.assign(1, 0.0f);
+    }
+#endif
   }
 
   /// The rule applied.
@@ -132,6 +176,9 @@ class optimizer {
       throw error(errc::shape_mismatch, "optim::optimizer: " + std::to_string(params.size()) + " parameters and " +
                                             std::to_string(grads.size()) + " gradients for an optimizer of size " +
                                             std::to_string(size_));
+#if DTF_CUDA
+    if constexpr (on_device) sync_counter();
+#endif
     ++iterations_;
     float* s0 = slot0_.empty() ? nullptr : thrust::raw_pointer_cast(slot0_.data());
     float* s1 = slot1_.empty() ? nullptr : thrust::raw_pointer_cast(slot1_.data());
@@ -144,23 +191,40 @@ class optimizer {
             run(detail::momentum_kernel{lr, r.momentum, r.nesterov}, params, grads, s0, s1);
           } else if constexpr (std::is_same_v<R, adagrad>) {
             run(detail::adagrad_kernel{lr, r.epsilon}, params, grads, s0, s1);
+          } else if constexpr (on_device) {
+#if DTF_CUDA
+            float* rate = thrust::raw_pointer_cast(rate_.data());
+            device::for_each_index(stream_, 1,
+                                   detail::adam_count{thrust::raw_pointer_cast(counter_.data()), rate, lr, r.beta1, r.beta2},
+                                   "optim::optimizer (adam's count)");
+            launch(detail::adam_at{rate, r.beta1, r.beta2, r.epsilon, params.data(), grads.data(), s0, s1});
+#endif
           } else {
-            const double t = double(iterations_);
-            const float lr_t = float(lr * std::sqrt(1.0 - std::pow(double(r.beta2), t)) /
-                                     (1.0 - std::pow(double(r.beta1), t)));
+            const float lr_t = detail::adam_rate(lr, r.beta1, r.beta2, iterations_);
             run(detail::adam_kernel{lr_t, r.beta1, r.beta2, r.epsilon}, params, grads, s0, s1);
           }
         },
         rule_);
   }
 
+  /// The stream the updates are issued on (CUDA builds, device_space; 0, the legacy default
+  /// stream, unless set).
+  device::stream_t stream() const noexcept { return stream_; }
+  /// Issues later updates on s (e.g. a device::context's compute stream): apply() then returns
+  /// without waiting for them.
+  void set_stream(device::stream_t s) noexcept { stream_ = s; }
+
   /// The slots, for checkpoints: slot(0) and slot(1) hold num_slots buffers of size().
   std::span<float> slot(std::size_t i) {
     auto& v = i == 0 ? slot0_ : slot1_;
     return {thrust::raw_pointer_cast(v.data()), v.size()};
   }
-  /// Sets the number of updates applied (a restore).
-  void set_iterations(std::int64_t t) noexcept { iterations_ = t; }
+  /// Sets the number of updates applied (a restore; CUDA builds copy it to the device's count
+  /// before the next update).
+  void set_iterations(std::int64_t t) noexcept {
+    iterations_ = t;
+    counter_stale_ = true;
+  }
 
   /// The rule's name (sgd, momentum, nesterov, adagrad, adam), as checkpoints record it.
   std::string rule_name() const {
@@ -189,26 +253,58 @@ class optimizer {
                                               std::to_string(v.size()));
       thrust::copy(slots[i].begin(), slots[i].end(), v.begin());
     }
-    iterations_ = iterations;
+    set_iterations(iterations);
   }
 
  private:
+  // True where the update runs as a CUDA kernel (CUDA builds, device_space).
+  static constexpr bool on_device = DTF_CUDA && std::is_same_v<Space, device_space>;
+
   template <class Kernel>
   void run(Kernel k, std::span<float> params, std::span<const float> grads, float* s0, float* s1) {
-    if constexpr (!DTF_CUDA || std::is_same_v<Space, host_space>) {
+    if constexpr (!on_device) {
       // Host memory: one fused pass in a plain loop (no Thrust dispatch per call).
-      float* p = params.data();
-      const float* g = grads.data();
       detail::host_apply(k, params.data(), grads.data(), s0, s1, size_);
     } else {
-      thrust::for_each_n(Space::policy(), thrust::counting_iterator<std::size_t>(0), size_,
-                         detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1});
+      launch(detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1});
     }
   }
+
+#if DTF_CUDA
+  // One kernel over the buffer on stream_; on the legacy stream the host waits for it (see the
+  // file comment).
+  template <class F>
+  void launch(F f) {
+    device::for_each_index(stream_, size_, f, "optim::optimizer (update)");
+    if (stream_ == nullptr || stream_ == cudaStreamLegacy)
+      if (const cudaError_t rc = cudaStreamSynchronize(stream_); rc != cudaSuccess)
+        throw error(errc::internal, std::string("optim::optimizer: update failed: ") + cudaGetErrorString(rc));
+  }
+
+  // After a restore, the device's count takes the host's (ordered on stream_ before the update).
+  // Called before the host's count moves; only a restore pays this copy. From pageable memory
+  // the copy has read its source when it returns (CUDA stages it), so a field will do.
+  void sync_counter() {
+    if (!counter_stale_) return;
+    if (const cudaError_t rc = cudaMemcpyAsync(thrust::raw_pointer_cast(counter_.data()), &iterations_,
+                                               sizeof iterations_, cudaMemcpyHostToDevice, stream_);
+        rc != cudaSuccess)
+      throw error(errc::internal, std::string("optim::optimizer: restoring the update count on the device: ") +
+                                      cudaGetErrorString(rc));
+    counter_stale_ = false;
+  }
+  thrust::device_vector<std::int64_t> counter_;  // Adam's t on the device (device_space only)
+  thrust::device_vector<float> rate_;            // the rate adam_count computed for this update
+#else
+  template <class F>
+  void launch(F) {}
+#endif
 
   rule rule_;
   std::size_t size_;
   std::int64_t iterations_ = 0;
+  bool counter_stale_ = false;  // set_iterations() since the device's count was last written
+  device::stream_t stream_{};
   typename Space::template vector<float> slot0_, slot1_;
 };
 
