@@ -2,6 +2,8 @@
 // it (dtf/device/select.hpp). The decision is a pure function of the environment and the number
 // of visible GPUs, so it is tested here on every build; CUDA builds apply it with cudaSetDevice.
 #include <dtf/device/context.hpp>
+#include <dtf/device/kernels.hpp>
+#include <dtf/device/loss_ring.hpp>
 #include <dtf/device/select.hpp>
 
 #include <catch2/catch.hpp>
@@ -11,7 +13,8 @@
 #include <thrust/sort.h>
 
 #include <algorithm>
-
+#include <cmath>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -37,6 +40,11 @@ std::string error_of(const env_map& m) {
   }
   return "";
 }
+
+struct square_index {
+  float* out;
+  DTF_HD void operator()(std::size_t i) const { out[i] = float(i) * float(i); }
+};
 
 }  // namespace device_test
 
@@ -214,4 +222,76 @@ TEST_CASE("a context's pool serves a repeated step's temporaries without new all
   thrust::device_vector<float> w = v;
   thrust::sort(w.begin(), w.end());
   CHECK(first.second == thrust::reduce(w.begin(), w.end(), 0.0f));
+}
+
+TEST_CASE("device kernels: one call per index, and a deterministic mean against a double sum", "[device]") {
+  using namespace device_test;
+  thrust::device_vector<float> v(1000);
+  dtf::device::for_each_index({}, v.size(), square_index{thrust::raw_pointer_cast(v.data())});
+  const std::vector<float> squares(v.begin(), v.end());
+  for (std::size_t i = 0; i < squares.size(); ++i) REQUIRE(squares[i] == float(i) * float(i));
+  dtf::device::for_each_index({}, 0, square_index{nullptr});  // nothing to do, nothing launched
+
+  // Sizes around the reduction block's width (256 threads): fewer values than threads, exactly
+  // as many, one more, several per thread.
+  thrust::device_vector<float> mean(1);
+  for (std::size_t n : {0, 1, 255, 256, 257, 1000, 4099}) {
+    std::vector<float> host(n);
+    for (std::size_t i = 0; i < n; ++i) host[i] = float(std::sin(double(i) * 0.37) * 3.0 + 0.25);
+    thrust::device_vector<float> d(host.begin(), host.end());
+    double ref = 0;
+    for (float x : host) ref += x;
+    ref = n == 0 ? 0.0 : ref / double(n);
+    dtf::device::mean_of({}, thrust::raw_pointer_cast(d.data()), n, thrust::raw_pointer_cast(mean.data()));
+    const float first = mean[0];
+    dtf::device::mean_of({}, thrust::raw_pointer_cast(d.data()), n, thrust::raw_pointer_cast(mean.data()));
+    INFO("n " << n);
+    CHECK(mean[0] == first);  // the same bits every time: a fixed order, no atomics
+    CHECK(first == Approx(ref).margin(1e-6));
+  }
+}
+
+TEST_CASE("the loss ring returns each step once, in order, and the first non-finite step", "[device]") {
+  using dtf::device::step_loss;
+  dtf::device::loss_ring ring(3);
+  CHECK(ring.capacity() == 3);
+  CHECK(ring.poll().empty());
+  thrust::device_vector<float> loss(1);
+  const float* at = thrust::raw_pointer_cast(loss.data());
+  auto flag = [&] {
+    thrust::device_vector<std::int64_t> f(thrust::device_pointer_cast(ring.device_flag()),
+                                          thrust::device_pointer_cast(ring.device_flag()) + 1);
+    return std::int64_t(f[0]);
+  };
+  // Five steps into three slots without a poll: the two oldest are kept for the next poll.
+  std::vector<step_loss> pushed;
+  for (std::int64_t s = 10; s < 15; ++s) {
+    loss[0] = 0.5f * float(s);
+    ring.push(s, at);
+    pushed.push_back({s, 0.5f * float(s)});
+  }
+  CHECK(ring.drain() == pushed);
+  CHECK(ring.poll().empty());
+  CHECK_FALSE(ring.first_nonfinite());
+  CHECK(flag() == 0);
+
+  // A NaN at step 16 and an infinity at step 18: the flag names the first, and keeps it.
+  std::vector<step_loss> got;
+  const float values[] = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f, std::numeric_limits<float>::infinity()};
+  for (std::int64_t s = 15; s < 19; ++s) {
+    loss[0] = values[s - 15];
+    ring.push(s, at);
+    for (const auto& e : ring.poll()) got.push_back(e);
+  }
+  for (const auto& e : ring.drain()) got.push_back(e);
+  REQUIRE(got.size() == 4);
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i].step == std::int64_t(15 + i));
+  CHECK(got[0].loss == 1.0f);
+  CHECK(std::isnan(got[1].loss));
+  CHECK(std::isinf(got[3].loss));
+  REQUIRE(ring.first_nonfinite());
+  CHECK(*ring.first_nonfinite() == 16);
+  CHECK(flag() == 17);
+
+  CHECK_THROWS_WITH(dtf::device::loss_ring(0), Catch::Contains("at least one slot"));
 }
