@@ -2,6 +2,7 @@
 
 #include <dtf/nn.hpp>
 #include <dtf/optim.hpp>
+#include <dtf/train/trusted_labels.hpp>
 
 #include "helpers.hpp"
 
@@ -486,4 +487,19 @@ TEST_CASE("nn::sequential with trusted labels gives the checked path's loss and 
   CHECK(read_device_float(trusted.device_loss()) == l2);
   CHECK(test::get(g1) == test::get(g2));
   CHECK(reported == std::vector<std::size_t>{5 * 6 + 5, 0});  // last layer first
+}
+
+TEST_CASE("training from a device shard trusts a sequential's labels for the run only", "[nn][loss]") {
+  nn::sequential net{nn::dense(4, 3)};
+  CHECK(dtf::detail::labels_checked_at_upload<nn::sequential>::classes(net) == 3);  // what the shard checks
+  {
+    dtf::detail::labels_checked_at_upload<nn::sequential> scope(net);
+    CHECK(net.label_check_mode() == nn::label_check::trusted);
+  }
+  CHECK(net.label_check_mode() == nn::label_check::verify);  // the model's own setting again
+  // A model without the switch: nothing checked at upload, nothing changed.
+  struct plain {};
+  plain p;
+  CHECK(dtf::detail::labels_checked_at_upload<plain>::classes(p) == 0);
+  dtf::detail::labels_checked_at_upload<plain> none(p);
 }

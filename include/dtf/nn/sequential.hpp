@@ -163,6 +163,8 @@ class sequential {
   /// for labels checked when they reached the device (data::device_shard): the step then reads
   /// nothing back for them (see nn::label_check).
   void set_label_check(label_check c) noexcept { label_check_ = c; }
+  /// How the loss checks the labels now.
+  label_check label_check_mode() const noexcept { return label_check_; }
   /// The mean loss of the last step, in device memory (host memory on CPU builds): stable once a
   /// step has run, null before on CUDA builds (nn::softmax_cross_entropy::device_loss).
   const float* device_loss() const noexcept { return loss_.device_loss(); }

@@ -40,6 +40,7 @@
 #include <dtf/train/buffers.hpp>
 #include <dtf/train/report.hpp>
 #include <dtf/train/resume.hpp>
+#include <dtf/train/trusted_labels.hpp>
 #include <dtf/transport/credentials.hpp>
 
 #include <algorithm>
@@ -293,8 +294,9 @@ struct host_batches {
 /// One replica's batches gathered on the device from its shard, uploaded once
 /// (train_options::device_data): the host streams' batches, bit for bit, with no copy per step.
 struct device_batches {
-  device_batches(const replica_data& d, const data::position& from)
-      : shard(d.shards.front()), at(from), per_epoch(shard.batches_per_epoch()) {}
+  /// `classes` > 0: every label is checked once, at upload (data::device_shard).
+  device_batches(const replica_data& d, const data::position& from, std::size_t classes = 0)
+      : shard(d.shards.front(), classes), at(from), per_epoch(shard.batches_per_epoch()) {}
   /// Gathers the next step's batch; returns its examples.
   std::size_t next() {
     shard.gather(std::size_t(at.epoch), std::size_t(at.batch), x, y);
@@ -385,7 +387,8 @@ ring_run run_replicas(collective_session& s, ring_job& ring, const replica_data&
                       train_result& result) {
   if constexpr (takes_device_batches<Engine>) {
     if (o.device_data && d.r == 1) {
-      device_batches batches(d, at.front());
+      device_batches batches(d, at.front(), labels_checked_at_upload<M>::classes(net));
+      labels_checked_at_upload<M> trusted(net);
       return run_ring(*s.session, s.vars, ring, d, batches, net, engine, o, result);
     }
   }
