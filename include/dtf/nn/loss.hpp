@@ -160,10 +160,17 @@ class softmax_cross_entropy {
   /// label tensor that is not int32.
   void enqueue(const tensor& logits, const tensor& labels, tensor* grad, label_check check = label_check::verify) {
     const auto [rows, classes] = detail::logits_shape(logits, "nn::softmax_cross_entropy");
-    if (check == label_check::verify)
+    if (check == label_check::verify) {
+#if DTF_CUDA
+      // The check searches on the legacy stream: labels written on another stream must be there.
+      if (stream_ != nullptr && stream_ != cudaStreamLegacy)
+        if (const cudaError_t rc = cudaStreamSynchronize(stream_); rc != cudaSuccess)
+          throw error(errc::internal, std::string("nn::softmax_cross_entropy: ") + cudaGetErrorString(rc));
+#endif
       detail::check_labels(labels, rows, classes, "nn::softmax_cross_entropy");
-    else
+    } else {
       detail::check_label_shape(labels, rows, "nn::softmax_cross_entropy");
+    }
     float* g = nullptr;
     if (grad && rows != 0) {
       grad->resize({rows, classes}, dtype::float32);
@@ -213,7 +220,8 @@ class softmax_cross_entropy {
 
   /// The stream the kernels are issued on (CUDA builds; 0, the legacy default stream, unless set).
   device::stream_t stream() const noexcept { return stream_; }
-  /// Issues later work on s (e.g. a device::context's compute stream).
+  /// Issues later work on s (e.g. a device::context's compute stream). The logits must be
+  /// written by work ordered before it on s (the same stream, or an event s waits for).
   void set_stream(device::stream_t s) noexcept { stream_ = s; }
 
  private:

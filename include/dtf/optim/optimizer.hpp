@@ -211,7 +211,9 @@ class optimizer {
   /// stream, unless set).
   device::stream_t stream() const noexcept { return stream_; }
   /// Issues later updates on s (e.g. a device::context's compute stream): apply() then returns
-  /// without waiting for them.
+  /// without waiting for them. The gradients must be written by work ordered before it on s.
+  /// The first update after a restore copies the count to the device from pageable memory, so
+  /// it is not one to capture in a CUDA graph.
   void set_stream(device::stream_t s) noexcept { stream_ = s; }
 
   /// The slots, for checkpoints: slot(0) and slot(1) hold num_slots buffers of size().
