@@ -52,12 +52,12 @@ int main(int argc, char** argv) try {
   tf.train.batch = 256;
   tf.train.log_every = 100;
   std::string data_path, strategy = "sync_sgd", hidden = "64,32";
-  std::size_t synthetic = 100000, vocabulary = 1000, max_examples = 0, sync_replicas = 0;
+  std::size_t synthetic = 100000, vocabulary = 100, max_examples = 0, sync_replicas = 0;
   std::uint64_t data_seed = 1;
   double test_fraction = 0.1, target_auc = 0;
   bool skip_malformed = false;
   dlrm_config model_config;
-  float lr = 0.1f, embedding_lr = 0.05f;
+  float lr = 0.1f, embedding_lr = 1.0f;
   dtf::flag_parser flags("Trains a DLRM-style click model of Criteo logs, its embedding table on the ps.");
   tf.add_to(flags);
   flags.add("data", data_path, "Criteo TSV logs, plain or gzip (empty: --synthetic logs)")
