@@ -51,7 +51,7 @@ int main(int argc, char** argv) try {
   tf.train.epochs = 2;
   tf.train.batch = 256;
   tf.train.log_every = 100;
-  std::string data_path, strategy = "sync_sgd", hidden = "64,32";
+  std::string data_path, save_synthetic, strategy = "sync_sgd", hidden = "64,32";
   std::size_t synthetic = 100000, vocabulary = 100, max_examples = 0, sync_replicas = 0;
   std::uint64_t data_seed = 1;
   double test_fraction = 0.1, target_auc = 0;
@@ -66,6 +66,8 @@ int main(int argc, char** argv) try {
       .add("synthetic", synthetic, "without --data: examples of synthetic logs with a planted model")
       .add("vocabulary", vocabulary, "synthetic logs: distinct values per categorical column")
       .add("data_seed", data_seed, "synthetic logs: their seed")
+      .add("save_synthetic", save_synthetic,
+           "write the --synthetic logs to this Criteo TSV file (gzip when it ends in .gz) and exit")
       .add("test_fraction", test_fraction, "the last fraction of the examples, held out for AUC and log loss")
       // The strategies that train an embedding model through the ps today. A hybrid job (tables
       // on the ps, the dense tower by ring-allreduce: docs/design/hybrid.md) is one more name in
@@ -87,6 +89,13 @@ int main(int argc, char** argv) try {
   if (!(test_fraction > 0 && test_fraction < 1))
     throw dtf::error(dtf::errc::invalid_config, "--test_fraction: must be in (0, 1)");
   model_config.hidden = parse_widths(hidden);
+  if (!save_synthetic.empty()) {  // the same logs for another program (benchmarks/recommender.sh's TensorFlow peer)
+    const bool gz = save_synthetic.size() > 3 && save_synthetic.ends_with(".gz");
+    dtf::data::synthetic_criteo({.examples = synthetic, .seed = data_seed, .vocabulary = vocabulary})
+        .write(save_synthetic, gz);
+    std::printf("recommender: wrote %zu synthetic lines to %s\n", synthetic, save_synthetic.c_str());
+    return 0;
+  }
 
   const dtf::cluster cluster = tf.resolve_cluster();
   const bool is_ps = cluster.self.job == "ps";
