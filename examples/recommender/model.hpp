@@ -74,8 +74,14 @@ class dlrm {
 
   std::vector<dtf::variable_spec> variables() const { return top_.variables(); }
   std::vector<dtf::embedding_spec> embeddings() const {
-    return {{.name = "categorical", .rows = 0, .dim = c_.dim, .init = {.scale = c_.init_scale},
-             .max_rows = c_.max_rows, .evict_after = c_.evict_after}};
+    dtf::embedding_spec t;
+    t.name = "categorical";
+    t.rows = 0;  // hashed: any 64-bit id, a row made on first use
+    t.dim = c_.dim;
+    t.init.scale = c_.init_scale;
+    t.max_rows = c_.max_rows;
+    t.evict_after = c_.evict_after;
+    return {t};
   }
   std::size_t num_parameters() const noexcept { return top_.num_parameters(); }
   void initialize(std::span<float> p, std::uint64_t seed) const { top_.initialize(p, seed); }
