@@ -7,6 +7,8 @@
 # planted AUC is the limit of unbounded data; 36,000 examples of 26 columns of 100 ids each
 # fix the ids' effects only roughly), so AUC > 0.66 and within 0.2 of the planted AUC, and the
 # log loss below the click rate's entropy (0.49 here: a model that learnt nothing).
+# Then the TSV path: the same logs written gzip-compressed by --save_synthetic and read back
+# with --data train (1 ps, 1 worker) to exactly the AUC and log loss of the --synthetic run.
 # Usage: test_recommender.sh <dtfrun> <recommender>
 source "$(dirname "$0")/lib.sh"
 log="$work/recommender.log"
@@ -24,4 +26,21 @@ awk -v a="$auc" -v b="$best" -v l="$loss" 'BEGIN { exit !(a > 0.66 && a > b - 0.
   fail "held-out AUC $auc (planted $best), log loss $loss: not learnt"
 grep -q "recommender: held-out AUC $auc, log loss $loss over 4000 examples (the planted model's: AUC $best," "$log" ||
   fail "no summary line matching the RESULT line"
+
+"$example" --synthetic 10000 --save_synthetic "$work/logs.tsv.gz" >"$work/save.log" 2>&1 ||
+  { cat "$work/save.log"; fail "--save_synthetic failed"; }
+figures() {  # the held-out AUC and log loss of a run (log $1)
+  grep -o "RESULT scheme=recommender_sync_sgd .*" "$1" | grep -o " auc=[0-9.]* log_loss=[0-9.]*"
+}
+for source in "--synthetic 10000" "--data $work/logs.tsv.gz"; do
+  name=${source%% *}
+  name=${name#--}
+  # shellcheck disable=SC2086  # the source is two words
+  "$dtfrun" --ps 1 --workers 1 --grace_ms 20000 -- "$example" $source --epochs 1 --log_every 100 \
+    >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "recommender $source failed"; }
+done
+synthetic=$(figures "$work/synthetic.log") || fail "no RESULT line from the --synthetic run"
+from_file=$(figures "$work/data.log") || fail "no RESULT line from the --data run"
+[[ "$synthetic" == "$from_file" ]] || fail "--data of the written logs:$from_file, --synthetic:$synthetic"
+echo "the written logs train as the generated ones:$from_file"
 echo "PASS"
