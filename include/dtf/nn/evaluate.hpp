@@ -7,6 +7,9 @@
 #include <dtf/nn/loss.hpp>
 
 #include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace dtf::nn {
 
@@ -16,6 +19,9 @@ struct evaluation {
   double accuracy = 0.0;     ///< fraction of examples whose top logit is the label
   /// The number of examples evaluated.
   std::size_t examples = 0;
+  /// Further figures of an evaluation callback (name, value), appended to the RESULT line as
+  /// name=value (e.g. a binary classifier's auc and log_loss: dtf/metrics/binary_eval.hpp).
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 namespace detail {

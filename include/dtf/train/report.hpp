@@ -83,8 +83,15 @@ inline void print_result(const train_options& o, const std::string& me, std::siz
   if (e) {
     std::printf("%s: final test accuracy %.4f  test_loss %.4f  global_step %lld  wall %.1fs\n", me.c_str(),
                 e->accuracy, e->loss, static_cast<long long>(global_step), wall);
-    std::printf("RESULT scheme=%s workers=%zu %saccuracy=%.4f wall_s=%.1f %s\n", o.name.c_str(), workers,
-                before_accuracy.c_str(), e->accuracy, wall, after.c_str());
+    std::string metrics;  // the evaluation's own figures, last, so the tokens before keep their places
+    for (const auto& [name, value] : e->metrics) {
+      char token[96];
+      std::snprintf(token, sizeof token, " %s=%.4f", name.c_str(), value);
+      metrics += token;
+    }
+    std::printf("RESULT scheme=%s workers=%zu %saccuracy=%.4f wall_s=%.1f %s%s\n", o.name.c_str(), workers,
+                before_accuracy.c_str(), e->accuracy, wall, after.c_str(),
+                metrics.c_str() + (after.empty() && !metrics.empty() ? 1 : 0));
   } else {
     if (done_line)
       std::printf("%s: done at global step %lld  wall %.1fs\n", me.c_str(), static_cast<long long>(global_step), wall);

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The recommender example (a DLRM-style click model, its hashed embedding table on the ps)
+# trains under dtfrun with 1 ps and 2 workers on 40,000 synthetic Criteo lines (2 epochs,
+# SyncSGD over both workers, a few seconds): the ps holds the table, both workers train, and
+# the chief's RESULT line reports the held-out AUC and log loss beside the planted model's.
+# Thresholds: at this size the model reaches AUC 0.69 against the planted model's 0.82 (the
+# planted AUC is the limit of unbounded data; 36,000 examples of 26 columns of 100 ids each
+# fix the ids' effects only roughly), so AUC > 0.66 and within 0.2 of the planted AUC, and the
+# log loss below the click rate's entropy (0.49 here: a model that learnt nothing).
+# Then the TSV path: the same logs written gzip-compressed by --save_synthetic and read back
+# with --data train (1 ps, 1 worker) to exactly the AUC and log loss of the --synthetic run.
+# Usage: test_recommender.sh <dtfrun> <recommender>
+source "$(dirname "$0")/lib.sh"
+log="$work/recommender.log"
+"$dtfrun" --ps 1 --workers 2 --grace_ms 20000 -- "$example" --synthetic 40000 --epochs 2 --log_every 100 \
+  --target_auc 0.66 >"$log" 2>&1 || { cat "$log"; fail "recommender failed (status $?)"; }
+grep -q "^ps.0 .*embedding 'categorical' (hashed x 8, 1 shards) created by worker.0" "$log" ||
+  { cat "$log"; fail "ps.0 holds no table"; }
+grep -q "^ps.0 .*shut down by the chief" "$log" || fail "ps.0 did not exit by itself"
+result=$(grep -o "RESULT scheme=recommender_sync_sgd workers=2 .*" "$log") || { cat "$log"; fail "no RESULT line"; }
+echo "$result"
+value() { echo "$result" | grep -o " $1=[0-9.]*" | cut -d= -f2; }
+auc=$(value auc) best=$(value best_auc) loss=$(value log_loss)
+[[ -n "$auc" && -n "$best" && -n "$loss" ]] || fail "the RESULT line lacks auc, best_auc or log_loss"
+awk -v a="$auc" -v b="$best" -v l="$loss" 'BEGIN { exit !(a > 0.66 && a > b - 0.2 && a <= 1 && l > 0 && l < 0.47) }' ||
+  fail "held-out AUC $auc (planted $best), log loss $loss: not learnt"
+grep -q "recommender: held-out AUC $auc, log loss $loss over 4000 examples (the planted model's: AUC $best," "$log" ||
+  fail "no summary line matching the RESULT line"
+
+"$example" --synthetic 10000 --save_synthetic "$work/logs.tsv.gz" >"$work/save.log" 2>&1 ||
+  { cat "$work/save.log"; fail "--save_synthetic failed"; }
+figures() {  # the held-out AUC and log loss of a run (log $1)
+  grep -o "RESULT scheme=recommender_sync_sgd .*" "$1" | grep -o " auc=[0-9.]* log_loss=[0-9.]*"
+}
+for source in "--synthetic 10000" "--data $work/logs.tsv.gz"; do
+  name=${source%% *}
+  name=${name#--}
+  # shellcheck disable=SC2086  # the source is two words
+  "$dtfrun" --ps 1 --workers 1 --grace_ms 20000 -- "$example" $source --epochs 1 --log_every 100 \
+    >"$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "recommender $source failed"; }
+done
+synthetic=$(figures "$work/synthetic.log") || fail "no RESULT line from the --synthetic run"
+from_file=$(figures "$work/data.log") || fail "no RESULT line from the --data run"
+[[ "$synthetic" == "$from_file" ]] || fail "--data of the written logs:$from_file, --synthetic:$synthetic"
+echo "the written logs train as the generated ones:$from_file"
+echo "PASS"
