@@ -313,3 +313,38 @@ TEST_CASE("rules travel to a ps with their weight decay", "[optim]") {
   CHECK(ps_detail::describe_rule(optim::adamw{}) ==
         "adamw (learning_rate 0.001, beta1 0.9, beta2 0.999, epsilon 1e-08, weight_decay 0.01)");
 }
+
+TEST_CASE("cosine decay with linear warm-up", "[optim][schedule]") {
+  const double pi = std::acos(-1.0);
+  optim::cosine_decay c{.learning_rate = 0.1f, .decay_steps = 100, .alpha = 0.1f, .warmup_steps = 10,
+                        .warmup_from = 0.01f};
+  CHECK(c(0) == Approx(0.01));
+  CHECK(c(5) == Approx(0.01 + 0.09 * 0.5));
+  CHECK(c(10) == Approx(0.1));
+  CHECK(c(60) == Approx(0.1 * (0.9 * 0.5 * (1 + std::cos(pi * 0.5)) + 0.1)));
+  CHECK(c(110) == Approx(0.01));
+  CHECK(c(1000) == Approx(0.01));
+  optim::cosine_decay plain{.learning_rate = 1.0f, .decay_steps = 4};
+  CHECK(plain(0) == 1.0f);
+  CHECK(plain(1) == Approx(0.5 * (1 + std::cos(pi / 4))));
+  CHECK(plain(4) == Approx(0.0).margin(1e-7));
+  CHECK_THROWS_WITH((optim::cosine_decay{.decay_steps = 0}(3)), Catch::Contains("decay_steps"));
+}
+
+TEST_CASE("clip_by_global_norm scales as torch.nn.utils.clip_grad_norm_", "[optim][clip]") {
+  std::vector<float> g{3.0f, -4.0f, 0.0f, 12.0f};  // norm 13
+  tensor t = tensor::from_host<float>({4}, g);
+  CHECK(optim::clip_by_global_norm(t.span<float>(), 26.0f) == Approx(13.0));  // under the bound: unchanged
+  CHECK(test::get(t) == g);
+  CHECK(optim::clip_by_global_norm(t.span<float>(), 0.0f) == Approx(13.0));  // off
+  CHECK(test::get(t) == g);
+  CHECK(optim::clip_by_global_norm(t.span<float>(), 1.3f) == Approx(13.0));
+  const auto clipped = test::get(t);
+  const double coef = 1.3 / (13.0 + 1e-6);
+  for (std::size_t i = 0; i < g.size(); ++i) CHECK(clipped[i] == Approx(g[i] * coef));
+  CHECK(optim::global_norm(t.span<const float>()) == Approx(1.3).epsilon(1e-6));
+  std::vector<float> h = g;
+  CHECK(optim::clip_by_global_norm<optim::host_space>(std::span<float>(h), 6.5f) == Approx(13.0));
+  CHECK(h[3] == Approx(6.0).epsilon(1e-6));
+  CHECK_THROWS_WITH(optim::clip_by_global_norm(t.span<float>(), -1.0f), Catch::Contains("max_norm"));
+}
