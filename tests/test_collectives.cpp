@@ -873,3 +873,32 @@ TEST_CASE("ring_allreduce: backward_passes_per_step accumulates micro-batches in
   CHECK_THROWS_WITH((dtf::strategies::ring_allreduce<dtf::nn::sequential>(comm, net, {.backward_passes_per_step = 0})),
                     Catch::Contains("backward_passes_per_step"));
 }
+
+TEST_CASE("mirrored: clip_norm, a schedule and micro-batches, 2 replicas x 2 processes equal one process at 4B",
+          "[collectives][loop]") {
+  const std::size_t batch = 8, steps = 10, replicas = 2;
+  const dtf::optim::exponential_decay decay{.learning_rate = 0.5f, .decay_steps = 4, .decay_rate = 0.5f};
+  const auto single = train_single_loop(4 * batch, steps, {.clip_norm = 0.05f, .schedule = decay});
+  const auto data = dtf::test::synthetic(4 * batch * steps, 7, dtf::test::labels::argmax).batch(4 * batch);
+  for (const int passes : {1, 2}) {
+    INFO(passes << " passes");
+    std::vector<std::vector<float>> result(4);
+    run_ranks(2, test_options(), [&](communicator& c) {
+      dtf::strategies::mirrored<dtf::nn::sequential> s(
+          c, dtf::test::small_net(), replicas,
+          {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .schedule = decay, .clip_norm = 0.05f,
+           .backward_passes_per_step = passes});
+      s.initialize(3);
+      auto stream = data.stream();
+      while (auto b = stream.next()) {
+        std::vector<dtf::data::host_batch> mine;
+        for (std::size_t k = 0; k < replicas; ++k) mine.push_back(rows_of(*b, (c.rank() * replicas + k) * batch, batch));
+        s.step(mine);
+        RANK_CHECK(s.gradient_norm() > 0.0f, s.gradient_norm());
+      }
+      for (std::size_t k = 0; k < replicas; ++k) result[c.rank() * replicas + k] = dtf::test::host_copy(s.parameters(k));
+    });
+    for (std::size_t k = 1; k < 4; ++k) REQUIRE(result[k] == result[0]);
+    for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+  }
+}

@@ -4,7 +4,9 @@
 // the step's gradient and loss are the passes' means weighted by their rows, which is the whole
 // batch's mean (the model's loss being a mean over its rows) up to float rounding. The
 // optimiser still sees the batch it would without accumulation, at a k-th of the activation
-// memory. The passes reuse device buffers kept between steps.
+// memory. The passes reuse device buffers kept between steps. check_loop_config: the errors
+// of the training-loop knobs the collective strategies share (schedule, clip_norm,
+// backward_passes_per_step).
 // Thread safety: one thread per instance.
 #pragma once
 
@@ -32,6 +34,20 @@ struct scaled_add {
   float a;
   DTF_HD float operator()(float acc, float x) const { return acc + a * x; }
 };
+
+/// Errors of the training-loop knobs every collective strategy shares (errc::invalid_config).
+template <class Config>
+void check_loop_config(const Config& c, const char* who) {
+  if (!(c.clip_norm >= 0.0f))
+    throw error(errc::invalid_config, std::string(who) + ": clip_norm " + std::to_string(c.clip_norm) +
+                                          " (must be 0, off, or positive)");
+  if (c.backward_passes_per_step < 1)
+    throw error(errc::invalid_config, std::string(who) + ": backward_passes_per_step " +
+                                          std::to_string(c.backward_passes_per_step) + " (must be at least 1)");
+  if (c.schedule && c.linear_scaling)
+    throw error(errc::invalid_config, std::string(who) + ": a schedule and linear_scaling together (fold the "
+                                                         "scaling into the schedule)");
+}
 
 /// Rows [begin, begin + count) of device tensor x (first dimension: rows) copied into out.
 inline void copy_rows(const tensor& x, std::size_t begin, std::size_t count, tensor& out) {

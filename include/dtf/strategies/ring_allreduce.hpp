@@ -91,22 +91,6 @@ struct ring_allreduce_config {
   int backward_passes_per_step = 1;
 };
 
-namespace detail {
-/// Errors of the training-loop knobs every collective strategy shares (errc::invalid_config).
-template <class Config>
-void check_loop_config(const Config& c, const char* who) {
-  if (!(c.clip_norm >= 0.0f))
-    throw error(errc::invalid_config, std::string(who) + ": clip_norm " + std::to_string(c.clip_norm) +
-                                          " (must be 0, off, or positive)");
-  if (c.backward_passes_per_step < 1)
-    throw error(errc::invalid_config, std::string(who) + ": backward_passes_per_step " +
-                                          std::to_string(c.backward_passes_per_step) + " (must be at least 1)");
-  if (c.schedule && c.linear_scaling)
-    throw error(errc::invalid_config, std::string(who) + ": a schedule and linear_scaling together (fold the "
-                                                         "scaling into the schedule)");
-}
-}  // namespace detail
-
 template <class M = void>
 class ring_allreduce;
 
