@@ -21,6 +21,7 @@
 // it does not train embedding models (trains_tables).
 #pragma once
 
+#include <dtf/optim/clip.hpp>
 #include <dtf/optim/schedule.hpp>
 #include <dtf/strategies/async.hpp>
 
@@ -286,12 +287,22 @@ class sync_worker {
       if (before_compute_) before_compute_();
       if (compute_delay_.count() > 0) std::this_thread::sleep_for(compute_delay_);
       const float loss = gradient_(at, g);
+      if (clip_norm_ > 0.0f) optim::clip_by_global_norm<optim::host_space>(g, clip_norm_);
       if constexpr (embedding_model<M>) state_.sparse = gradient_.contribution();
       return loss;
     });
   }
   /// After the last step: the strategy's end().
   void end() { strategy_.end(state_); }
+  /// Clips each batch's gradient as async_worker::set_clip_norm (this worker's own gradient,
+  /// before it is contributed: not the ps's average).
+  void set_clip_norm(float max_norm) {
+    if (!(max_norm >= 0.0f)) throw error(errc::invalid_config, "clip_norm must be 0 (off) or positive");
+    if (embedding_model<M> && max_norm > 0.0f)
+      throw error(errc::invalid_config, "clip_norm: not for embedding models (the rows' gradients on the ps would "
+                                        "escape the norm)");
+    clip_norm_ = max_norm;
+  }
 
   /// Makes every gradient computation take `delay` longer: a straggler, for tests and
   /// benchmarks (the examples' --slow_ms flag).
@@ -334,6 +345,7 @@ class sync_worker {
   typename detail::gradient_of<M>::type gradient_;
   std::chrono::milliseconds compute_delay_{0};
   std::function<void()> before_compute_;
+  float clip_norm_ = 0.0f;
 };
 
 }  // namespace dtf::strategies
