@@ -95,10 +95,14 @@ struct sync_sgd_config {
   bool linear_scaling = false;
   /// Steps over which the scaled rate is reached (linear_scaling).
   std::int64_t warmup_steps = 0;
+  /// The rate the ps applies the rule at in each global step (e.g. optim::cosine_decay), fixed
+  /// with the step; empty: the rule's rate (with linear_scaling). Not with linear_scaling.
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// The rate of global step `step` under the config (nullopt: the rule's own rate).
 inline std::optional<float> sync_rate(const sync_sgd_config& c, std::int64_t step) {
+  if (c.schedule) return c.schedule(step);
   if (!c.linear_scaling) return std::nullopt;
   const float base = std::visit([](const auto& r) { return r.learning_rate; }, c.rule);
   return optim::linear_scaling_warmup{.base_rate = base,
@@ -120,6 +124,9 @@ class sync_sgd {
   /// is 0.
   explicit sync_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.replicas_to_aggregate == 0) throw error(errc::invalid_config, "sync_sgd: replicas_to_aggregate must be positive");
+    if (c_.schedule && c_.linear_scaling)
+      throw error(errc::invalid_config, "sync_sgd: a schedule and linear_scaling together (fold the scaling into the "
+                                        "schedule)");
   }
   /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return c_.rule; }
