@@ -481,3 +481,49 @@ TEST_CASE("a ps worker clips its own gradient before the push, and the push carr
   for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(centre[i] == Catch::Detail::Approx(p[i]).margin(1e-6));
   CHECK_THROWS_WITH(w.set_clip_norm(-1.0f), Catch::Contains("clip_norm"));
 }
+
+TEST_CASE("AGN and DynSGD take the local rate from a schedule of the global step", "[strategies][agn][loop]") {
+  // Window 1, one worker: every step commits, so step t runs at the global step t and θ̃ follows
+  // p -= schedule(t) g.
+  const optim::piecewise_constant steps{{1, 3}, {0.2f, 0.1f, 0.05f}};
+  for (const bool dyn : {false, true}) {
+    INFO((dyn ? "dyn_sgd" : "agn"));
+    running_ps ps0(opts("ps.0"));
+    auto net = small_net();
+    const auto layout = partitioners::round_robin{}.place(net.variables(), 1);
+    ps_client client({ps0.address()}, layout, opts("worker.0"));
+    client.connect();
+    auto reference_net = small_net();
+    std::vector<float> p, g;
+    tensor x, y;
+    auto run = [&](auto& w) {
+      w.initialize_ps(3);
+      w.begin();
+      p.assign(w.params().begin(), w.params().end());
+      g.assign(p.size(), 0.0f);
+      auto s = synthetic(48, 2).batch(8).stream();
+      std::int64_t t = 0;
+      while (auto b = s.next()) {
+        assign_from_host(x, b->features);
+        assign_from_host(y, b->labels);
+        test::loss_and_gradients_on_host(reference_net, p, x, y, g);
+        const float lr = steps(t++);
+        for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
+        w.step(*b);
+      }
+      w.end();
+    };
+    if (dyn) {
+      worker_t<strategies::dyn_sgd> w(
+          strategies::dyn_sgd({.window = 1, .local_rule = optim::sgd{1.0f}, .schedule = steps}), net, client, 0, 1);
+      run(w);
+    } else {
+      worker_t<strategies::agn> w(strategies::agn({.window = 1, .local_rule = optim::sgd{1.0f}, .schedule = steps}), net,
+                                  client, 0, 1);
+      run(w);
+    }
+    std::vector<float> centre(p.size());
+    client.pull(centre);
+    for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(centre[i] == Catch::Detail::Approx(p[i]).margin(1e-6));
+  }
+}

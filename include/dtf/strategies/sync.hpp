@@ -166,6 +166,9 @@ struct sagn_config {
   std::size_t replicas_to_aggregate = 1;        ///< N
   std::size_t window = 5;                       ///< λ local steps per contribution (TF guide: 5)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser (TF guide: Adam)
+  /// The local rule's rate at the global step the window was pulled at (e.g.
+  /// optim::cosine_decay); empty: the rule's own rate.
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// SAGN (the TF guide's synchronous AGN): λ local steps from the pulled θ̃, then contribute
@@ -207,7 +210,7 @@ class sagn {
       std::copy(w.params.begin(), w.params.end(), pulled_.begin());
     }
     const float loss = grad(w.params, w.grads);
-    detail::local_step(*local_, w.params, w.grads);
+    detail::local_step(*local_, w.params, w.grads, c_.schedule ? std::optional<float>(c_.schedule(t_)) : std::nullopt);
     if (++count_ >= c_.window) {
       count_ = 0;  // a new window even if the contribution below fails
       const float inv = 1.0f / float(c_.window);
