@@ -845,3 +845,36 @@ TEST_CASE("sync_sgd: the ps applies its rule with weight decay at the schedule's
   for (std::size_t j = 0; j < p.size(); ++j) REQUIRE(centre[j] == Catch::Detail::Approx(p[j]).margin(1e-5));
   CHECK_THROWS_WITH(strategies::sync_sgd({.linear_scaling = true, .schedule = steps}), Catch::Contains("linear_scaling"));
 }
+
+TEST_CASE("sagn: the local rule's rate from a schedule of the pulled global step", "[sync][sagn][loop]") {
+  // One worker, N = 1, window 1: each step is local SGD at schedule(t) from θ̃ of step t, added whole.
+  running_ps ps0(opts("ps.0"));
+  auto proto = net3();
+  const auto layout = partitioners::round_robin{}.place(proto.variables(), 1);
+  const auto data = random_labels(40, 6);
+  const optim::exponential_decay decay{.learning_rate = 0.3f, .decay_steps = 2, .decay_rate = 0.5f};
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  strategies::sync_worker<strategies::sagn, nn::sequential> w(
+      strategies::sagn({.replicas_to_aggregate = 1, .window = 1, .local_rule = optim::sgd{1.0f}, .schedule = decay}), proto,
+      client, 0);
+  w.initialize_ps(8);
+  w.begin();
+  auto net = net3();
+  std::vector<float> p = test::initial_parameters(net, 8), g(p.size());
+  tensor x, y;
+  auto s = data.batch(8).stream();
+  for (std::int64_t t = 0; t < 5; ++t) {
+    auto b = s.next();
+    w.step(*b);
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    test::loss_and_gradients_on_host(net, p, x, y, g);
+    for (std::size_t j = 0; j < p.size(); ++j) p[j] -= decay(t) * g[j];
+  }
+  ps_client reader({ps0.address()}, layout, opts("evaluator.0"));
+  reader.connect();
+  std::vector<float> centre(p.size());
+  CHECK(reader.pull(centre) == 5);
+  for (std::size_t j = 0; j < p.size(); ++j) REQUIRE(centre[j] == Catch::Detail::Approx(p[j]).margin(1e-5));
+}
