@@ -739,3 +739,166 @@ TEST_CASE("mirrored: overlap on and off give the same variables bit for bit", "[
     REQUIRE(with[k] == without[k]);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The training loop's extras: schedules, clipping by global norm, AdamW, micro-batch accumulation.
+
+namespace {
+
+/// What a one-process reference loop applies on top of a plain step.
+struct loop_reference {
+  dtf::optim::rule rule = dtf::optim::sgd{.learning_rate = 0.1f};
+  float clip_norm = 0;
+  std::function<float(std::int64_t)> schedule{};
+};
+
+/// Parameters after `steps` steps of `batch` examples in one process, the gradient clipped by
+/// its own arithmetic (torch.nn.utils.clip_grad_norm_'s: norm in double, scale
+/// clip / (norm + 1e-6) when below 1) and the rate from the schedule; `norms`: each step's
+/// norm before clipping.
+std::vector<float> train_single_loop(std::size_t batch, std::size_t steps, const loop_reference& ref,
+                                     std::vector<double>* norms = nullptr) {
+  using namespace dtf;
+  const auto data = test::synthetic(batch * steps, 7, test::labels::argmax).batch(batch);
+  auto net = test::small_net();
+  const std::size_t np = net.num_parameters();
+  tensor p({np}), g({np}), x, y;
+  net.initialize(p.span<float>(), 3);
+  optim::optimizer<> opt(ref.rule, np);
+  auto stream = data.stream();
+  std::int64_t step = 0;
+  while (auto b = stream.next()) {
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    net.loss_and_gradients(p.span<float>(), x, y, g.span<float>());
+    if (ref.clip_norm > 0) {
+      auto gv = g.to_vector<float>();
+      double sum = 0;
+      for (float v : gv) sum += double(v) * double(v);
+      const double norm = std::sqrt(sum), coef = double(ref.clip_norm) / (norm + 1e-6);
+      if (norms) norms->push_back(norm);
+      if (coef < 1)
+        for (float& v : gv) v *= float(coef);
+      g.copy_from_host<float>(gv);
+    }
+    const float lr = ref.schedule ? ref.schedule(step) : optim::detail::base_learning_rate(ref.rule);
+    opt.apply(p.span<float>(), g.span<float>(), lr);
+    ++step;
+  }
+  return p.to_vector<float>();
+}
+
+/// Every rank's parameters after training the small net on `ranks` ranks at batch `batch` each
+/// with `config` (the same data as train_single_loop at ranks * batch).
+std::vector<std::vector<float>> train_ranks_loop(std::size_t ranks, std::size_t batch, std::size_t steps,
+                                                 const dtf::strategies::ring_allreduce_config& config,
+                                                 std::vector<float>* first_norms = nullptr) {
+  const auto data = dtf::test::synthetic(ranks * batch * steps, 7, dtf::test::labels::argmax).batch(ranks * batch);
+  std::vector<std::vector<float>> result(ranks);
+  run_ranks(ranks, test_options(), [&](communicator& c) {
+    auto net = dtf::test::small_net();
+    dtf::strategies::ring_allreduce<dtf::nn::sequential> s(c, net, config);
+    s.initialize(3);
+    auto stream = data.stream();
+    while (auto b = stream.next()) {
+      const float loss = s.step(rows_of(*b, c.rank() * batch, batch));
+      RANK_CHECK(std::isfinite(loss), loss);
+      if (first_norms && c.rank() == 0) first_norms->push_back(s.gradient_norm());
+    }
+    result[c.rank()] = dtf::test::host_copy(s.parameters());
+  });
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("ring_allreduce: clip_norm clips the averaged gradient, 2 ranks at B equal one process at 2B",
+          "[collectives][loop]") {
+  const std::size_t batch = 8, steps = 12;
+  for (const dtf::optim::rule rule : {dtf::optim::rule(dtf::optim::sgd{.learning_rate = 0.5f}),
+                                      dtf::optim::rule(dtf::optim::adamw{.learning_rate = 0.01f, .weight_decay = 0.1f})}) {
+    INFO("rule " << dtf::optim::optimizer<>(rule, 1).rule_name());
+    std::vector<double> want_norms;
+    const auto single = train_single_loop(2 * batch, steps, {.rule = rule, .clip_norm = 0.05f}, &want_norms);
+    std::vector<float> norms;
+    const auto result = train_ranks_loop(2, batch, steps, {.rule = rule, .clip_norm = 0.05f}, &norms);
+    REQUIRE(result[0] == result[1]);  // every rank clipped the same averaged gradient
+    REQUIRE(norms.size() == want_norms.size());
+    CHECK(norms[0] > 0.05f);  // the bound binds
+    for (std::size_t i = 0; i < norms.size(); ++i) CHECK(norms[i] == Approx(want_norms[i]).epsilon(1e-4));
+    for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+    // And clipping changed the outcome.
+    const auto unclipped = train_single_loop(2 * batch, steps, {.rule = rule});
+    double diff = 0;
+    for (std::size_t i = 0; i < single.size(); ++i) diff += std::abs(double(unclipped[i]) - double(single[i]));
+    CHECK(diff > 1e-3);
+  }
+}
+
+TEST_CASE("ring_allreduce: a schedule sets each step's rate", "[collectives][loop]") {
+  const std::size_t batch = 8, steps = 12;
+  const dtf::optim::cosine_decay cosine{.learning_rate = 0.5f, .decay_steps = 8, .alpha = 0.1f, .warmup_steps = 3};
+  const auto single = train_single_loop(2 * batch, steps, {.schedule = cosine});
+  const auto result = train_ranks_loop(2, batch, steps, {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .schedule = cosine});
+  REQUIRE(result[0] == result[1]);
+  for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+  auto comm = communicator::single();
+  auto net = dtf::test::small_net();
+  CHECK_THROWS_WITH((dtf::strategies::ring_allreduce<dtf::nn::sequential>(
+                        comm, net, {.linear_scaling = true, .schedule = cosine})),
+                    Catch::Contains("linear_scaling"));
+  CHECK_THROWS_WITH((dtf::strategies::ring_allreduce<dtf::nn::sequential>(comm, net, {.clip_norm = -1.0f})),
+                    Catch::Contains("clip_norm"));
+}
+
+TEST_CASE("ring_allreduce: backward_passes_per_step accumulates micro-batches into the batch's gradient",
+          "[collectives][loop]") {
+  // Plain SGD: rows-weighted means of the micro-batches' mean gradients are the batch's mean
+  // gradient, so 2 ranks at B in k passes equal one process at 2B in one.
+  const std::size_t batch = 8, steps = 10;
+  const auto single = train_single_loop(2 * batch, steps, {});
+  for (const int passes : {2, 3}) {  // 8 rows: 4 + 4, and 2 + 3 + 3
+    INFO(passes << " passes");
+    const auto result = train_ranks_loop(
+        2, batch, steps, {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .bucket_bytes = 1, .backward_passes_per_step = passes});
+    REQUIRE(result[0] == result[1]);
+    for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+  }
+  auto comm = communicator::single();
+  auto net = dtf::test::small_net();
+  dtf::strategies::ring_allreduce<dtf::nn::sequential> s(comm, net, {.backward_passes_per_step = 9});
+  s.initialize(1);
+  auto stream = dtf::test::synthetic(8, 1, dtf::test::labels::argmax).batch(8).stream();
+  CHECK_THROWS_WITH(s.step(*stream.next()), Catch::Contains("8 rows"));
+  CHECK_THROWS_WITH((dtf::strategies::ring_allreduce<dtf::nn::sequential>(comm, net, {.backward_passes_per_step = 0})),
+                    Catch::Contains("backward_passes_per_step"));
+}
+
+TEST_CASE("mirrored: clip_norm, a schedule and micro-batches, 2 replicas x 2 processes equal one process at 4B",
+          "[collectives][loop]") {
+  const std::size_t batch = 8, steps = 10, replicas = 2;
+  const dtf::optim::exponential_decay decay{.learning_rate = 0.5f, .decay_steps = 4, .decay_rate = 0.5f};
+  const auto single = train_single_loop(4 * batch, steps, {.clip_norm = 0.05f, .schedule = decay});
+  const auto data = dtf::test::synthetic(4 * batch * steps, 7, dtf::test::labels::argmax).batch(4 * batch);
+  for (const int passes : {1, 2}) {
+    INFO(passes << " passes");
+    std::vector<std::vector<float>> result(4);
+    run_ranks(2, test_options(), [&](communicator& c) {
+      dtf::strategies::mirrored<dtf::nn::sequential> s(
+          c, dtf::test::small_net(), replicas,
+          {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .schedule = decay, .clip_norm = 0.05f,
+           .backward_passes_per_step = passes});
+      s.initialize(3);
+      auto stream = data.stream();
+      while (auto b = stream.next()) {
+        std::vector<dtf::data::host_batch> mine;
+        for (std::size_t k = 0; k < replicas; ++k) mine.push_back(rows_of(*b, (c.rank() * replicas + k) * batch, batch));
+        s.step(mine);
+        RANK_CHECK(s.gradient_norm() > 0.0f, s.gradient_norm());
+      }
+      for (std::size_t k = 0; k < replicas; ++k) result[c.rank() * replicas + k] = dtf::test::host_copy(s.parameters(k));
+    });
+    for (std::size_t k = 1; k < 4; ++k) REQUIRE(result[k] == result[0]);
+    for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
+  }
+}

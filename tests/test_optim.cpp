@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <dtf/detail/messages.hpp>
 #include <dtf/optim.hpp>
+#include <dtf/ps/config.hpp>
 #include <dtf/tensor.hpp>
 
 #include "helpers.hpp"
@@ -208,4 +210,183 @@ TEST_CASE("adam's update count: a restore continues bit for bit, and set_iterati
     const double gi = grads[0][i], m = 0.1 * gi, v = 0.001 * gi * gi;
     CHECK(got[i] == Approx(1.0 - lr_t * m / (std::sqrt(v) + 1e-8)).epsilon(1e-6));
   }
+}
+
+namespace {
+// `steps` updates of rule `r` on n seeded parameters with seeded gradients; returns the final
+// parameters and, through `p`/`g`, the start values and every step's gradients for a reference.
+std::vector<float> run_rule(optim::rule r, std::size_t n, int steps, std::vector<float>& p0,
+                            std::vector<std::vector<float>>& gs) {
+  std::uint64_t state = 777;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return float(double(state >> 40) / double(1ull << 24));
+  };
+  p0.resize(n);
+  for (auto& x : p0) x = 4 * next() - 2;
+  tensor pt = tensor::from_host<float>({n}, p0), gt({n});
+  optim::optimizer<> opt(r, n);
+  gs.assign(std::size_t(steps), std::vector<float>(n));
+  for (auto& g : gs) {
+    for (auto& x : g) x = next() - 0.5f;
+    test::set(gt, g);
+    opt.apply(pt.span<float>(), gt.span<const float>());
+  }
+  return test::get(pt);
+}
+}  // namespace
+
+TEST_CASE("weight decay: L2 for sgd, momentum, adagrad and adam as PyTorch's weight_decay", "[optim]") {
+  // Reference in double: PyTorch's g + wd p fed to each rule's own formula.
+  const double lr = 0.05, wd = 0.1, mu = 0.9;
+  const std::size_t n = 37;  // not a multiple of the vector width
+  std::vector<float> p0;
+  std::vector<std::vector<float>> gs;
+  auto check = [&](const std::vector<float>& got, const std::vector<double>& want) {
+    for (std::size_t i = 0; i < n; ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-5).margin(1e-6));
+  };
+  SECTION("sgd") {
+    auto got = run_rule(optim::sgd{.learning_rate = float(lr), .weight_decay = float(wd)}, n, 5, p0, gs);
+    std::vector<double> p(p0.begin(), p0.end());
+    for (auto& g : gs)
+      for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
+    check(got, p);
+  }
+  SECTION("momentum and nesterov") {
+    for (bool nesterov : {false, true}) {
+      auto got = run_rule(optim::momentum{.learning_rate = float(lr), .momentum = float(mu), .nesterov = nesterov,
+                                          .weight_decay = float(wd)},
+                          n, 5, p0, gs);
+      std::vector<double> p(p0.begin(), p0.end()), v(n, 0.0);
+      for (auto& g : gs)
+        for (std::size_t i = 0; i < n; ++i) {
+          const double d = g[i] + wd * p[i];
+          v[i] = mu * v[i] + d;
+          p[i] -= nesterov ? lr * (d + mu * v[i]) : lr * v[i];
+        }
+      check(got, p);
+    }
+  }
+  SECTION("adagrad") {
+    auto got = run_rule(optim::adagrad{.learning_rate = float(lr), .weight_decay = float(wd)}, n, 5, p0, gs);
+    std::vector<double> p(p0.begin(), p0.end()), a(n, 0.1);
+    for (auto& g : gs)
+      for (std::size_t i = 0; i < n; ++i) {
+        const double d = g[i] + wd * p[i];
+        a[i] += d * d;
+        p[i] -= lr * d / (std::sqrt(a[i]) + 1e-7);
+      }
+    check(got, p);
+  }
+  SECTION("adam") {
+    auto got = run_rule(optim::adam{.learning_rate = float(lr), .weight_decay = float(wd)}, n, 5, p0, gs);
+    std::vector<double> p(p0.begin(), p0.end()), m(n, 0.0), v(n, 0.0);
+    int t = 0;
+    for (auto& g : gs) {
+      ++t;
+      const double lr_t = lr * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+      for (std::size_t i = 0; i < n; ++i) {
+        const double d = g[i] + wd * p[i];
+        m[i] = 0.9 * m[i] + 0.1 * d;
+        v[i] = 0.999 * v[i] + 0.001 * d * d;
+        p[i] -= lr_t * m[i] / (std::sqrt(v[i]) + 1e-8);
+      }
+    }
+    check(got, p);
+  }
+}
+
+TEST_CASE("adamw decays decoupled from the gradient (Loshchilov & Hutter, torch.optim.AdamW)", "[optim]") {
+  CHECK(optim::adamw{}.weight_decay == 0.01f);  // PyTorch's default
+  CHECK(std::holds_alternative<optim::adamw>(optim::make_rule("adamw", 0.1f)));
+  const std::size_t n = 1003;
+  std::vector<float> p0;
+  std::vector<std::vector<float>> gs;
+  const float lr = 0.01f, wd = 0.5f;
+  auto got = run_rule(optim::adamw{.learning_rate = lr, .weight_decay = wd}, n, 4, p0, gs);
+  // The float formula, element by element: p *= 1 - lr wd, then Adam's step (the fused SSE
+  // pass must round alike).
+  std::vector<float> p = p0, m(n, 0.0f), v(n, 0.0f);
+  const float keep = float(1.0 - double(lr) * double(wd));
+  for (int t = 1; t <= 4; ++t) {
+    const float lr_t = float(lr * std::sqrt(1.0 - std::pow(double(0.999f), t)) / (1.0 - std::pow(double(0.9f), t)));
+    const auto& g = gs[std::size_t(t - 1)];
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = 0.9f * m[i] + (1.0f - 0.9f) * g[i];
+      v[i] = 0.999f * v[i] + (1.0f - 0.999f) * g[i] * g[i];
+      p[i] *= keep;
+      p[i] -= lr_t * m[i] / (std::sqrt(v[i]) + 1e-8f);
+    }
+  }
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    differ += std::abs(got[i] - p[i]) > (DTF_CUDA ? 4 : 0) * std::numeric_limits<float>::epsilon() * std::abs(p[i]);
+  CHECK(differ == 0);
+  // The same in double: decay at the rate, unlike adam's L2 (whose decay Adam's scaling undoes).
+  std::vector<double> pd(p0.begin(), p0.end()), md(n, 0.0), vd(n, 0.0);
+  for (int t = 1; t <= 4; ++t) {
+    const double lr_t = lr * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t));
+    for (std::size_t i = 0; i < n; ++i) {
+      const double g = gs[std::size_t(t - 1)][i];
+      md[i] = 0.9 * md[i] + 0.1 * g;
+      vd[i] = 0.999 * vd[i] + 0.001 * g * g;
+      pd[i] = pd[i] * (1 - double(lr) * wd) - lr_t * md[i] / (std::sqrt(vd[i]) + 1e-8);
+    }
+  }
+  for (std::size_t i = 0; i < n; i += 97) CHECK(got[i] == Approx(pd[i]).epsilon(1e-5).margin(1e-6));
+  // weight_decay 0 is adam bit for bit.
+  std::vector<float> q0;
+  auto plain = run_rule(optim::adam{.learning_rate = lr}, n, 4, q0, gs);
+  auto none = run_rule(optim::adamw{.learning_rate = lr, .weight_decay = 0.0f}, n, 4, q0, gs);
+  CHECK(plain == none);
+}
+
+TEST_CASE("rules travel to a ps with their weight decay", "[optim]") {
+  for (const optim::rule& r : {optim::rule(optim::sgd{.learning_rate = 0.1f, .weight_decay = 1e-4f}),
+                               optim::rule(optim::momentum{.learning_rate = 0.1f, .nesterov = true, .weight_decay = 0.2f}),
+                               optim::rule(optim::adagrad{.learning_rate = 0.3f, .weight_decay = 0.25f}),
+                               optim::rule(optim::adam{.learning_rate = 0.1f, .beta2 = 0.99f, .weight_decay = 0.5f}),
+                               optim::rule(optim::adamw{.learning_rate = 0.2f, .beta1 = 0.8f, .weight_decay = 0.05f})}) {
+    const auto back = detail::rule_msg::from(r).to_rule();
+    CHECK(back.index() == r.index());
+    CHECK(ps_detail::describe_rule(back) == ps_detail::describe_rule(r));
+    CHECK_THAT(ps_detail::describe_rule(r), Catch::Contains("weight_decay"));
+  }
+  CHECK(ps_detail::describe_rule(optim::adamw{}) ==
+        "adamw (learning_rate 0.001, beta1 0.9, beta2 0.999, epsilon 1e-08, weight_decay 0.01)");
+}
+
+TEST_CASE("cosine decay with linear warm-up", "[optim][schedule]") {
+  const double pi = std::acos(-1.0);
+  optim::cosine_decay c{.learning_rate = 0.1f, .decay_steps = 100, .alpha = 0.1f, .warmup_steps = 10,
+                        .warmup_from = 0.01f};
+  CHECK(c(0) == Approx(0.01));
+  CHECK(c(5) == Approx(0.01 + 0.09 * 0.5));
+  CHECK(c(10) == Approx(0.1));
+  CHECK(c(60) == Approx(0.1 * (0.9 * 0.5 * (1 + std::cos(pi * 0.5)) + 0.1)));
+  CHECK(c(110) == Approx(0.01));
+  CHECK(c(1000) == Approx(0.01));
+  optim::cosine_decay plain{.learning_rate = 1.0f, .decay_steps = 4};
+  CHECK(plain(0) == 1.0f);
+  CHECK(plain(1) == Approx(0.5 * (1 + std::cos(pi / 4))));
+  CHECK(plain(4) == Approx(0.0).margin(1e-7));
+  CHECK_THROWS_WITH((optim::cosine_decay{.decay_steps = 0}(3)), Catch::Contains("decay_steps"));
+}
+
+TEST_CASE("clip_by_global_norm scales as torch.nn.utils.clip_grad_norm_", "[optim][clip]") {
+  std::vector<float> g{3.0f, -4.0f, 0.0f, 12.0f};  // norm 13
+  tensor t = tensor::from_host<float>({4}, g);
+  CHECK(optim::clip_by_global_norm(t.span<float>(), 26.0f) == Approx(13.0));  // under the bound: unchanged
+  CHECK(test::get(t) == g);
+  CHECK(optim::clip_by_global_norm(t.span<float>(), 0.0f) == Approx(13.0));  // off
+  CHECK(test::get(t) == g);
+  CHECK(optim::clip_by_global_norm(t.span<float>(), 1.3f) == Approx(13.0));
+  const auto clipped = test::get(t);
+  const double coef = 1.3 / (13.0 + 1e-6);
+  for (std::size_t i = 0; i < g.size(); ++i) CHECK(clipped[i] == Approx(g[i] * coef));
+  CHECK(optim::global_norm(t.span<const float>()) == Approx(1.3).epsilon(1e-6));
+  std::vector<float> h = g;
+  CHECK(optim::clip_by_global_norm<optim::host_space>(std::span<float>(h), 6.5f) == Approx(13.0));
+  CHECK(h[3] == Approx(6.0).epsilon(1e-6));
+  CHECK_THROWS_WITH(optim::clip_by_global_norm(t.span<float>(), -1.0f), Catch::Contains("max_norm"));
 }

@@ -5,6 +5,7 @@
 
 #include <dtf/data/fashion_mnist.hpp>
 #include <dtf/nn.hpp>
+#include <dtf/optim/schedule.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/strategies/aeasgd.hpp>
 #include <dtf/strategies/agn.hpp>
@@ -440,3 +441,89 @@ TEST_CASE("hogwild_threads loses no update: every thread's step lands", "[strate
   for (float v : shared) REQUIRE(v == -float(report.steps));
 }
 #endif
+
+TEST_CASE("a ps worker clips its own gradient before the push, and the push carries the schedule's rate",
+          "[strategies][hogwild][loop]") {
+  // One hogwild worker (no staleness): θ̃ -= lr(t) clip(g) at the global step t the worker saw.
+  running_ps ps0(opts("ps.0"));
+  auto net = small_net();
+  const auto layout = partitioners::round_robin{}.place(net.variables(), 1);
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  const optim::cosine_decay cosine{.learning_rate = 0.5f, .decay_steps = 6, .warmup_steps = 2, .warmup_from = 0.1f};
+  const float clip = 0.05f;
+  worker_t<strategies::hogwild> w(strategies::hogwild({.schedule = cosine}), net, client, 0, 1);
+  w.set_clip_norm(clip);
+  w.initialize_ps(3);
+  w.begin();
+  auto reference_net = small_net();
+  std::vector<float> p(w.params().begin(), w.params().end()), g(p.size());
+  tensor x, y;
+  auto s = synthetic(64, 1).batch(8).stream();
+  std::int64_t t = 0;
+  bool clipped = false;
+  while (auto b = s.next()) {
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    test::loss_and_gradients_on_host(reference_net, p, x, y, g);
+    double sum = 0;
+    for (float v : g) sum += double(v) * double(v);
+    const double coef = double(clip) / (std::sqrt(sum) + 1e-6);
+    clipped = clipped || coef < 1;
+    const float lr = cosine(t++);
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * (coef < 1 ? g[i] * float(coef) : g[i]);
+    w.step(*b);
+  }
+  w.end();
+  CHECK(clipped);
+  std::vector<float> centre(p.size());
+  client.pull(centre);
+  for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(centre[i] == Catch::Detail::Approx(p[i]).margin(1e-6));
+  CHECK_THROWS_WITH(w.set_clip_norm(-1.0f), Catch::Contains("clip_norm"));
+}
+
+TEST_CASE("AGN and DynSGD take the local rate from a schedule of the global step", "[strategies][agn][loop]") {
+  // Window 1, one worker: every step commits, so step t runs at the global step t and θ̃ follows
+  // p -= schedule(t) g.
+  const optim::piecewise_constant steps{{1, 3}, {0.2f, 0.1f, 0.05f}};
+  for (const bool dyn : {false, true}) {
+    INFO((dyn ? "dyn_sgd" : "agn"));
+    running_ps ps0(opts("ps.0"));
+    auto net = small_net();
+    const auto layout = partitioners::round_robin{}.place(net.variables(), 1);
+    ps_client client({ps0.address()}, layout, opts("worker.0"));
+    client.connect();
+    auto reference_net = small_net();
+    std::vector<float> p, g;
+    tensor x, y;
+    auto run = [&](auto& w) {
+      w.initialize_ps(3);
+      w.begin();
+      p.assign(w.params().begin(), w.params().end());
+      g.assign(p.size(), 0.0f);
+      auto s = synthetic(48, 2).batch(8).stream();
+      std::int64_t t = 0;
+      while (auto b = s.next()) {
+        assign_from_host(x, b->features);
+        assign_from_host(y, b->labels);
+        test::loss_and_gradients_on_host(reference_net, p, x, y, g);
+        const float lr = steps(t++);
+        for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
+        w.step(*b);
+      }
+      w.end();
+    };
+    if (dyn) {
+      worker_t<strategies::dyn_sgd> w(
+          strategies::dyn_sgd({.window = 1, .local_rule = optim::sgd{1.0f}, .schedule = steps}), net, client, 0, 1);
+      run(w);
+    } else {
+      worker_t<strategies::agn> w(strategies::agn({.window = 1, .local_rule = optim::sgd{1.0f}, .schedule = steps}), net,
+                                  client, 0, 1);
+      run(w);
+    }
+    std::vector<float> centre(p.size());
+    client.pull(centre);
+    for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(centre[i] == Catch::Detail::Approx(p[i]).margin(1e-6));
+  }
+}

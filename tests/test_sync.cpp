@@ -792,3 +792,89 @@ TEST_CASE("with a secret, parts in segments carry their receipts, and a half-sta
   CHECK_THAT(commit.result(), Catch::Contains("without ps.1's receipt"));
   job.check_trained(6);
 }
+
+TEST_CASE("sync_sgd: the ps applies its rule with weight decay at the schedule's rate to a clipped contribution",
+          "[sync][sync_sgd][loop]") {
+  // One worker, N = 1: each step's update is the ps's rule (momentum with PyTorch's L2 weight
+  // decay, carried in the ps config) at rate schedule(t) on the worker's clipped gradient.
+  running_ps ps0(opts("ps.0"));
+  auto proto = net3();
+  const auto layout = partitioners::round_robin{}.place(proto.variables(), 1);
+  const auto data = random_labels(48, 5);
+  const optim::piecewise_constant steps{{2, 4}, {0.3f, 0.1f, 0.03f}};
+  const float clip = 0.1f, wd = 0.05f, mu = 0.9f;
+  const strategies::sync_sgd_config cfg{.replicas_to_aggregate = 1,
+                                        .rule = optim::momentum{.learning_rate = 1.0f, .momentum = mu, .weight_decay = wd},
+                                        .schedule = steps};
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  strategies::sync_worker<strategies::sync_sgd, nn::sequential> w(strategies::sync_sgd(cfg), proto, client, 0);
+  w.set_clip_norm(clip);
+  w.initialize_ps(8);
+  w.begin();
+  auto net = net3();
+  std::vector<double> p, v;
+  {
+    const auto p0 = test::initial_parameters(net, 8);
+    p.assign(p0.begin(), p0.end());
+    v.assign(p.size(), 0.0);
+  }
+  std::vector<float> pf(p.size()), g(p.size());
+  tensor x, y;
+  auto s = data.batch(8).stream();
+  for (std::int64_t t = 0; t < 6; ++t) {
+    auto b = s.next();
+    w.step(*b);
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    std::copy(p.begin(), p.end(), pf.begin());
+    test::loss_and_gradients_on_host(net, pf, x, y, g);
+    double sum = 0;
+    for (float e : g) sum += double(e) * double(e);
+    const double coef = std::min(1.0, double(clip) / (std::sqrt(sum) + 1e-6));
+    for (std::size_t j = 0; j < p.size(); ++j) {
+      const double d = coef * g[j] + wd * p[j];
+      v[j] = mu * v[j] + d;
+      p[j] -= double(steps(t)) * v[j];
+    }
+  }
+  ps_client reader({ps0.address()}, layout, opts("evaluator.0"));
+  reader.connect();
+  std::vector<float> centre(p.size());
+  CHECK(reader.pull(centre) == 6);
+  for (std::size_t j = 0; j < p.size(); ++j) REQUIRE(centre[j] == Catch::Detail::Approx(p[j]).margin(1e-5));
+  CHECK_THROWS_WITH(strategies::sync_sgd({.linear_scaling = true, .schedule = steps}), Catch::Contains("linear_scaling"));
+}
+
+TEST_CASE("sagn: the local rule's rate from a schedule of the pulled global step", "[sync][sagn][loop]") {
+  // One worker, N = 1, window 1: each step is local SGD at schedule(t) from θ̃ of step t, added whole.
+  running_ps ps0(opts("ps.0"));
+  auto proto = net3();
+  const auto layout = partitioners::round_robin{}.place(proto.variables(), 1);
+  const auto data = random_labels(40, 6);
+  const optim::exponential_decay decay{.learning_rate = 0.3f, .decay_steps = 2, .decay_rate = 0.5f};
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  strategies::sync_worker<strategies::sagn, nn::sequential> w(
+      strategies::sagn({.replicas_to_aggregate = 1, .window = 1, .local_rule = optim::sgd{1.0f}, .schedule = decay}), proto,
+      client, 0);
+  w.initialize_ps(8);
+  w.begin();
+  auto net = net3();
+  std::vector<float> p = test::initial_parameters(net, 8), g(p.size());
+  tensor x, y;
+  auto s = data.batch(8).stream();
+  for (std::int64_t t = 0; t < 5; ++t) {
+    auto b = s.next();
+    w.step(*b);
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    test::loss_and_gradients_on_host(net, p, x, y, g);
+    for (std::size_t j = 0; j < p.size(); ++j) p[j] -= decay(t) * g[j];
+  }
+  ps_client reader({ps0.address()}, layout, opts("evaluator.0"));
+  reader.connect();
+  std::vector<float> centre(p.size());
+  CHECK(reader.pull(centre) == 5);
+  for (std::size_t j = 0; j < p.size(); ++j) REQUIRE(centre[j] == Catch::Detail::Approx(p[j]).margin(1e-5));
+}

@@ -208,3 +208,60 @@ TEST_CASE("train_flags: flags become options, and bad values name the flag", "[t
 }
 
 }  // namespace train_tests
+
+TEST_CASE("train: clip_norm and backward_passes_per_step reach the collective engine; a schedule sets the rate",
+          "[train][loop]") {
+  // One rank: the engine's averaged gradient is the batch's own. Reference: the plain loop of
+  // reference_sgd with the gradient clipped by torch.nn.utils.clip_grad_norm_'s formula and the
+  // rate from the schedule (micro-batches change nothing but rounding).
+  const auto data = dtf::test::synthetic(320, 7, dtf::test::labels::argmax);
+  const float clip = 0.05f;
+  const dtf::optim::exponential_decay decay{.learning_rate = 0.5f, .decay_steps = 5, .decay_rate = 0.5f};
+  auto net = dtf::test::small_net();
+  const std::size_t n = net.num_parameters();
+  dtf::tensor p({n}), g({n}), x, y;
+  net.initialize(p.span<float>(), 11);
+  dtf::optim::optimizer<> opt(dtf::optim::sgd{0.1f}, n);
+  auto stream = data.shuffle(11).batch(32).stream();
+  for (std::int64_t s = 0; s < 10; ++s) {
+    const auto b = stream.next();
+    dtf::assign_from_host(x, b->features);
+    dtf::assign_from_host(y, b->labels);
+    net.loss_and_gradients(p.span<float>(), x, y, g.span<float>());
+    auto gv = g.to_vector<float>();
+    double sum = 0;
+    for (float v : gv) sum += double(v) * double(v);
+    const double coef = double(clip) / (std::sqrt(sum) + 1e-6);
+    if (coef < 1)
+      for (float& v : gv) v *= float(coef);
+    g.copy_from_host<float>(gv);
+    opt.apply(p.span<float>(), g.span<float>(), decay(s));
+  }
+  const auto reference = p.to_vector<float>();
+
+  std::vector<float> final_params;
+  dtf::train_options o{.epochs = 1, .batch = 32, .seed = 11, .log_every = 0};
+  o.clip_norm = clip;
+  o.backward_passes_per_step = 2;
+  o.evaluate = [&](std::span<const float> q) {
+    final_params = dtf::test::host_copy(q);
+    return dtf::nn::evaluation{};
+  };
+  const auto r = dtf::train(dtf::local_cluster(), net, data,
+                            dtf::strategies::ring_allreduce<>({.rule = dtf::optim::sgd{0.1f}, .schedule = decay}), o);
+  CHECK(r.global_step == 10);
+  REQUIRE(final_params.size() == reference.size());
+  for (std::size_t i = 0; i < reference.size(); ++i) REQUIRE(final_params[i] == Approx(reference[i]).margin(1e-5));
+
+  // The options and the strategy's config disagreeing, a ps strategy asked for micro-batches, bad values.
+  dtf::train_options two{.log_every = 0};
+  two.clip_norm = 1;
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, dtf::strategies::ring_allreduce<>({.clip_norm = 2}), two),
+                    Catch::Contains("clip_norm") && Catch::Contains("give one"));
+  two.clip_norm = -1;
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, dtf::strategies::ring_allreduce<>(), two), Catch::Contains("clip_norm"));
+  dtf::train_options passes{.log_every = 0};
+  passes.backward_passes_per_step = 0;
+  CHECK_THROWS_WITH(dtf::train(dtf::local_cluster(), net, data, dtf::strategies::mirrored<>({}, 2), passes),
+                    Catch::Contains("backward_passes_per_step"));
+}

@@ -26,7 +26,7 @@
 namespace dtf::detail {
 
 inline constexpr std::uint32_t frame_magic = 0x31465444;  // "DTF1"
-inline constexpr std::uint16_t protocol_version = 6;
+inline constexpr std::uint16_t protocol_version = 7;  // 7: rule_msg::weight_decay, optim::adamw
 inline constexpr std::size_t frame_header_size = 32;
 
 enum class message_kind : std::uint16_t {

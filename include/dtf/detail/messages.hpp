@@ -62,15 +62,16 @@ struct refused_msg {
 
 // ---- parameter server -----------------------------------------------------------------------
 
-/// An optim::rule on the wire.
+/// An optim::rule on the wire (weight_decay since protocol version 7).
 struct rule_msg {
   std::string name = "sgd";
   float learning_rate = 0.01f, momentum = 0.9f, beta1 = 0.9f, beta2 = 0.999f, epsilon = 1e-8f,
         initial_accumulator = 0.1f;
   bool nesterov = false;
+  float weight_decay = 0.0f;
   template <class A>
   void serialize(A& ar) {
-    ar(name, learning_rate, momentum, beta1, beta2, epsilon, initial_accumulator, nesterov);
+    ar(name, learning_rate, momentum, beta1, beta2, epsilon, initial_accumulator, nesterov, weight_decay);
   }
   static rule_msg from(const optim::rule& r) {
     rule_msg m;
@@ -79,19 +80,22 @@ struct rule_msg {
           using R = std::decay_t<decltype(x)>;
           m.name = std::string(R::name);
           m.learning_rate = x.learning_rate;
+          m.weight_decay = x.weight_decay;
           if constexpr (std::is_same_v<R, optim::momentum>) m.momentum = x.momentum, m.nesterov = x.nesterov;
           if constexpr (std::is_same_v<R, optim::adagrad>)
             m.initial_accumulator = x.initial_accumulator, m.epsilon = x.epsilon;
-          if constexpr (std::is_same_v<R, optim::adam>) m.beta1 = x.beta1, m.beta2 = x.beta2, m.epsilon = x.epsilon;
+          if constexpr (std::is_same_v<R, optim::adam> || std::is_same_v<R, optim::adamw>)
+            m.beta1 = x.beta1, m.beta2 = x.beta2, m.epsilon = x.epsilon;
         },
         r);
     return m;
   }
   optim::rule to_rule() const {
-    if (name == "sgd") return optim::sgd{learning_rate};
-    if (name == "momentum") return optim::momentum{learning_rate, momentum, nesterov};
-    if (name == "adagrad") return optim::adagrad{learning_rate, initial_accumulator, epsilon};
-    if (name == "adam") return optim::adam{learning_rate, beta1, beta2, epsilon};
+    if (name == "sgd") return optim::sgd{learning_rate, weight_decay};
+    if (name == "momentum") return optim::momentum{learning_rate, momentum, nesterov, weight_decay};
+    if (name == "adagrad") return optim::adagrad{learning_rate, initial_accumulator, epsilon, weight_decay};
+    if (name == "adam") return optim::adam{learning_rate, beta1, beta2, epsilon, weight_decay};
+    if (name == "adamw") return optim::adamw{learning_rate, beta1, beta2, epsilon, weight_decay};
     throw error(errc::corrupt_data, "unknown update rule '" + name + "'");
   }
 };

@@ -101,12 +101,12 @@ struct adam_count {
 // Adam's element update with the rate read from where adam_count wrote it.
 struct adam_at {
   const float* lr_t;
-  float b1, b2, eps;
+  float b1, b2, eps, wd, keep;  // wd, keep: adam_kernel's weight decay (adam_l2, adam_keep)
   float* p;
   const float* g;
   float* m;
   float* v;
-  DTF_HD void operator()(std::size_t i) const { adam_kernel{*lr_t, b1, b2, eps}(p[i], g[i], m, v, i); }
+  DTF_HD void operator()(std::size_t i) const { adam_kernel{*lr_t, b1, b2, eps, wd, keep}(p[i], g[i], m, v, i); }
 };
 
 // The update in one pass over host memory (the buffers never overlap). GCC does not
@@ -120,15 +120,19 @@ void host_apply(Kernel k, float* __restrict p, const float* __restrict g, float*
 #if DTF_OPTIM_SSE
   if constexpr (std::is_same_v<Kernel, adam_kernel>) {
     const __m128 b1 = _mm_set1_ps(k.b1), b2 = _mm_set1_ps(k.b2), c1 = _mm_set1_ps(1.0f - k.b1),
-                 c2 = _mm_set1_ps(1.0f - k.b2), lr = _mm_set1_ps(k.lr_t), eps = _mm_set1_ps(k.eps);
+                 c2 = _mm_set1_ps(1.0f - k.b2), lr = _mm_set1_ps(k.lr_t), eps = _mm_set1_ps(k.eps),
+                 wd = _mm_set1_ps(k.wd), keep = _mm_set1_ps(k.keep);
+    const bool l2 = k.wd != 0.0f, decoupled = k.keep != 1.0f;  // as adam_kernel: skipped when off
     for (; i + 4 <= n; i += 4) {
-      const __m128 gi = _mm_loadu_ps(g + i);
+      __m128 gi = _mm_loadu_ps(g + i), pi = _mm_loadu_ps(p + i);
+      if (l2) gi = _mm_add_ps(gi, _mm_mul_ps(wd, pi));
+      if (decoupled) pi = _mm_mul_ps(pi, keep);
       const __m128 mi = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(s0 + i)), _mm_mul_ps(c1, gi));
       const __m128 vi = _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(s1 + i)), _mm_mul_ps(_mm_mul_ps(c2, gi), gi));
       _mm_storeu_ps(s0 + i, mi);
       _mm_storeu_ps(s1 + i, vi);
       const __m128 step = _mm_div_ps(_mm_mul_ps(lr, mi), _mm_add_ps(_mm_sqrt_ps(vi), eps));
-      _mm_storeu_ps(p + i, _mm_sub_ps(_mm_loadu_ps(p + i), step));
+      _mm_storeu_ps(p + i, _mm_sub_ps(pi, step));
     }
   }
 #endif
@@ -186,22 +190,24 @@ class optimizer {
         [&](const auto& r) {
           using R = std::decay_t<decltype(r)>;
           if constexpr (std::is_same_v<R, sgd>) {
-            run(detail::sgd_kernel{lr}, params, grads, s0, s1);
+            run(detail::sgd_kernel{lr, r.weight_decay}, params, grads, s0, s1);
           } else if constexpr (std::is_same_v<R, momentum>) {
-            run(detail::momentum_kernel{lr, r.momentum, r.nesterov}, params, grads, s0, s1);
+            run(detail::momentum_kernel{lr, r.momentum, r.nesterov, r.weight_decay}, params, grads, s0, s1);
           } else if constexpr (std::is_same_v<R, adagrad>) {
-            run(detail::adagrad_kernel{lr, r.epsilon}, params, grads, s0, s1);
-          } else if constexpr (on_device) {
+            run(detail::adagrad_kernel{lr, r.epsilon, r.weight_decay}, params, grads, s0, s1);
+          } else if constexpr (on_device) {  // adam, adamw
 #if DTF_CUDA
             float* rate = thrust::raw_pointer_cast(rate_.data());
             device::for_each_index(stream_, 1,
                                    detail::adam_count{thrust::raw_pointer_cast(counter_.data()), rate, lr, r.beta1, r.beta2},
                                    "optim::optimizer (adam's count)");
-            launch(detail::adam_at{rate, r.beta1, r.beta2, r.epsilon, params.data(), grads.data(), s0, s1});
+            launch(detail::adam_at{rate, r.beta1, r.beta2, r.epsilon, detail::adam_l2(r), detail::adam_keep(r, lr),
+                                   params.data(), grads.data(), s0, s1});
 #endif
-          } else {
+          } else {  // adam, adamw
             const float lr_t = detail::adam_rate(lr, r.beta1, r.beta2, iterations_);
-            run(detail::adam_kernel{lr_t, r.beta1, r.beta2, r.epsilon}, params, grads, s0, s1);
+            run(detail::adam_kernel{lr_t, r.beta1, r.beta2, r.epsilon, detail::adam_l2(r), detail::adam_keep(r, lr)},
+                params, grads, s0, s1);
           }
         },
         rule_);
@@ -228,7 +234,7 @@ class optimizer {
     counter_stale_ = true;
   }
 
-  /// The rule's name (sgd, momentum, nesterov, adagrad, adam), as checkpoints record it.
+  /// The rule's name (sgd, momentum, nesterov, adagrad, adam, adamw), as checkpoints record it.
   std::string rule_name() const {
     return std::visit([](const auto& r) { return std::string(std::decay_t<decltype(r)>::name); }, rule_);
   }

@@ -91,7 +91,40 @@ struct linear_scaling_warmup {
   }
 };
 
+/// Cosine decay with linear warm-up (tf.keras.optimizers.schedules.CosineDecay with
+/// warmup_steps; PyTorch's LinearLR then CosineAnnealingLR): from warmup_from to learning_rate
+/// linearly over the first warmup_steps steps, then learning_rate * ((1 - alpha) *
+/// (1 + cos(pi * s / decay_steps)) / 2 + alpha) at s = step - warmup_steps steps after the
+/// warm-up (s capped at decay_steps: alpha * learning_rate from then on).
+struct cosine_decay {
+  /// The peak rate (after warm-up).
+  float learning_rate = 0.01f;
+  /// Steps from the peak to the floor.
+  std::int64_t decay_steps = 1000;
+  /// The floor as a fraction of learning_rate.
+  float alpha = 0.0f;
+  /// Steps of linear warm-up (0: none).
+  std::int64_t warmup_steps = 0;
+  /// The rate at step 0 of the warm-up.
+  float warmup_from = 0.0f;
+  /// The rate at global step `step`. Errors: errc::invalid_config when decay_steps is not
+  /// positive or warmup_steps is negative.
+  float operator()(std::int64_t step) const {
+    if (decay_steps <= 0 || warmup_steps < 0)
+      throw error(errc::invalid_config, "optim::cosine_decay: decay_steps " + std::to_string(decay_steps) +
+                                            ", warmup_steps " + std::to_string(warmup_steps) +
+                                            " (decay_steps must be positive, warmup_steps not negative)");
+    if (step < warmup_steps)
+      return float(double(warmup_from) +
+                   (double(learning_rate) - double(warmup_from)) * double(step) / double(warmup_steps));
+    const double s = double(std::min(step - warmup_steps, decay_steps)) / double(decay_steps);
+    const double pi = 3.14159265358979323846;
+    return float(double(learning_rate) * ((1.0 - double(alpha)) * 0.5 * (1.0 + std::cos(pi * s)) + double(alpha)));
+  }
+};
+
 static_assert(lr_schedule<constant_schedule>);
+static_assert(lr_schedule<cosine_decay>);
 static_assert(lr_schedule<piecewise_constant>);
 static_assert(lr_schedule<exponential_decay>);
 static_assert(lr_schedule<linear_scaling_warmup>);

@@ -136,7 +136,9 @@ inline std::string describe_rule(const optim::rule& rule) {
   std::string out = r.name + " (learning_rate " + num(r.learning_rate);
   if (r.name == "momentum") out += ", momentum " + num(r.momentum) + (r.nesterov ? ", nesterov" : "");
   if (r.name == "adagrad") out += ", initial_accumulator " + num(r.initial_accumulator) + ", epsilon " + num(r.epsilon);
-  if (r.name == "adam") out += ", beta1 " + num(r.beta1) + ", beta2 " + num(r.beta2) + ", epsilon " + num(r.epsilon);
+  if (r.name == "adam" || r.name == "adamw")
+    out += ", beta1 " + num(r.beta1) + ", beta2 " + num(r.beta2) + ", epsilon " + num(r.epsilon);
+  if (r.weight_decay != 0.0f || r.name == "adamw") out += ", weight_decay " + num(r.weight_decay);
   return out + ")";
 }
 

@@ -171,16 +171,18 @@ class sparse_store {
             using R = std::decay_t<decltype(r)>;
             if (delta) return apply_rows(t, s, ids, rows, at, delta_kernel{});
             if constexpr (std::is_same_v<R, optim::sgd>) {
-              apply_rows(t, s, ids, rows, at, optim::detail::sgd_kernel{rate});
+              apply_rows(t, s, ids, rows, at, optim::detail::sgd_kernel{rate, r.weight_decay});
             } else if constexpr (std::is_same_v<R, optim::momentum>) {
-              apply_rows(t, s, ids, rows, at, optim::detail::momentum_kernel{rate, r.momentum, r.nesterov});
+              apply_rows(t, s, ids, rows, at, optim::detail::momentum_kernel{rate, r.momentum, r.nesterov, r.weight_decay});
             } else if constexpr (std::is_same_v<R, optim::adagrad>) {
-              apply_rows(t, s, ids, rows, at, optim::detail::adagrad_kernel{rate, r.epsilon});
+              apply_rows(t, s, ids, rows, at, optim::detail::adagrad_kernel{rate, r.epsilon, r.weight_decay});
             } else {
               const double n = double(s.iterations);
               const float lr_t = float(rate * std::sqrt(1.0 - std::pow(double(r.beta2), n)) /
                                        (1.0 - std::pow(double(r.beta1), n)));
-              apply_rows(t, s, ids, rows, at, optim::detail::adam_kernel{lr_t, r.beta1, r.beta2, r.epsilon});
+              apply_rows(t, s, ids, rows, at, optim::detail::adam_kernel{lr_t, r.beta1, r.beta2, r.epsilon,
+                                                                        optim::detail::adam_l2(r),
+                                                                        optim::detail::adam_keep(r, rate)});
             }
           },
           t.rule);

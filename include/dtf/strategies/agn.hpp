@@ -11,6 +11,10 @@
 
 #include <dtf/strategies/window.hpp>
 
+#include <cstdint>
+#include <functional>
+#include <optional>
+
 namespace dtf::strategies {
 
 /// agn's knobs.
@@ -18,6 +22,9 @@ struct agn_config {
   std::size_t window = 10;                      ///< λ: local steps per commit (dist-keras 5–12)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser (Hermans used Adam)
   bool staleness_aware = true;  ///< commits normalised by the window's steps (false: the raw residual)
+  /// The local rule's rate at the global step the worker last saw (e.g. optim::cosine_decay);
+  /// empty: the rule's own rate.
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// Accumulated Gradient Normalization (Hermans et al. 2017, dist-keras's ADAG): λ local steps,
@@ -44,7 +51,7 @@ class agn {
   /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
   /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
-    const float loss = win_.step(w, grad);
+    const float loss = win_.step(w, grad, c_.schedule ? std::optional<float>(c_.schedule(w.global_step)) : std::nullopt);
     if (win_.count() == c_.window) commit(w);
     return loss;
   }

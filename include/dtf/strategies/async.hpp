@@ -17,6 +17,7 @@
 #include <dtf/concepts.hpp>
 #include <dtf/data/dataset.hpp>
 #include <dtf/host.hpp>
+#include <dtf/optim/clip.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/ps.hpp>
 #include <dtf/strategies/embedding_gradient.hpp>
@@ -189,7 +190,9 @@ class async_worker {
     gradient_.set_batch(b);
     state_.epoch = b.epoch;
     const float loss = strategy_.step(state_, [this](std::span<const float> at, std::span<float> g) {
-      return gradient_(at, g);
+      const float l = gradient_(at, g);
+      if (clip_norm_ > 0.0f) optim::clip_by_global_norm<optim::host_space>(g, clip_norm_);
+      return l;
     });
     ++state_.local_step;
     return loss;
@@ -197,6 +200,16 @@ class async_worker {
 
   /// After the last step: the strategy's end(), which flushes what is pending.
   void end() { strategy_.end(state_); }
+  /// Clips each batch's gradient to global L2 norm `max_norm` before the strategy sees it (this
+  /// worker's own gradient, not what the ps aggregates; 0: off). Errors: errc::invalid_config
+  /// for a negative norm or an embedding model (its rows' gradients would escape the norm).
+  void set_clip_norm(float max_norm) {
+    if (!(max_norm >= 0.0f)) throw error(errc::invalid_config, "clip_norm must be 0 (off) or positive");
+    if (embedding_model<M> && max_norm > 0.0f)
+      throw error(errc::invalid_config, "clip_norm: not for embedding models (the rows' gradients on the ps would "
+                                        "escape the norm)");
+    clip_norm_ = max_norm;
+  }
 
   /// The staleness of this worker's pushes so far.
   const staleness_stats& staleness() const noexcept { return staleness_; }
@@ -223,6 +236,7 @@ class async_worker {
   staleness_stats staleness_;
   worker_state state_;
   typename detail::gradient_of<M>::type gradient_;
+  float clip_norm_ = 0.0f;
 };
 
 }  // namespace dtf::strategies

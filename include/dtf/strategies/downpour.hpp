@@ -13,6 +13,10 @@
 
 #include <dtf/strategies/async.hpp>
 
+#include <cstdint>
+#include <functional>
+#include <optional>
+
 namespace dtf::strategies {
 
 /// downpour's knobs.
@@ -24,6 +28,9 @@ struct downpour_config {
   std::vector<float> local_rates{};                ///< DOWNPOUR-Easy: worker k uses local SGD
                                                    ///< at local_rates[k % size()] when non-empty
   bool staleness_aware = true;  ///< the ps divides each push's rate by its staleness + 1
+  /// The rate the ps applies ps_rule at for each push, from the global step the worker last saw
+  /// (e.g. optim::cosine_decay); empty: ps_rule's own rate.
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// DOWNPOUR-Easy's configuration: local SGD at per-worker rates, Adagrad on the ps.
@@ -97,7 +104,8 @@ class downpour {
 
  private:
   void flush(worker_state& w) {
-    w.pushed(w.ps.push_gradients(acc_, std::nullopt, true, c_.staleness_aware));
+    const std::optional<float> rate = c_.schedule ? std::optional<float>(c_.schedule(w.global_step)) : std::nullopt;
+    w.pushed(w.ps.push_gradients(acc_, rate, true, c_.staleness_aware));
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     pending_ = 0;
   }

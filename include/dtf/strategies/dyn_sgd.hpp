@@ -10,6 +10,10 @@
 
 #include <dtf/strategies/window.hpp>
 
+#include <cstdint>
+#include <functional>
+#include <optional>
+
 namespace dtf::strategies {
 
 /// dyn_sgd's knobs.
@@ -17,6 +21,9 @@ struct dyn_sgd_config {
   std::size_t window = 5;                       ///< local steps per commit (dist-keras: 5)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser
   bool staleness_aware = true;  ///< the ps scales each commit by 1 / (τ + 1) (false: adds it whole)
+  /// The local rule's rate at the global step the worker last saw (e.g. optim::cosine_decay);
+  /// empty: the rule's own rate.
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// DynSGD (Jiang et al. 2017): as agn's window, but the worker commits the residual θₖ − θ_pulled
@@ -43,7 +50,7 @@ class dyn_sgd {
   /// dtf::strategy: one local step: the gradient through `grad`, the pulls and pushes the scheme
   /// makes; returns the batch's loss.
   float step(worker_state& w, const gradient_fn& grad) {
-    const float loss = win_.step(w, grad);
+    const float loss = win_.step(w, grad, c_.schedule ? std::optional<float>(c_.schedule(w.global_step)) : std::nullopt);
     if (win_.count() == c_.window) commit(w);
     return loss;
   }

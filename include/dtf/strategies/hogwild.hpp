@@ -14,7 +14,10 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <thread>
+#include <utility>
 
 namespace dtf::strategies {
 
@@ -26,6 +29,10 @@ struct hogwild_config {
   /// Off by default: a Hogwild push is only a few updates stale (a pull and a push around every
   /// gradient), and the rule cost it accuracy at 4 and 16 workers (docs/benchmarks.md).
   bool staleness_aware = false;
+  /// The rate of each push from the global step the worker last saw (e.g. optim::cosine_decay);
+  /// empty: learning_rate times epoch_decay per epoch. The ps applies it (divided by the
+  /// staleness + 1 when staleness_aware).
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// Hogwild (Niu et al. 2011) through parameter servers: every step the worker pulls θ̃ and pushes
@@ -39,7 +46,7 @@ class hogwild {
   /// dtf::strategy: the shape of the job (see dtf::strategy_kind).
   static constexpr strategy_kind kind = strategy_kind::asynchronous;
   /// A strategy with the given knobs.
-  explicit hogwild(config_type c = {}) : c_(c) {}
+  explicit hogwild(config_type c = {}) : c_(std::move(c)) {}
 
   /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return optim::sgd{c_.learning_rate}; }
@@ -52,7 +59,7 @@ class hogwild {
   float step(worker_state& w, const gradient_fn& grad) {
     w.ps.pull(w.params);
     const float loss = grad(w.params, w.grads);
-    const float lr = c_.learning_rate * std::pow(c_.epoch_decay, float(w.epoch));
+    const float lr = c_.schedule ? c_.schedule(w.global_step) : c_.learning_rate * std::pow(c_.epoch_decay, float(w.epoch));
     w.pushed(w.ps.push_gradients(w.grads, lr, true, c_.staleness_aware));
     return loss;
   }

@@ -28,6 +28,9 @@
 // thread as soon as every replica has produced a bucket's gradients, while the replicas'
 // backprop goes on below it. The buckets, their order and the arithmetic are the same with
 // overlap off, so the variables are bitwise identical either way.
+// The training loop's extras (config, as ring_allreduce's): `schedule`; `clip_norm`, applied to
+// the mean across every replica of every process, so the copies stay equal;
+// `backward_passes_per_step`, each replica's batch in micro-batches (no overlap then).
 // Every process must run the same number of replicas (the global mean is then the mean of
 // the processes' means). Communication per step: one allreduce of the model's gradients per
 // process, none between the replicas of a process (shared memory).
@@ -47,11 +50,13 @@
 #include <dtf/config.hpp>
 #include <dtf/data/dataset.hpp>
 #include <dtf/host.hpp>
+#include <dtf/optim/clip.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/runtime.hpp>
 #include <dtf/strategies/gradient_buckets.hpp>
+#include <dtf/strategies/micro_batches.hpp>
 #include <dtf/tensor.hpp>
 
 #include <thrust/copy.h>
@@ -90,6 +95,15 @@ struct mirrored_config {
   /// Gradients cross processes in buckets of at least this many bytes, cut at variable
   /// boundaries (0: one bucket). Every process must use the same value.
   std::size_t bucket_bytes = std::size_t(4) << 20;
+  /// The learning rate at each global step (see ring_allreduce_config::schedule); empty: the
+  /// rule's rate (with linear_scaling). Not with linear_scaling.
+  std::function<float(std::int64_t global_step)> schedule{};
+  /// Clip the mean gradient to this global L2 norm before the update (torch.nn.utils.
+  /// clip_grad_norm_); 0: no clipping.
+  float clip_norm = 0.0f;
+  /// Backward passes per step: each replica's batch runs as this many accumulated micro-batches
+  /// (dtf/strategies/micro_batches.hpp); 1: one pass.
+  int backward_passes_per_step = 1;
 };
 
 /// Nccl: reduce the replicas with NCCL where every replica has a GPU of its own (see the file
@@ -141,10 +155,11 @@ class mirrored<M, Nccl> {
   /// replicas; with NCCL, errc::internal when its initialisation fails.
   mirrored(communicator& comm, const M& prototype, std::size_t replicas, mirrored_config config = {})
       : comm_(comm), config_(config), n_(num_parameters(prototype.variables())), reduced_(pre + n_) {
+    detail::check_loop_config(config_, "mirrored");
     if (replicas == 0) throw error(errc::invalid_argument, "mirrored: 0 replicas");
     for (std::size_t k = 0; k < replicas; ++k) {
       on_device(k);
-      replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule));
+      replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule, config_.backward_passes_per_step));
     }
 #if DTF_CUDA
     if constexpr (Nccl) {
@@ -160,7 +175,7 @@ class mirrored<M, Nccl> {
     reducer_ = std::make_unique<detail::bucket_reducer>(
         detail::plan_buckets(prototype.variables(), pre, config.bucket_bytes),
         config.overlap && streams_gradients<M> && device_memory_is_host_accessible && comm.size() > 1 &&
-            !reduces_on_gpus(),
+            !reduces_on_gpus() && config.backward_passes_per_step == 1,
         replicas);
     threads_ = std::make_unique<detail::replica_threads>(replicas, [](std::size_t k) {
       set_cpu_threads({.device = 1, .blas = 0});  // OpenMP's thread count is per thread
@@ -244,6 +259,7 @@ class mirrored<M, Nccl> {
 
   /// The rate of the next step.
   float learning_rate() const {
+    if (config_.schedule) return config_.schedule(step_);
     const float base = optim::detail::base_learning_rate(config_.rule);
     if (!config_.linear_scaling) return base;
     return optim::linear_scaling_warmup{.base_rate = base, .scale = float(global_replicas()),
@@ -256,6 +272,8 @@ class mirrored<M, Nccl> {
   M& model(std::size_t k = 0) { return replicas_.at(k)->net; }
   /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
+  /// The mean gradient's global norm before clipping at the last step (0 without clip_norm).
+  float gradient_norm() const noexcept { return last_norm_; }
 
   /// Replica k's update-rule state, for checkpoints (every replica holds the same).
   const optim::optimizer<>& optimizer(std::size_t k = 0) const { return replicas_.at(k)->opt; }
@@ -275,13 +293,14 @@ class mirrored<M, Nccl> {
 
  private:
   struct replica {
-    replica(const M& prototype, std::size_t n, const optim::rule& rule)
+    replica(const M& prototype, std::size_t n, const optim::rule& rule, int passes)
         : net(prototype), params({n}), grads({pre + n}), host_grads(device_memory_is_host_accessible ? 0 : pre + n),
-          opt(rule, n) {}
+          opt(rule, n), micro(passes) {}
     M net;
     tensor params, grads, x, y;  // grads: [loss, 15 zeros, the gradient]
     std::vector<float> host_grads;  // CUDA builds: grads staged in host memory
     optim::optimizer<> opt;
+    detail::micro_batches micro;  // backward_passes_per_step
   };
 
   static void on_device([[maybe_unused]] std::size_t k) {
@@ -307,7 +326,9 @@ class mirrored<M, Nccl> {
     const auto params = rep.params.template span<const float>();
     const auto grads = rep.grads.template span<float>().subspan(pre, n_);
     float loss = 0;
-    if constexpr (streams_gradients<M>) {
+    if (rep.micro.passes() > 1) {
+      loss = rep.micro.loss_and_gradients(rep.net, params, rep.x, rep.y, grads);
+    } else if constexpr (streams_gradients<M>) {
       if (reducer_->overlapping())
         loss = rep.net.loss_and_gradients(params, rep.x, rep.y, grads, gradient_ready_fn([this](std::size_t first, std::size_t count) {
                                             reducer_->report(pre + first, count);
@@ -340,6 +361,9 @@ class mirrored<M, Nccl> {
     // Across processes, bucket by bucket (with overlap: the buckets not reduced yet, and the
     // replicas' average of each first).
     if (k == 0) reducer_->finish();
+    if (k == 0 && config_.clip_norm > 0.0f)  // the mean of every replica of every process
+      last_norm_ = float(optim::clip_by_global_norm<optim::host_space>(std::span<float>(reduced_).subspan(pre, n_),
+                                                                       config_.clip_norm));
     barrier.arrive_and_wait(timeout);
     const auto mean = std::span<const float>(reduced_).subspan(pre, n_);
     if constexpr (device_memory_is_host_accessible) {
@@ -393,6 +417,10 @@ class mirrored<M, Nccl> {
     if (comm_.size() > 1)
       dtf::detail::check_cuda(cudaMemcpy(grads + pre, reduced_.data() + pre, n_ * sizeof(float), cudaMemcpyHostToDevice),
                               "cudaMemcpy (gradients across processes)");
+    if (config_.clip_norm > 0.0f) {  // every replica the same mean, on its own GPU
+      const double norm = optim::clip_by_global_norm(rep.grads.template span<float>().subspan(pre, n_), config_.clip_norm);
+      if (k == 0) last_norm_ = float(norm);
+    }
     rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().subspan(pre, n_), lr);
   }
 #endif
@@ -405,6 +433,7 @@ class mirrored<M, Nccl> {
   std::vector<float> reduced_;  // [loss, 15 zeros, the mean gradient]
   std::vector<std::unique_ptr<replica>> replicas_;
   std::int64_t step_ = 0;
+  float last_norm_ = 0;
   // Null (or nothing, without NCCL): the host path. Its type depends on Nccl only, never on
   // the translation unit, so that mirrored<M, false> has one layout everywhere.
   std::conditional_t<Nccl, std::unique_ptr<detail::nccl_replica_group>, detail::no_replica_group> nccl_;

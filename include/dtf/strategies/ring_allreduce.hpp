@@ -22,6 +22,12 @@
 // below; the optimiser step waits for the last bucket. The buckets and their order are the same
 // with overlap off (every bucket reduced after backprop), so the parameters are bitwise
 // identical either way. A model that does not stream its gradients is reduced after backprop.
+//
+// The training loop's extras (config): learning-rate schedules (`schedule`, any
+// dtf/optim/schedule.hpp schedule of the global step), gradient clipping by global norm after
+// the reduce (`clip_norm`: every rank clips the same averaged gradient, so the replicas stay
+// equal), micro-batch accumulation (`backward_passes_per_step`, dtf/strategies/micro_batches.hpp:
+// the passes' gradients are summed locally and reduced once per step; no overlap then).
 // Errors: those of dtf::communicator (a dead or mismatched rank fails every rank).
 // Thread safety: one thread per instance.
 #pragma once
@@ -32,10 +38,12 @@
 #include <dtf/data/dataset.hpp>
 #include <dtf/error.hpp>
 #include <dtf/host.hpp>
+#include <dtf/optim/clip.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/strategies/gradient_buckets.hpp>
+#include <dtf/strategies/micro_batches.hpp>
 #include <dtf/tensor.hpp>
 
 #if DTF_CUDA
@@ -70,6 +78,17 @@ struct ring_allreduce_config {
   /// Fusion: gradients travel in buckets of at least this many bytes, cut at variable
   /// boundaries (0: one bucket, the whole gradient). Every rank must use the same value.
   std::size_t bucket_bytes = std::size_t(4) << 20;
+  /// The learning rate at each global step (e.g. optim::cosine_decay, optim::piecewise_constant,
+  /// optim::exponential_decay); empty: the rule's rate (with linear_scaling). Not with
+  /// linear_scaling (errc::invalid_config): fold the scaling into the schedule.
+  std::function<float(std::int64_t global_step)> schedule{};
+  /// Clip the averaged gradient to this global L2 norm before the update, as
+  /// torch.nn.utils.clip_grad_norm_ (dtf/optim/clip.hpp); 0: no clipping.
+  float clip_norm = 0.0f;
+  /// Backward passes per step (Horovod's backward_passes_per_step): each rank's batch runs as
+  /// this many micro-batches whose gradients are accumulated before the one allreduce of the
+  /// step (dtf/strategies/micro_batches.hpp); 1: one pass.
+  int backward_passes_per_step = 1;
 };
 
 template <class M = void>
@@ -114,8 +133,9 @@ class ring_allreduce<M> {
   ring_allreduce(communicator& comm, M& net, ring_allreduce_config config = {})
       : comm_(comm), net_(net), config_(config), n_(num_parameters(net.variables())), params_({n_}),
         grads_({detail::exchange_prefix + n_}), optimizer_(config.rule, n_),
-        host_(device_memory_is_host_accessible ? 0 : detail::exchange_prefix + n_) {
-    const bool streams = streams_gradients<M>;
+        host_(device_memory_is_host_accessible ? 0 : detail::exchange_prefix + n_),
+        micro_((detail::check_loop_config(config, "ring_allreduce"), config.backward_passes_per_step)) {
+    const bool streams = streams_gradients<M> && config.backward_passes_per_step == 1;
     reducer_ = std::make_unique<detail::bucket_reducer>(
         detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, current_device_setter());
   }
@@ -154,7 +174,9 @@ class ring_allreduce<M> {
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
     try {
-      if constexpr (streams_gradients<M>) {
+      if (micro_.passes() > 1) {
+        loss = micro_.loss_and_gradients(net_, params, x, y, grads);
+      } else if constexpr (streams_gradients<M>) {
         loss = net_.loss_and_gradients(params, x, y, grads, gradient_ready_fn([this](std::size_t first, std::size_t count) {
                                          reducer_->report(detail::exchange_prefix + first, count);
                                        }));
@@ -169,6 +191,7 @@ class ring_allreduce<M> {
     thrust::fill(g, g + std::ptrdiff_t(pre), 0.0f);
     thrust::fill(g, g + 1, loss);
     reducer_->finish();
+    if (config_.clip_norm > 0.0f) last_norm_ = float(optim::clip_by_global_norm(grads, config_.clip_norm));
     optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), learning_rate());
     ++step_;
     float mean_loss = 0;
@@ -180,6 +203,7 @@ class ring_allreduce<M> {
 
   /// The rate of the next step.
   float learning_rate() const {
+    if (config_.schedule) return config_.schedule(step_);
     const float base = optim::detail::base_learning_rate(config_.rule);
     if (!config_.linear_scaling) return base;
     return optim::linear_scaling_warmup{.base_rate = base, .scale = float(comm_.size()),
@@ -193,6 +217,9 @@ class ring_allreduce<M> {
   ///@}
   /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
+  /// The averaged gradient's global norm before clipping at the last step (config.clip_norm;
+  /// 0 without clipping).
+  float gradient_norm() const noexcept { return last_norm_; }
   /// The communicator the ranks reduce over.
   communicator& comm() noexcept { return comm_; }
   /// Whether the gradients' buckets are reduced while backprop runs (config.overlap, a model
@@ -247,7 +274,9 @@ class ring_allreduce<M> {
   tensor params_, grads_, x_, y_;  // grads_: [loss, 15 zeros, the gradient]
   optim::optimizer<> optimizer_;
   std::vector<float> host_;  // CUDA builds: the buckets staged in host memory
+  detail::micro_batches micro_;
   std::int64_t step_ = 0;
+  float last_norm_ = 0;
   std::unique_ptr<detail::bucket_reducer> reducer_;  // last: its thread stops first
 };
 

@@ -21,6 +21,7 @@
 // it does not train embedding models (trains_tables).
 #pragma once
 
+#include <dtf/optim/clip.hpp>
 #include <dtf/optim/schedule.hpp>
 #include <dtf/strategies/async.hpp>
 
@@ -94,10 +95,14 @@ struct sync_sgd_config {
   bool linear_scaling = false;
   /// Steps over which the scaled rate is reached (linear_scaling).
   std::int64_t warmup_steps = 0;
+  /// The rate the ps applies the rule at in each global step (e.g. optim::cosine_decay), fixed
+  /// with the step; empty: the rule's rate (with linear_scaling). Not with linear_scaling.
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// The rate of global step `step` under the config (nullopt: the rule's own rate).
 inline std::optional<float> sync_rate(const sync_sgd_config& c, std::int64_t step) {
+  if (c.schedule) return c.schedule(step);
   if (!c.linear_scaling) return std::nullopt;
   const float base = std::visit([](const auto& r) { return r.learning_rate; }, c.rule);
   return optim::linear_scaling_warmup{.base_rate = base,
@@ -119,6 +124,9 @@ class sync_sgd {
   /// is 0.
   explicit sync_sgd(config_type c = {}) : c_(std::move(c)) {
     if (c_.replicas_to_aggregate == 0) throw error(errc::invalid_config, "sync_sgd: replicas_to_aggregate must be positive");
+    if (c_.schedule && c_.linear_scaling)
+      throw error(errc::invalid_config, "sync_sgd: a schedule and linear_scaling together (fold the scaling into the "
+                                        "schedule)");
   }
   /// dtf::strategy: the update rule the chief initialises the ps with.
   optim::rule ps_rule() const { return c_.rule; }
@@ -158,6 +166,9 @@ struct sagn_config {
   std::size_t replicas_to_aggregate = 1;        ///< N
   std::size_t window = 5;                       ///< λ local steps per contribution (TF guide: 5)
   optim::rule local_rule = optim::adam{1e-3f};  ///< the worker's optimiser (TF guide: Adam)
+  /// The local rule's rate at the global step the window was pulled at (e.g.
+  /// optim::cosine_decay); empty: the rule's own rate.
+  std::function<float(std::int64_t global_step)> schedule{};
 };
 
 /// SAGN (the TF guide's synchronous AGN): λ local steps from the pulled θ̃, then contribute
@@ -199,7 +210,7 @@ class sagn {
       std::copy(w.params.begin(), w.params.end(), pulled_.begin());
     }
     const float loss = grad(w.params, w.grads);
-    detail::local_step(*local_, w.params, w.grads);
+    detail::local_step(*local_, w.params, w.grads, c_.schedule ? std::optional<float>(c_.schedule(t_)) : std::nullopt);
     if (++count_ >= c_.window) {
       count_ = 0;  // a new window even if the contribution below fails
       const float inv = 1.0f / float(c_.window);
@@ -286,12 +297,22 @@ class sync_worker {
       if (before_compute_) before_compute_();
       if (compute_delay_.count() > 0) std::this_thread::sleep_for(compute_delay_);
       const float loss = gradient_(at, g);
+      if (clip_norm_ > 0.0f) optim::clip_by_global_norm<optim::host_space>(g, clip_norm_);
       if constexpr (embedding_model<M>) state_.sparse = gradient_.contribution();
       return loss;
     });
   }
   /// After the last step: the strategy's end().
   void end() { strategy_.end(state_); }
+  /// Clips each batch's gradient as async_worker::set_clip_norm (this worker's own gradient,
+  /// before it is contributed: not the ps's average).
+  void set_clip_norm(float max_norm) {
+    if (!(max_norm >= 0.0f)) throw error(errc::invalid_config, "clip_norm must be 0 (off) or positive");
+    if (embedding_model<M> && max_norm > 0.0f)
+      throw error(errc::invalid_config, "clip_norm: not for embedding models (the rows' gradients on the ps would "
+                                        "escape the norm)");
+    clip_norm_ = max_norm;
+  }
 
   /// Makes every gradient computation take `delay` longer: a straggler, for tests and
   /// benchmarks (the examples' --slow_ms flag).
@@ -334,6 +355,7 @@ class sync_worker {
   typename detail::gradient_of<M>::type gradient_;
   std::chrono::milliseconds compute_delay_{0};
   std::function<void()> before_compute_;
+  float clip_norm_ = 0.0f;
 };
 
 }  // namespace dtf::strategies

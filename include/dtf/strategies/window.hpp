@@ -4,6 +4,8 @@
 
 #include <dtf/strategies/async.hpp>
 
+#include <optional>
+
 namespace dtf::strategies::detail {
 
 class local_window {
@@ -15,10 +17,11 @@ class local_window {
     repull(w);
   }
 
-  /// One local step on the current batch; returns its loss.
-  float step(worker_state& w, const gradient_fn& grad) {
+  /// One local step on the current batch (at rate lr when given, the local rule's otherwise);
+  /// returns its loss.
+  float step(worker_state& w, const gradient_fn& grad, std::optional<float> lr = std::nullopt) {
     const float loss = grad(w.params, w.grads);
-    local_step(*local_, w.params, w.grads);
+    local_step(*local_, w.params, w.grads, lr);
     ++count_;
     return loss;
   }

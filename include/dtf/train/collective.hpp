@@ -435,9 +435,10 @@ template <class S, class M, class... Hooks>
 train_result train_collective(cluster c, M& net, const data::dataset& train_set, const S& strategy,
                               const train_options& o, Hooks... user_hooks) {
   const auto started = train_clock::now();
+  const S configured = with_loop_options(strategy, o);  // clip_norm, backward_passes_per_step
   ring_job ring = connect_ring(c, o);  // connect
   const replica_data d = shard_replicas(ring.comm(), strategy.replicas_per_process(), train_set, o);
-  auto engine = strategy.make(ring.comm(), net);  // initialise or restore
+  auto engine = configured.make(ring.comm(), net);  // initialise or restore
   engine.initialize(o.seed);
   collective_session s;
   start_collective_session(s, ring, d, net, engine, o, std::move(user_hooks)...);

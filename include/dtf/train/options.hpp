@@ -79,6 +79,18 @@ struct train_options {
   /// The learning rate at a global step in an epoch, reported as "learning_rate" (empty: none;
   /// collective strategies report their own).
   std::function<double(std::int64_t global_step, std::size_t epoch)> learning_rate;
+  /// Clip each step's gradient to this global L2 norm, as torch.nn.utils.clip_grad_norm_ (0:
+  /// off; dtf/optim/clip.hpp). Collective strategies: the averaged gradient after the reduce,
+  /// which every rank clips alike so the replicas stay equal (it sets the strategy's
+  /// config.clip_norm). Parameter-server strategies: each worker's own gradient of each batch,
+  /// before the strategy uses or pushes it, as TensorFlow's parameter-server training clips on
+  /// the workers: not the aggregate the ps applies. Dense models only.
+  float clip_norm = 0;
+  /// Collective strategies: backward passes per step (Horovod's backward_passes_per_step): each
+  /// replica's batch runs as this many micro-batches whose gradients are accumulated before the
+  /// step's one reduce (dtf/strategies/micro_batches.hpp; it sets the strategy's
+  /// config.backward_passes_per_step). 1: one pass.
+  int backward_passes_per_step = 1;
   /// Synchronous strategies: this task's gradients take this much longer (a straggler, for benchmarks).
   std::chrono::milliseconds compute_delay{0};
   std::string metrics_file;   ///< chief: the final figures as JSON, written atomically (empty: none)
@@ -152,6 +164,36 @@ inline void validate(const train_options& o) {
   if (o.max_recoveries < 0) bad("max_recoveries", "must not be negative");
   if (o.log_every < 0) bad("log_every", "must not be negative");
   if (o.position_every < 0) bad("position_every", "must not be negative");
+  if (!(o.clip_norm >= 0)) bad("clip_norm", "must be 0 (off) or positive");
+  if (o.backward_passes_per_step < 1) bad("backward_passes_per_step", "must be at least 1");
+}
+
+/// A collective strategy with options.clip_norm and backward_passes_per_step set in its config
+/// (the options win when set; a config that sets another value is errc::invalid_config, as is a
+/// strategy without these knobs when the options set them).
+template <class S>
+S with_loop_options(S s, const train_options& o) {
+  if constexpr (requires { s.config.clip_norm; s.config.backward_passes_per_step; }) {
+    if (o.clip_norm != 0) {
+      if (s.config.clip_norm != 0 && s.config.clip_norm != o.clip_norm)
+        throw error(errc::invalid_config, "train: clip_norm " + std::to_string(o.clip_norm) +
+                                              " in the options and " + std::to_string(s.config.clip_norm) +
+                                              " in the strategy's config (give one)");
+      s.config.clip_norm = o.clip_norm;
+    }
+    if (o.backward_passes_per_step != 1) {
+      if (s.config.backward_passes_per_step != 1 && s.config.backward_passes_per_step != o.backward_passes_per_step)
+        throw error(errc::invalid_config, "train: backward_passes_per_step " + std::to_string(o.backward_passes_per_step) +
+                                              " in the options and " + std::to_string(s.config.backward_passes_per_step) +
+                                              " in the strategy's config (give one)");
+      s.config.backward_passes_per_step = o.backward_passes_per_step;
+    }
+  } else {
+    if (o.clip_norm != 0 || o.backward_passes_per_step != 1)
+      throw error(errc::invalid_config, "train: clip_norm and backward_passes_per_step need a strategy whose config "
+                                        "has them (ring_allreduce, mirrored)");
+  }
+  return s;
 }
 }  // namespace detail
 

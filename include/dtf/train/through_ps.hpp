@@ -85,6 +85,10 @@ struct ps_trainer {
     } else {
       worker.emplace(std::move(strategy), net, job.ps, job.trainer, job.trainers);
     }
+    if (o.backward_passes_per_step != 1)
+      throw error(errc::invalid_config, "train: backward_passes_per_step is for the collective strategies (a ps "
+                                        "strategy's worker pushes every batch's gradient)");
+    if (o.clip_norm > 0) w().set_clip_norm(o.clip_norm);  // each worker's own gradient
     if constexpr (embedding_model<M>) {
       if (o.embedding_rule) w().set_embedding_rule(*o.embedding_rule);
       if (o.evaluate_rows)
