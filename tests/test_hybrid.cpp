@@ -1,0 +1,228 @@
+// dtf::strategies::hybrid (docs/design/hybrid.md): an embedding model's tables on the ps, its
+// dense variables by ring-allreduce among the workers. One worker through dtf::train against an
+// independent local computation of the whole model (dense parameters and the whole table held
+// here, plain SGD), bit for bit; two ranks' engines (threads on loopback) whose dense replicas
+// stay bitwise equal while the ps hold no dense variable; the refusals.
+#include <catch2/catch.hpp>
+
+#include <dtf/nn/embedding_sequential.hpp>
+#include <dtf/ps.hpp>
+#include <dtf/strategies/hybrid.hpp>
+#include <dtf/train.hpp>
+
+#include "helpers.hpp"
+#include "ps_helpers.hpp"
+#include "rank_helpers.hpp"
+#include "sparse_helpers.hpp"
+
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <mutex>
+
+namespace hybrid_test {
+
+using namespace dtf;
+
+constexpr std::size_t V = 7, D = 3, L = 2, H = 5, K = 4;
+
+// n examples of L ids in [0, V) (repeats within and across examples), labels in [0, K).
+data::dataset id_data(std::size_t n, std::uint64_t seed) {
+  nn::splitmix64 rng(seed);
+  xt::xtensor<float, 2> x = xt::xtensor<float, 2>::from_shape({n, L});
+  xt::xtensor<std::int32_t, 1> y = xt::xtensor<std::int32_t, 1>::from_shape({n});
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t l = 0; l < L; ++l) x(i, l) = float(rng() % 4 + (l == 0 ? 0 : 3));  // 0..6, 3 shared
+    y(i) = std::int32_t(rng() % K);
+  }
+  return data::dataset(std::move(x), std::move(y), 0.0f, 1.0f);
+}
+
+nn::embedding_sequential make_net(const embedding_spec& table) {
+  return nn::embedding_sequential({.table = table, .ids_per_example = L, .combine = nn::embedding_combine::concat},
+                                  nn::sequential{nn::dense(L * D, H), nn::relu(), nn::dense(H, K)});
+}
+
+embedding_spec table_spec(bool hashed) {
+  return {.name = "words", .rows = hashed ? 0 : V, .dim = D, .init = {.scale = 0.3f, .seed = 5}};
+}
+
+// The whole table as the initialiser fills it.
+std::vector<float> initial_table(const embedding_spec& spec) {
+  std::vector<float> t(V * spec.dim);
+  for (std::size_t v = 0; v < V; ++v) spec.init(v, std::span<float>(t).subspan(v * spec.dim, spec.dim));
+  return t;
+}
+
+// A ps on a free loopback port that accepts any cluster id (the spec's id depends on the ports).
+test::running_ps any_cluster_ps(const std::string& name) {
+  ps_options po{test::opts(name)};
+  po.transport.cluster_id.clear();
+  po.transport.log = [](const std::string&) {};
+  return test::running_ps(std::move(po));
+}
+
+// A cluster of the given ps and one worker (rank 0, whose ring of one listens on a free port).
+cluster one_worker_cluster(const std::vector<const test::running_ps*>& ps) {
+  cluster c;
+  c.source = "test";
+  for (std::size_t p = 0; p < ps.size(); ++p) c.spec.jobs["ps"][p] = ps[p]->address();
+  c.spec.jobs["worker"][0] = "127.0.0.1:0";
+  c.self = {"worker", 0};
+  return c;
+}
+
+// Rows [k * n, (k + 1) * n) of a batch: rank k's part.
+data::host_batch part_of(const data::host_batch& b, std::size_t k, std::size_t n) {
+  data::host_batch out;
+  out.features = xt::view(b.features, xt::range(k * n, (k + 1) * n), xt::all());
+  out.labels = xt::view(b.labels, xt::range(k * n, (k + 1) * n));
+  return out;
+}
+
+TEST_CASE("hybrid, one worker, plain SGD, asynchronous tables: dtf::train equals one process trained locally, "
+          "dense part and rows bit for bit",
+          "[hybrid][train]") {
+  const bool hashed = GENERATE(false, true);
+  CAPTURE(hashed);
+  const auto spec = table_spec(hashed);
+  auto net = make_net(spec), ref_net = make_net(spec);
+  auto ps0 = any_cluster_ps("ps.0"), ps1 = any_cluster_ps("ps.1");
+  const cluster c = one_worker_cluster({&ps0, &ps1});
+  const auto data = id_data(23, 9);  // 5 batches of 5 a epoch, the last of 3
+  const float lr = 0.2f, table_lr = 0.5f;
+  std::vector<float> trained_dense, trained_rows;
+  const std::vector<std::uint64_t> all_ids = {0, 1, 2, 3, 4, 5, 6};
+  train_options o{.name = "hybrid-test", .epochs = 2, .batch = 5, .seed = 11, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  o.embedding_rule = optim::sgd{table_lr};
+  // Rank 0's evaluation at the end of each epoch: the last one sees the trained state.
+  o.evaluate_rows = [&](std::span<const float> p, const row_reader& read) {
+    trained_dense = test::host_copy(p);
+    trained_rows.assign(V * D, 0.0f);
+    read(0, all_ids, trained_rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const auto r = train(c, net, data, strategies::hybrid({.dense = {.rule = optim::sgd{lr}}}), o);
+  CHECK(r.exit_code == 0);
+  CHECK(r.global_step == 10);
+  CHECK_FALSE(ps0.ps->initialized());  // no dense variable was ever sent to a ps
+  CHECK_FALSE(ps1.ps->initialized());
+  CHECK(ps0.ps->shutdown_requested());  // rank 0 ended the job
+  CHECK(ps1.ps->shutdown_requested());
+
+  // The reference: the same batches (the shard of the only worker, shuffled with seed + 0), the
+  // model's loss and gradients at θ and the whole table, θ -= lr g, each touched row -= table_lr g.
+  std::vector<float> theta = test::initial_parameters(ref_net, o.seed), g(theta.size());
+  auto table = initial_table(spec);
+  float last_loss = 0;
+  auto stream = data.shard(1, 0).shuffle(o.seed).batch(o.batch).repeat(o.epochs).stream();
+  while (auto b = stream.next()) {
+    dtf::detail::batch_ids ids;
+    ref_net.embedding_ids(*b, 0, ids.all);
+    ids.deduplicate();
+    std::vector<float> values, grads;
+    for (auto id : ids.unique) values.insert(values.end(), table.begin() + id * D, table.begin() + (id + 1) * D);
+    grads.assign(values.size(), 0.0f);
+    const embedding_rows rows{D, ids.index, values, grads};
+    tensor x, y;
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    last_loss = test::loss_and_gradients_on_host(ref_net, theta, std::span<const embedding_rows>(&rows, 1), x, y, g);
+    for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * g[i];
+    for (std::size_t u = 0; u < ids.unique.size(); ++u)
+      for (std::size_t k = 0; k < D; ++k) table[ids.unique[u] * D + k] -= table_lr * grads[u * D + k];
+  }
+  CHECK(r.loss == last_loss);
+  REQUIRE(trained_dense.size() == theta.size());
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    CAPTURE(i);
+    CHECK(trained_dense[i] == theta[i]);
+  }
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    CAPTURE(i);
+    CHECK(trained_rows[i] == table[i]);
+  }
+  CHECK(table != initial_table(spec));  // the rows did train
+}
+
+TEST_CASE("hybrid engines on 2 ranks: the dense replicas stay bitwise equal and the ps hold the tables only",
+          "[hybrid]") {
+  const bool overlap = GENERATE(false, true);
+  CAPTURE(overlap);
+  const auto spec = table_spec(false);
+  test::running_ps ps0{test::opts("ps.0")}, ps1{test::opts("ps.1")};
+  const auto data = id_data(40, 21).batch(10);  // 4 steps of 5 examples per rank
+  std::vector<std::vector<float>> dense(2);
+  std::vector<float> losses(2 * 4);
+  std::vector<std::vector<float>> rows_after(2);
+  collective_options co;
+  co.timeout_ms = 10000;
+  const auto failures = test::run_ranks_collect(2, co, [&](communicator& comm) {
+    const std::size_t k = comm.rank();
+    auto net = make_net(spec);
+    ps_client client({ps0.address(), ps1.address()}, placement{.shards = {}, .num_ps = 2},
+                     test::opts("worker." + std::to_string(k)));
+    client.connect();
+    auto engine = strategies::hybrid({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}, .overlap = overlap,
+                                                .bucket_bytes = 1}})
+                      .make(comm, client, net);
+    engine.set_embedding_rule(optim::adagrad{.learning_rate = 0.1f});
+    RANK_CHECK(engine.overlaps() == false, "embedding_sequential does not stream its gradients");
+    engine.initialize(3);
+    auto stream = data.stream();
+    std::size_t step = 0;
+    while (auto b = stream.next()) {
+      const float loss = engine.step(part_of(*b, k, 5));
+      RANK_CHECK(std::isfinite(loss), "loss " << loss);
+      losses[k * 4 + step++] = loss;
+    }
+    RANK_CHECK(engine.global_step() == 4, engine.global_step());
+    dense[k] = test::host_copy(engine.parameters());
+    comm.barrier();  // every push acknowledged: the rows are final
+    rows_after[k] = test::gather(engine.tables(), 0, {0, 1, 2, 3, 4, 5, 6});
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    if (failures[r]) FAIL(test::message_of(failures[r]));
+  }
+  CHECK(dense[0] == dense[1]);  // bitwise
+  for (std::size_t s = 0; s < 4; ++s) CHECK(losses[s] == losses[4 + s]);  // the loss averaged over the ranks
+  CHECK(rows_after[0] == rows_after[1]);
+  CHECK(rows_after[0] != initial_table(spec));  // the ps trained the rows
+  CHECK_FALSE(ps0.ps->initialized());           // and hold no dense variable
+  CHECK_FALSE(ps1.ps->initialized());
+}
+
+TEST_CASE("hybrid refuses a cluster without ps, synchronous tables (not built), checkpoints and recoveries, by name",
+          "[hybrid][train]") {
+  auto net = make_net(table_spec(false));
+  const auto data = id_data(10, 1);
+  const train_options o{.name = "rec", .epochs = 1, .batch = 5, .log_every = 0};
+  auto refused = [&](const cluster& c, strategies::hybrid s, const train_options& opts, const std::string& why) {
+    try {
+      (void)train(c, net, data, s, opts);
+      FAIL("not refused: " << why);
+    } catch (const dtf::error& e) {
+      CHECK(e.code() == errc::invalid_config);
+      CHECK_THAT(e.what(), Catch::Contains("rec (dtf::strategies::hybrid)") && Catch::Contains(why));
+    }
+  };
+  refused(local_cluster(), strategies::hybrid(), o, "the cluster has no ps tasks to hold the embedding tables");
+  // A cluster with a ps that is never reached: each refusal comes before any connection.
+  cluster c;
+  c.source = "test";
+  c.spec.jobs["ps"][0] = "127.0.0.1:1";
+  c.spec.jobs["worker"][0] = "127.0.0.1:2";
+  c.self = {"worker", 0};
+  refused(c, strategies::hybrid({.tables = strategies::table_updates::synchronous}), o,
+          "synchronous table updates are not built yet");
+  auto with_dir = o;
+  with_dir.model_dir = "/nonexistent/hybrid";
+  refused(c, strategies::hybrid(), with_dir, "model_dir: checkpoints of a hybrid job");
+  auto with_recoveries = o;
+  with_recoveries.max_recoveries = 1;
+  refused(c, strategies::hybrid(), with_recoveries, "max_recoveries");
+}
+
+}  // namespace hybrid_test
