@@ -146,16 +146,17 @@ TEST_CASE("hybrid, one worker, plain SGD, asynchronous tables: dtf::train equals
   CHECK(table != initial_table(spec));  // the rows did train
 }
 
-TEST_CASE("hybrid engines on 2 ranks: the dense replicas stay bitwise equal and the ps hold the tables only",
-          "[hybrid]") {
-  const bool overlap = GENERATE(false, true);
-  CAPTURE(overlap);
+// What two ranks' engines (threads, over two ps) hold after 4 steps of 5 examples each.
+struct two_ranks {
+  std::vector<std::vector<float>> dense{2}, rows{2};  // per rank: its dense replica, the table read after
+  std::vector<std::vector<float>> losses{2};          // per rank: each step's loss
+  bool ps_hold_dense = true;                          // whether a ps was ever initialised with dense variables
+};
+constexpr std::size_t per_rank = 5, steps = 4;
+two_ranks run_two_ranks(const data::dataset& batches, const strategies::hybrid& strategy, const optim::rule& rows_rule) {
   const auto spec = table_spec(false);
   test::running_ps ps0{test::opts("ps.0")}, ps1{test::opts("ps.1")};
-  const auto data = id_data(40, 21).batch(10);  // 4 steps of 5 examples per rank
-  std::vector<std::vector<float>> dense(2);
-  std::vector<float> losses(2 * 4);
-  std::vector<std::vector<float>> rows_after(2);
+  two_ranks out;
   collective_options co;
   co.timeout_ms = 10000;
   const auto failures = test::run_ranks_collect(2, co, [&](communicator& comm) {
@@ -164,34 +165,90 @@ TEST_CASE("hybrid engines on 2 ranks: the dense replicas stay bitwise equal and 
     ps_client client({ps0.address(), ps1.address()}, placement{.shards = {}, .num_ps = 2},
                      test::opts("worker." + std::to_string(k)));
     client.connect();
-    auto engine = strategies::hybrid({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}, .overlap = overlap,
-                                                .bucket_bytes = 1}})
-                      .make(comm, client, net);
-    engine.set_embedding_rule(optim::adagrad{.learning_rate = 0.1f});
-    RANK_CHECK(engine.overlaps() == false, "embedding_sequential does not stream its gradients");
+    auto engine = strategy.make(comm, client, net);
+    engine.set_embedding_rule(rows_rule);
+    // embedding_sequential streams its dense gradients: the ring reduces them during backprop.
+    RANK_CHECK(engine.overlaps() == strategy.config.dense.overlap, engine.overlaps());
     engine.initialize(3);
-    auto stream = data.stream();
-    std::size_t step = 0;
+    auto stream = batches.stream();
     while (auto b = stream.next()) {
-      const float loss = engine.step(part_of(*b, k, 5));
+      const float loss = engine.step(part_of(*b, k, per_rank));
       RANK_CHECK(std::isfinite(loss), "loss " << loss);
-      losses[k * 4 + step++] = loss;
+      out.losses[k].push_back(loss);
     }
-    RANK_CHECK(engine.global_step() == 4, engine.global_step());
-    dense[k] = test::host_copy(engine.parameters());
-    comm.barrier();  // every push acknowledged: the rows are final
-    rows_after[k] = test::gather(engine.tables(), 0, {0, 1, 2, 3, 4, 5, 6});
+    RANK_CHECK(engine.global_step() == std::int64_t(steps), engine.global_step());
+    out.dense[k] = test::host_copy(engine.parameters());
+    comm.barrier();  // every rank's pushes acknowledged: the rows are final
+    out.rows[k] = test::gather(engine.tables(), 0, {0, 1, 2, 3, 4, 5, 6});
   });
-  for (std::size_t r = 0; r < 2; ++r) {
-    INFO("rank " << r);
-    if (failures[r]) FAIL(test::message_of(failures[r]));
+  for (std::size_t r = 0; r < 2; ++r)
+    if (failures[r]) FAIL("rank " << r << ": " << test::message_of(failures[r]));
+  out.ps_hold_dense = ps0.ps->initialized() || ps1.ps->initialized();
+  return out;
+}
+
+TEST_CASE("hybrid engines on 2 ranks: the dense replicas stay bitwise equal and the ps hold the tables only",
+          "[hybrid]") {
+  const bool overlap = GENERATE(false, true);
+  CAPTURE(overlap);
+  const auto data = id_data(2 * per_rank * steps, 21).batch(2 * per_rank);
+  const auto r = run_two_ranks(
+      data, strategies::hybrid({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}, .overlap = overlap,
+                                          .bucket_bytes = 1}}),
+      optim::adagrad{.learning_rate = 0.1f});
+  CHECK(r.dense[0] == r.dense[1]);    // bitwise
+  CHECK(r.losses[0] == r.losses[1]);  // the loss averaged over the ranks
+  CHECK(r.rows[0] == r.rows[1]);
+  CHECK(r.rows[0] != initial_table(table_spec(false)));  // the ps trained the rows
+  CHECK_FALSE(r.ps_hold_dense);                           // and hold no dense variable
+}
+
+// With the rows frozen (their rule's rate 0) the steps are deterministic: the dense part is
+// ring_allreduce's over the rows, so plain SGD on 2 ranks of 5 examples equals one process at
+// batch 10 (the mean of equal-size means, up to rounding), and overlap on or off give the same
+// bits.
+TEST_CASE("hybrid engines on 2 ranks, rows frozen: the dense part equals one process at the summed batch, overlap on "
+          "and off bit for bit",
+          "[hybrid]") {
+  const float lr = 0.3f;
+  const auto data = id_data(2 * per_rank * steps, 33).batch(2 * per_rank);
+  auto run = [&](bool overlap) {
+    return run_two_ranks(
+        data, strategies::hybrid({.dense = {.rule = optim::sgd{lr}, .overlap = overlap, .bucket_bytes = 1}}),
+        optim::sgd{0.0f});
+  };
+  const auto on = run(true), off = run(false);
+  CHECK(on.dense[0] == off.dense[0]);
+  CHECK(on.dense[0] == on.dense[1]);
+  CHECK(on.losses[0] == off.losses[0]);
+  const auto spec = table_spec(false);
+  const auto table = initial_table(spec);
+  CHECK(on.rows[0] == table);  // frozen
+
+  auto ref_net = make_net(spec);
+  std::vector<float> theta = test::initial_parameters(ref_net, 3), g(theta.size());
+  auto stream = data.stream();
+  std::size_t step = 0;
+  while (auto b = stream.next()) {
+    dtf::detail::batch_ids ids;
+    ref_net.embedding_ids(*b, 0, ids.all);
+    ids.deduplicate();
+    std::vector<float> values, grads;
+    for (auto id : ids.unique) values.insert(values.end(), table.begin() + id * D, table.begin() + (id + 1) * D);
+    grads.assign(values.size(), 0.0f);
+    const embedding_rows rows{D, ids.index, values, grads};
+    tensor x, y;
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    const float loss =
+        test::loss_and_gradients_on_host(ref_net, theta, std::span<const embedding_rows>(&rows, 1), x, y, g);
+    CHECK(on.losses[0][step++] == Approx(loss).epsilon(1e-6));
+    for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * g[i];
   }
-  CHECK(dense[0] == dense[1]);  // bitwise
-  for (std::size_t s = 0; s < 4; ++s) CHECK(losses[s] == losses[4 + s]);  // the loss averaged over the ranks
-  CHECK(rows_after[0] == rows_after[1]);
-  CHECK(rows_after[0] != initial_table(spec));  // the ps trained the rows
-  CHECK_FALSE(ps0.ps->initialized());           // and hold no dense variable
-  CHECK_FALSE(ps1.ps->initialized());
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    CAPTURE(i);
+    CHECK(on.dense[0][i] == Approx(theta[i]).margin(1e-6));
+  }
 }
 
 TEST_CASE("hybrid refuses a cluster without ps, synchronous tables (not built), checkpoints and recoveries, by name",

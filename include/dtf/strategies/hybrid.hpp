@@ -79,6 +79,15 @@ class dense_tower {
     if (rows_done_) rows_done_();
     return loss;
   }
+  /// dtf::streams_gradients, when the model streams its dense gradients (streams_row_gradients).
+  float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
+                           const gradient_ready_fn& ready)
+    requires streams_row_gradients<M>
+  {
+    const float loss = m_.loss_and_gradients(p, rows_, x, y, g, ready);
+    if (rows_done_) rows_done_();
+    return loss;
+  }
   /// The step's rows (valid until its loss_and_gradients returns) and what follows backprop.
   void set_rows(std::span<const embedding_rows> rows, std::function<void()> rows_done) {
     rows_ = rows;
