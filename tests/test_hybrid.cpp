@@ -72,6 +72,27 @@ cluster one_worker_cluster(const std::vector<const test::running_ps*>& ps) {
   return c;
 }
 
+// One process's plain SGD step on batch b: θ -= lr g, each row of the batch -= table_lr g.
+// Returns the batch's loss.
+float local_sgd_step(nn::embedding_sequential& net, const data::host_batch& b, std::vector<float>& theta,
+                     std::vector<float>& table, float lr, float table_lr) {
+  dtf::detail::batch_ids ids;
+  net.embedding_ids(b, 0, ids.all);
+  ids.deduplicate();
+  std::vector<float> values, grads, g(theta.size());
+  for (auto id : ids.unique) values.insert(values.end(), table.begin() + id * D, table.begin() + (id + 1) * D);
+  grads.assign(values.size(), 0.0f);
+  const embedding_rows rows{D, ids.index, values, grads};
+  tensor x, y;
+  assign_from_host(x, b.features);
+  assign_from_host(y, b.labels);
+  const float loss = test::loss_and_gradients_on_host(net, theta, std::span<const embedding_rows>(&rows, 1), x, y, g);
+  for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * g[i];
+  for (std::size_t u = 0; u < ids.unique.size(); ++u)
+    for (std::size_t k = 0; k < D; ++k) table[ids.unique[u] * D + k] -= table_lr * grads[u * D + k];
+  return loss;
+}
+
 // Rows [k * n, (k + 1) * n) of a batch: rank k's part.
 data::host_batch part_of(const data::host_batch& b, std::size_t k, std::size_t n) {
   data::host_batch out;
@@ -80,11 +101,12 @@ data::host_batch part_of(const data::host_batch& b, std::size_t k, std::size_t n
   return out;
 }
 
-TEST_CASE("hybrid, one worker, plain SGD, asynchronous tables: dtf::train equals one process trained locally, "
-          "dense part and rows bit for bit",
+TEST_CASE("hybrid, one worker, plain SGD: dtf::train equals one process trained locally, dense part and rows bit "
+          "for bit, asynchronous or synchronous tables",
           "[hybrid][train]") {
   const bool hashed = GENERATE(false, true);
-  CAPTURE(hashed);
+  const auto mode = GENERATE(strategies::table_updates::asynchronous, strategies::table_updates::synchronous);
+  CAPTURE(hashed, strategies::to_string(mode));
   const auto spec = table_spec(hashed);
   auto net = make_net(spec), ref_net = make_net(spec);
   auto ps0 = any_cluster_ps("ps.0"), ps1 = any_cluster_ps("ps.1");
@@ -103,36 +125,24 @@ TEST_CASE("hybrid, one worker, plain SGD, asynchronous tables: dtf::train equals
     read(0, all_ids, trained_rows);
     return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
   };
-  const auto r = train(c, net, data, strategies::hybrid({.dense = {.rule = optim::sgd{lr}}}), o);
+  const auto r = train(c, net, data, strategies::hybrid({.dense = {.rule = optim::sgd{lr}}, .tables = mode}), o);
   CHECK(r.exit_code == 0);
   CHECK(r.global_step == 10);
-  CHECK_FALSE(ps0.ps->initialized());  // no dense variable was ever sent to a ps
-  CHECK_FALSE(ps1.ps->initialized());
+  // No dense variable was ever sent to a ps (synchronous tables: initialised with none, for the
+  // protocol's step).
+  CHECK(ps0.ps->initialized() == (mode == strategies::table_updates::synchronous));
+  CHECK(ps1.ps->initialized() == (mode == strategies::table_updates::synchronous));
+  if (mode == strategies::table_updates::synchronous) CHECK(ps0.ps->global_step() == 10);
   CHECK(ps0.ps->shutdown_requested());  // rank 0 ended the job
   CHECK(ps1.ps->shutdown_requested());
 
   // The reference: the same batches (the shard of the only worker, shuffled with seed + 0), the
   // model's loss and gradients at θ and the whole table, θ -= lr g, each touched row -= table_lr g.
-  std::vector<float> theta = test::initial_parameters(ref_net, o.seed), g(theta.size());
+  std::vector<float> theta = test::initial_parameters(ref_net, o.seed);
   auto table = initial_table(spec);
   float last_loss = 0;
   auto stream = data.shard(1, 0).shuffle(o.seed).batch(o.batch).repeat(o.epochs).stream();
-  while (auto b = stream.next()) {
-    dtf::detail::batch_ids ids;
-    ref_net.embedding_ids(*b, 0, ids.all);
-    ids.deduplicate();
-    std::vector<float> values, grads;
-    for (auto id : ids.unique) values.insert(values.end(), table.begin() + id * D, table.begin() + (id + 1) * D);
-    grads.assign(values.size(), 0.0f);
-    const embedding_rows rows{D, ids.index, values, grads};
-    tensor x, y;
-    assign_from_host(x, b->features);
-    assign_from_host(y, b->labels);
-    last_loss = test::loss_and_gradients_on_host(ref_net, theta, std::span<const embedding_rows>(&rows, 1), x, y, g);
-    for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * g[i];
-    for (std::size_t u = 0; u < ids.unique.size(); ++u)
-      for (std::size_t k = 0; k < D; ++k) table[ids.unique[u] * D + k] -= table_lr * grads[u * D + k];
-  }
+  while (auto b = stream.next()) last_loss = local_sgd_step(ref_net, *b, theta, table, lr, table_lr);
   CHECK(r.loss == last_loss);
   REQUIRE(trained_dense.size() == theta.size());
   for (std::size_t i = 0; i < theta.size(); ++i) {
@@ -150,11 +160,12 @@ TEST_CASE("hybrid, one worker, plain SGD, asynchronous tables: dtf::train equals
 struct two_ranks {
   std::vector<std::vector<float>> dense{2}, rows{2};  // per rank: its dense replica, the table read after
   std::vector<std::vector<float>> losses{2};          // per rank: each step's loss
-  bool ps_hold_dense = true;                          // whether a ps was ever initialised with dense variables
+  bool ps_initialised = true;                         // whether a ps was initialised (dense shards or the sync step)
 };
 constexpr std::size_t per_rank = 5, steps = 4;
-two_ranks run_two_ranks(const data::dataset& batches, const strategies::hybrid& strategy, const optim::rule& rows_rule) {
-  const auto spec = table_spec(false);
+two_ranks run_two_ranks(const data::dataset& batches, const strategies::hybrid& strategy, const optim::rule& rows_rule,
+                        bool hashed = false) {
+  const auto spec = table_spec(hashed);
   test::running_ps ps0{test::opts("ps.0")}, ps1{test::opts("ps.1")};
   two_ranks out;
   collective_options co;
@@ -183,7 +194,7 @@ two_ranks run_two_ranks(const data::dataset& batches, const strategies::hybrid& 
   });
   for (std::size_t r = 0; r < 2; ++r)
     if (failures[r]) FAIL("rank " << r << ": " << test::message_of(failures[r]));
-  out.ps_hold_dense = ps0.ps->initialized() || ps1.ps->initialized();
+  out.ps_initialised = ps0.ps->initialized() || ps1.ps->initialized();
   return out;
 }
 
@@ -200,7 +211,7 @@ TEST_CASE("hybrid engines on 2 ranks: the dense replicas stay bitwise equal and 
   CHECK(r.losses[0] == r.losses[1]);  // the loss averaged over the ranks
   CHECK(r.rows[0] == r.rows[1]);
   CHECK(r.rows[0] != initial_table(table_spec(false)));  // the ps trained the rows
-  CHECK_FALSE(r.ps_hold_dense);                           // and hold no dense variable
+  CHECK_FALSE(r.ps_initialised);                          // and hold no dense variable
 }
 
 // With the rows frozen (their rule's rate 0) the steps are deterministic: the dense part is
@@ -226,24 +237,12 @@ TEST_CASE("hybrid engines on 2 ranks, rows frozen: the dense part equals one pro
   CHECK(on.rows[0] == table);  // frozen
 
   auto ref_net = make_net(spec);
-  std::vector<float> theta = test::initial_parameters(ref_net, 3), g(theta.size());
+  std::vector<float> theta = test::initial_parameters(ref_net, 3), frozen = table;
   auto stream = data.stream();
   std::size_t step = 0;
   while (auto b = stream.next()) {
-    dtf::detail::batch_ids ids;
-    ref_net.embedding_ids(*b, 0, ids.all);
-    ids.deduplicate();
-    std::vector<float> values, grads;
-    for (auto id : ids.unique) values.insert(values.end(), table.begin() + id * D, table.begin() + (id + 1) * D);
-    grads.assign(values.size(), 0.0f);
-    const embedding_rows rows{D, ids.index, values, grads};
-    tensor x, y;
-    assign_from_host(x, b->features);
-    assign_from_host(y, b->labels);
-    const float loss =
-        test::loss_and_gradients_on_host(ref_net, theta, std::span<const embedding_rows>(&rows, 1), x, y, g);
+    const float loss = local_sgd_step(ref_net, *b, theta, frozen, lr, 0.0f);
     CHECK(on.losses[0][step++] == Approx(loss).epsilon(1e-6));
-    for (std::size_t i = 0; i < theta.size(); ++i) theta[i] -= lr * g[i];
   }
   for (std::size_t i = 0; i < theta.size(); ++i) {
     CAPTURE(i);
@@ -251,7 +250,42 @@ TEST_CASE("hybrid engines on 2 ranks, rows frozen: the dense part equals one pro
   }
 }
 
-TEST_CASE("hybrid refuses a cluster without ps, synchronous tables (not built), checkpoints and recoveries, by name",
+// Synchronous tables: each step's rows are averaged over the two ranks' contributions and
+// applied once, so with plain SGD both halves equal one process at batch 10.
+TEST_CASE("hybrid engines on 2 ranks, synchronous tables, plain SGD: dense part and rows equal one process at the "
+          "summed batch",
+          "[hybrid]") {
+  const bool hashed = GENERATE(false, true);
+  CAPTURE(hashed);
+  const float lr = 0.3f, table_lr = 0.5f;
+  const auto data = id_data(2 * per_rank * steps, 41).batch(2 * per_rank);
+  const auto r = run_two_ranks(
+      data, strategies::hybrid({.dense = {.rule = optim::sgd{lr}, .bucket_bytes = 1},
+                                .tables = strategies::table_updates::synchronous}),
+      optim::sgd{table_lr}, hashed);
+  CHECK(r.dense[0] == r.dense[1]);
+  CHECK(r.rows[0] == r.rows[1]);
+  const auto spec = table_spec(hashed);
+  auto ref_net = make_net(spec);
+  std::vector<float> theta = test::initial_parameters(ref_net, 3), table = initial_table(spec);
+  auto stream = data.stream();
+  std::size_t step = 0;
+  while (auto b = stream.next()) {
+    const float loss = local_sgd_step(ref_net, *b, theta, table, lr, table_lr);
+    CHECK(r.losses[0][step++] == Approx(loss).epsilon(1e-6));
+  }
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    CAPTURE(i);
+    CHECK(r.dense[0][i] == Approx(theta[i]).margin(1e-6));
+  }
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    CAPTURE(i);
+    CHECK(r.rows[0][i] == Approx(table[i]).margin(1e-6));
+  }
+  CHECK(table != initial_table(spec));
+}
+
+TEST_CASE("hybrid refuses a cluster without ps, checkpoints and recoveries (not built), by name",
           "[hybrid][train]") {
   auto net = make_net(table_spec(false));
   const auto data = id_data(10, 1);
@@ -272,8 +306,6 @@ TEST_CASE("hybrid refuses a cluster without ps, synchronous tables (not built), 
   c.spec.jobs["ps"][0] = "127.0.0.1:1";
   c.spec.jobs["worker"][0] = "127.0.0.1:2";
   c.self = {"worker", 0};
-  refused(c, strategies::hybrid({.tables = strategies::table_updates::synchronous}), o,
-          "synchronous table updates are not built yet");
   auto with_dir = o;
   with_dir.model_dir = "/nonexistent/hybrid";
   refused(c, strategies::hybrid(), with_dir, "model_dir: checkpoints of a hybrid job");

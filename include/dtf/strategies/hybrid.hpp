@@ -15,15 +15,20 @@
 //      ring in ring_allreduce's buckets (its engine, unchanged: same buckets, overlap on or off
 //      bitwise equal, the loss averaged with it);
 //   3. the rows' gradients pushed at once, as soon as backprop has produced them (the lookup is
-//      the model's bottom), while the ring reduces the last buckets; each ps applies a push on
-//      arrival with the table's rule (asynchronous tables, as Hogwild's rows today: a rank may
-//      read a row before another rank's push of the step before lands);
+//      the model's bottom), while the ring reduces the last buckets:
+//      asynchronous tables: each ps applies a push on arrival with the table's rule (as
+//        Hogwild's rows: a rank may read a row before another rank's push of the step lands);
+//      synchronous tables: the rows go through the sync protocol (dtf/ps/sync_protocol.hpp) as
+//        a contribution to step t with an empty dense part; the ps (initialised by rank 0 with
+//        no dense shard, N = the ranks) apply step t once, the rows averaged over the N
+//        contributions (a row a rank did not touch counts as zero), and the push returns once
+//        every ps has applied it, so no rank gathers step t + 1's rows before. With equal
+//        batches per rank and plain SGD the job equals one process at the summed batch;
 //   4. every rank applies the same averaged dense gradient with the same rule, so the dense
 //      replicas stay bitwise identical (as ring_allreduce).
 // The rows' rule is options.embedding_rule (dtf::train), else the dense rule.
-// Synchronous tables (table_updates::synchronous, a step's rows applied once, averaged) are not
-// built yet: the engine refuses them with errc::invalid_config.
-// Errors: those of the communicator (a dead rank fails every rank) and of the ps client.
+// Errors: those of the communicator (a dead rank fails every rank) and of the ps client;
+// synchronous tables: a ps whose step is not the ring's is errc::invalid_argument naming both.
 // Thread safety: one thread per engine.
 #pragma once
 
@@ -48,7 +53,7 @@ namespace dtf::strategies {
 /// How a hybrid job applies the rows' gradients on the ps.
 enum class table_updates {
   asynchronous,  ///< each rank's push applied on arrival (TensorFlow's asynchronous embeddings)
-  synchronous,   ///< a step's pushes of every rank applied once, averaged (not built yet)
+  synchronous,   ///< a step's pushes of every rank applied once, averaged over the ranks
 };
 
 /// The name of a table_updates value, as logs and the RESULT line say it.
@@ -140,9 +145,8 @@ template <embedding_model M>
 class hybrid_engine {
  public:
   /// This rank's engine over the ring `comm` and the ps client `ps` (see hybrid::make).
-  /// Errors: errc::invalid_config for synchronous tables (not built yet).
   hybrid_engine(communicator& comm, ps_client& ps, M& net, hybrid_config config)
-      : config_(check(config)), net_(net), tables_(ps), tower_(net), ring_(comm, tower_, config.dense) {
+      : config_(config), net_(net), ps_(ps), tables_(ps), tower_(net), ring_(comm, tower_, config.dense) {
     detail::add_tables(net, tables_, ps.layout().num_ps);
     const std::size_t t = tables_.size();
     ids_.resize(t);
@@ -158,12 +162,19 @@ class hybrid_engine {
   /// otherwise. Before initialize().
   void set_embedding_rule(optim::rule r) { rule_ = std::move(r); }
 
-  /// Rank 0 creates the tables on every ps (a ps that holds one keeps its rows) and
-  /// initialises the dense variables from `seed`; every rank receives them. The broadcast
-  /// comes after the tables' creation, so no rank gathers from a table not created yet.
+  /// Rank 0 creates the tables on every ps (a ps that holds one keeps its rows), with
+  /// synchronous tables initialises the ps for the sync protocol (no dense shard, N = the
+  /// ranks), and initialises the dense variables from `seed`; every rank receives them. The
+  /// broadcast comes after the ps are ready, so no rank gathers from a table not created yet.
   void initialize(std::uint64_t seed) {
-    if (ring_.comm().rank() == 0)
-      for (std::uint32_t t = 0; t < tables_.size(); ++t) tables_.create(t, rule_ ? *rule_ : config_.dense.rule);
+    const optim::rule& rows_rule = rule_ ? *rule_ : config_.dense.rule;
+    if (ring_.comm().rank() == 0) {
+      for (std::uint32_t t = 0; t < tables_.size(); ++t) tables_.create(t, rows_rule);
+      if (config_.tables == table_updates::synchronous) {
+        const std::size_t n = ring_.comm().size();
+        ps_.initialize({}, ps_config{.rule = rows_rule, .replicas_to_aggregate = n, .num_workers = n});
+      }
+    }
     ring_.initialize(seed);
   }
 
@@ -179,9 +190,7 @@ class hybrid_engine {
       tables_.gather(lookups_[t], values_[t]);
       rows_[t] = {lookups_[t].dim, lookups_[t].index, values_[t], grads_[t]};
     }
-    tower_.set_rows(rows_, [this] {
-      for (std::size_t t = 0; t < tables_.size(); ++t) tables_.push(lookups_[t], grads_[t]);
-    });
+    tower_.set_rows(rows_, [this] { push_rows(); });
     return ring_.step(b);
   }
   /// dtf::train's form: this rank's one batch (errc::invalid_argument for any other count).
@@ -217,21 +226,33 @@ class hybrid_engine {
   table_updates table_mode() const noexcept { return config_.tables; }
 
  private:
-  static hybrid_config check(const hybrid_config& c) {
-    if (c.tables == table_updates::synchronous)
-      throw error(errc::invalid_config, "hybrid: synchronous table updates are not built yet (docs/design/hybrid.md); "
-                                        "use table_updates::asynchronous");
-    return c;
+  // Step 3 of the file comment: the rows' gradients to the ps (global_step(): the step running).
+  void push_rows() {
+    if (config_.tables == table_updates::asynchronous) {
+      for (std::size_t t = 0; t < tables_.size(); ++t) tables_.push(lookups_[t], grads_[t]);
+      return;
+    }
+    contribution_.clear();
+    for (std::size_t t = 0; t < tables_.size(); ++t)
+      contribution_.push_back({lookups_[t].table, lookups_[t].dim, lookups_[t].unique, lookups_[t].ps_begin, grads_[t]});
+    const std::int64_t step = ring_.global_step();
+    const auto r = ps_.push_sync({}, step, std::nullopt, false, contribution_);
+    if (r.dropped || r.global_step != step + 1)
+      throw error(errc::invalid_argument, "hybrid: the ring is at step " + std::to_string(step) +
+                                              ", the parameter servers " + (r.dropped ? "had finished it (at step " : "at step ") +
+                                              std::to_string(r.global_step) + (r.dropped ? ")" : " after it"));
   }
 
   hybrid_config config_;
   M& net_;
+  ps_client& ps_;
   embedding_tables tables_;
   std::optional<optim::rule> rule_;
   std::vector<std::vector<std::uint64_t>> ids_;
   std::vector<lookup> lookups_;
   std::vector<std::vector<float>> values_, grads_;
   std::vector<embedding_rows> rows_;
+  std::vector<sync_rows> contribution_;  // synchronous tables: the step's rows
   detail::dense_tower<M> tower_;
   ring_allreduce<detail::dense_tower<M>> ring_;  // last: its communication thread stops first
 };

@@ -3,10 +3,9 @@
 // tasks. See dtf/train.hpp for the whole picture.
 //
 // train_hybrid reuses the phases of the other two paths, in order, with what each guarantees:
-//   refusals          synchronous tables (not built yet), a cluster without ps tasks, model_dir
-//                     (checkpoints of both halves are not built yet) and max_recoveries (nor is
-//                     the recovery of a lost ps) are errc::invalid_config naming the strategy,
-//                     before anything connects.
+//   refusals          a cluster without ps tasks, model_dir (checkpoints of both halves are not
+//                     built yet) and max_recoveries (nor is the recovery of a lost ps) are
+//                     errc::invalid_config naming the strategy, before anything connects.
 //   ps role           serve_ps (ps_job.hpp) with a placement of no dense shard: the ps holds the
 //                     tables only; served until rank 0's shutdown.
 //   connect           the ps_job constructor (ps_job.hpp): connected to every ps; then
@@ -14,8 +13,9 @@
 //                     tasks (ps tasks take no part).
 //   replicas          shard_replicas: one replica per rank, its shard and start.
 //   initialise        the engine's initialize: rank 0 creates the tables on every ps (the rows'
-//                     rule: options.embedding_rule, else the dense rule), then broadcasts the
-//                     dense variables initialised from the seed; then start_collective_session:
+//                     rule: options.embedding_rule, else the dense rule) and, with synchronous
+//                     tables, initialises the ps for the sync protocol (no dense shard), then
+//                     broadcasts the dense variables initialised from the seed; then start_collective_session:
 //                     the session with the collective path's hooks (the agreed stop last).
 //   resume, run       replica_positions (the start: no restore yet), run_replicas: one host
 //                     batch per rank and step until the ranks agree to stop; rank 0 evaluates
@@ -46,9 +46,6 @@ namespace dtf::detail {
 /// The refusals of a hybrid job (see the file comment), before anything connects.
 inline void check_hybrid_job(const cluster& c, const strategies::hybrid& strategy, const train_options& o) {
   const std::string who = o.name + " (dtf::strategies::hybrid)";
-  if (strategy.config.tables == strategies::table_updates::synchronous)
-    throw error(errc::invalid_config, who + ": synchronous table updates are not built yet "
-                                            "(docs/design/hybrid.md section 2); use table_updates::asynchronous");
   if (c.num_ps() == 0)
     throw error(errc::invalid_config, who + ": the cluster has no ps tasks to hold the embedding tables "
                                             "(a model without tables trains with dtf::strategies::ring_allreduce)");
