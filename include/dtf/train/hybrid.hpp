@@ -21,7 +21,8 @@
 //                     batch per rank and step until the ranks agree to stop; rank 0 evaluates
 //                     after each epoch through options.evaluate_rows (the dense replica and a
 //                     reader of the rows on the ps).
-//   finish            close_ring, report_ring (the RESULT line, with tables=<mode> ps=<n>), then
+//   finish            close_ring, report_ring (the RESULT line, with tables=<mode> ps=<n>), the
+//                     rank's done report to every ps (its departure is not a lost replica's), then
 //                     rank 0 shuts the ps down (shutdown_ps): every push was acknowledged before
 //                     the ring's barrier, so nothing is in flight. A rank 0 that fails shuts the
 //                     ps down on its way out (the job has no recovery: it restarts whole).
@@ -110,6 +111,7 @@ train_result train_hybrid(const cluster& c, M& net, const data::dataset& train_s
     cluster ring_cluster = c;  // make_communicator may fill in the ranks' addresses
     ring_job ring = connect_ring(ring_cluster, o);
     train_result result = run_hybrid_rank(job, ring, train_set, strategy, net, o, std::move(user_hooks)...);
+    job.ps.mark_done();  // a finished rank, not a lost one (synchronous tables: no failed step)
     if (job.is_chief) shutdown_ps(job);
     return result;
   } catch (...) {
