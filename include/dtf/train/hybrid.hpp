@@ -38,6 +38,7 @@
 #include <dtf/train/options.hpp>
 #include <dtf/train/ps_job.hpp>
 
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <utility>
@@ -63,8 +64,7 @@ inline void check_hybrid_job(const cluster& c, const strategies::hybrid& strateg
 /// mode and the ps.
 template <class Engine>
 train_options hybrid_ring_options(const train_options& o, Engine& engine, std::size_t num_ps) {
-  train_options ro = o;
-  ro.evaluate = nullptr;
+  train_options ro = o;  // without evaluate_rows: options.evaluate of the dense part, as the ps path
   if (o.evaluate_rows)
     ro.evaluate = [&o, reader = strategies::detail::read_rows(engine.tables())](std::span<const float> p) {
       return o.evaluate_rows(p, reader);
@@ -88,6 +88,13 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
   const train_options ro = hybrid_ring_options(o, engine, job.c.num_ps());
   collective_session s;
   start_collective_session(s, ring, d, net, engine, ro, std::move(user_hooks)...);
+  if (ring.is_chief()) {  // the job is not mistaken for a plain ring job
+    std::printf("%s: hybrid: %zu embedding tables on %zu ps (%s updates), the dense part by ring-allreduce over "
+                "%zu ranks%s\n",
+                ring.me.c_str(), engine.tables().size(), job.c.num_ps(), strategies::to_string(engine.table_mode()),
+                ring.comm().size(), engine.overlaps() ? ", overlapping backprop" : "");
+    std::fflush(stdout);
+  }
   const auto at = replica_positions(ring, d, engine.global_step());  // resume
   train_result result;
   ring_run run = run_replicas(s, ring, d, at, net, engine, ro, result);  // run
