@@ -14,9 +14,12 @@
 #include "ps_helpers.hpp"
 #include "rank_helpers.hpp"
 #include "sparse_helpers.hpp"
+#include "train_helpers.hpp"
 
+#include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <mutex>
 
@@ -284,6 +287,88 @@ TEST_CASE("hybrid engines on 2 ranks, synchronous tables, plain SGD: dense part 
     CHECK(r.rows[0][i] == Approx(table[i]).margin(1e-6));
   }
   CHECK(table != initial_table(spec));
+}
+
+// The phases dtf::train runs on each rank of a 2-worker hybrid job (run_hybrid_rank: engine,
+// session, agreed stop, evaluation, RESULT), over a ring the test builds on free ports (dtf::train
+// would listen on the cluster's addresses) and two ps; every rank reports done before the ring's
+// last barrier, and rank 0 then shuts the ps down, as train_hybrid does. Synchronous tables with plain SGD: the job equals one
+// process trained on both ranks' batches of each step.
+TEST_CASE("hybrid through dtf::train's phases on 2 ranks, synchronous tables: equals one process at the summed batch",
+          "[hybrid][train]") {
+  const auto spec = table_spec(false);
+  auto ps0 = any_cluster_ps("ps.0"), ps1 = any_cluster_ps("ps.1");
+  cluster c;
+  c.source = "test";
+  c.spec.jobs["ps"][0] = ps0.address();
+  c.spec.jobs["ps"][1] = ps1.address();
+  c.spec.jobs["worker"][0] = "127.0.0.1:1";  // the ring below is the test's own
+  c.spec.jobs["worker"][1] = "127.0.0.1:2";
+  const auto data = id_data(20, 17);  // a shard of 10 per rank: 2 batches of 5 an epoch
+  const float lr = 0.3f, table_lr = 0.5f;
+  train_options o{.name = "hybrid-2", .epochs = 2, .batch = 5, .seed = 7, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  o.embedding_rule = optim::sgd{table_lr};
+  std::vector<float> trained_dense, trained_rows;
+  o.evaluate_rows = [&](std::span<const float> p, const row_reader& read) {
+    trained_dense = test::host_copy(p);
+    trained_rows.assign(V * D, 0.0f);
+    const std::vector<std::uint64_t> all_ids = {0, 1, 2, 3, 4, 5, 6};
+    read(0, all_ids, trained_rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const strategies::hybrid strategy({.dense = {.rule = optim::sgd{lr}, .bucket_bytes = 1},
+                                     .tables = strategies::table_updates::synchronous});
+  test::ring_setup setup(2);
+  std::vector<train_result> results(2);
+  std::vector<std::vector<float>> replicas(2);
+  test::run_threads(2, [&](std::size_t k) {
+    cluster me = c;
+    me.self = {"worker", k};
+    auto net = make_net(spec);
+    dtf::detail::ps_job job(me, o, {}, placement{.shards = {}, .num_ps = 2}, dtf::detail::ps_transport(me, o),
+                            std::chrono::steady_clock::now());
+    dtf::detail::ring_job ring;
+    ring.me = me.self.str();
+    collective_options co;
+    co.timeout_ms = 10000;
+    ring.comm_holder.emplace(std::move(setup.listeners[k]), k, setup.addresses, std::vector<std::string>{}, co);
+    results[k] = dtf::detail::run_hybrid_rank(job, ring, data, strategy, net, o);  // reports done
+    if (job.is_chief) dtf::detail::shutdown_ps(job);  // the others may still be leaving
+  });
+  for (const auto& r : results) {
+    CHECK(r.exit_code == 0);
+    CHECK(r.global_step == 4);
+  }
+  CHECK(ps0.ps->shutdown_requested());
+  CHECK(ps0.ps->global_step() == 4);  // the ps's step is the ring's
+
+  // The reference: each step, rank 0's and rank 1's batches (their shards, shuffled with seed + k)
+  // as one batch of 10.
+  auto ref_net = make_net(spec);
+  std::vector<float> theta = test::initial_parameters(ref_net, o.seed), table = initial_table(spec);
+  auto s0 = data.shard(2, 0).shuffle(o.seed).batch(o.batch).repeat(o.epochs).stream();
+  auto s1 = data.shard(2, 1).shuffle(o.seed + 1).batch(o.batch).repeat(o.epochs).stream();
+  std::size_t steps_run = 0;
+  while (auto b0 = s0.next()) {
+    auto b1 = s1.next();
+    REQUIRE(b1);
+    data::host_batch both;
+    both.features = xt::concatenate(xt::xtuple(b0->features, b1->features), 0);
+    both.labels = xt::concatenate(xt::xtuple(b0->labels, b1->labels), 0);
+    local_sgd_step(ref_net, both, theta, table, lr, table_lr);
+    ++steps_run;
+  }
+  CHECK(steps_run == 4);
+  REQUIRE(trained_dense.size() == theta.size());
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    CAPTURE(i);
+    CHECK(trained_dense[i] == Approx(theta[i]).margin(1e-6));
+  }
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    CAPTURE(i);
+    CHECK(trained_rows[i] == Approx(table[i]).margin(1e-6));
+  }
 }
 
 TEST_CASE("hybrid refuses a cluster without ps, checkpoints and recoveries (not built), by name",

@@ -21,11 +21,12 @@
 //                     batch per rank and step until the ranks agree to stop; rank 0 evaluates
 //                     after each epoch through options.evaluate_rows (the dense replica and a
 //                     reader of the rows on the ps).
-//   finish            close_ring, report_ring (the RESULT line, with tables=<mode> ps=<n>), the
-//                     rank's done report to every ps (its departure is not a lost replica's), then
-//                     rank 0 shuts the ps down (shutdown_ps): every push was acknowledged before
-//                     the ring's barrier, so nothing is in flight. A rank 0 that fails shuts the
-//                     ps down on its way out (the job has no recovery: it restarts whole).
+//   finish            close_ring, with the rank's done report to every ps before its barrier
+//                     (its departure is not a lost replica's), report_ring (the RESULT line, with
+//                     tables=<mode> ps=<n>), then rank 0 shuts the ps down (shutdown_ps): every
+//                     push and done report was acknowledged before the ring's barrier, so nothing
+//                     is in flight. A rank 0 that fails shuts the ps down on its way out (the job
+//                     has no recovery: it restarts whole).
 #pragma once
 
 #include <dtf/cluster.hpp>
@@ -98,7 +99,10 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
   const auto at = replica_positions(ring, d, engine.global_step());  // resume
   train_result result;
   ring_run run = run_replicas(s, ring, d, at, net, engine, ro, result);  // run
-  close_ring(*s.session, ring, run, engine);  // finish
+  // Finish: every rank reports done to the ps before the barrier, so rank 0's shutdown after it
+  // finds no rank still to report (a synchronous ps takes a rank that leaves unreported for a
+  // lost replica).
+  close_ring(*s.session, ring, run, engine, [&job] { job.ps.mark_done(); });
   if constexpr (adopts_parameters<M>) net.set_parameters(engine.parameters());  // every rank holds rank 0's
   report_ring(ring, d, run, net, engine, ro, result, job.started);
   return result;
@@ -118,7 +122,6 @@ train_result train_hybrid(const cluster& c, M& net, const data::dataset& train_s
     cluster ring_cluster = c;  // make_communicator may fill in the ranks' addresses
     ring_job ring = connect_ring(ring_cluster, o);
     train_result result = run_hybrid_rank(job, ring, train_set, strategy, net, o, std::move(user_hooks)...);
-    job.ps.mark_done();  // a finished rank, not a lost one (synchronous tables: no failed step)
     if (job.is_chief) shutdown_ps(job);
     return result;
   } catch (...) {
