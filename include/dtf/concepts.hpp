@@ -112,7 +112,11 @@ concept lr_schedule = requires(const S& s, std::int64_t step) {
 ///                 restores and broadcasts; a checkpoint (rank 0) holds the replicated
 ///                 variables and the rule's slots; the ranks agree on the stop and leave
 ///                 together
-enum class strategy_kind { asynchronous, synchronous, collective };
+///   hybrid        both (dtf::strategies::hybrid, embedding models only): ps tasks hold the
+///                 embedding tables and nothing else; every training task is a ring rank that
+///                 holds the dense variables, as collective; the ranks agree on the stop and
+///                 leave together, then rank 0 shuts the ps tasks down
+enum class strategy_kind { asynchronous, synchronous, collective, hybrid };
 
 namespace detail {
 /// A model that only declares its members: names engine types in unevaluated contexts.
@@ -147,6 +151,10 @@ using strategy_gradient_fn = std::function<float(std::span<const float> at, std:
 ///   cs.replicas_to_aggregate() -> size_t    N contributions per global step
 ///   cs.steps_per_contribution() -> size_t   local steps per contribution (epochs → steps)
 ///
+/// kind hybrid (dtf/strategies/hybrid.hpp; its engine is built per task over the ring and the
+/// ps client, for an embedding model):
+///   cs.replicas_per_process() -> size_t     batches each process trains per step
+///
 /// kind collective (no ps; the strategy value describes an engine built per task):
 ///   cs.replicas_per_process() -> size_t     batches each process trains per step
 ///   typename S::template engine<M>          the per-task engine for a model M; dtf::train
@@ -169,6 +177,10 @@ concept strategy =
          ? requires(const S& cs) {
              { cs.replicas_per_process() } -> std::convertible_to<std::size_t>;
              typename S::template engine<detail::model_archetype>;
+           }
+     : S::kind == strategy_kind::hybrid
+         ? requires(const S& cs) {
+             { cs.replicas_per_process() } -> std::convertible_to<std::size_t>;
            }
          : requires(S& s, const S& cs, typename S::state_type& w, const detail::strategy_gradient_fn& f) {
              { cs.ps_rule() } -> std::convertible_to<optim::rule>;
@@ -212,6 +224,9 @@ consteval bool check_strategy() {
                     "dtf::strategy (collective): missing `s.replicas_per_process()` -> std::size_t (const member)");
       static_assert(requires { typename S::template engine<detail::model_archetype>; },
                     "dtf::strategy (collective): missing `template <dtf::model M> using engine = ...;`");
+    } else if constexpr (S::kind == strategy_kind::hybrid) {
+      static_assert(requires(const S& cs) { { cs.replicas_per_process() } -> std::convertible_to<std::size_t>; },
+                    "dtf::strategy (hybrid): missing `s.replicas_per_process()` -> std::size_t (const member)");
     } else {
       static_assert(requires { typename S::state_type; },
                     "dtf::strategy: missing `using state_type = ...;` (what a step sees, e.g. "

@@ -22,6 +22,9 @@
 //                                   row's uses; not accumulated)
 // embedding_classifier also:
 //   m.logits(cp, rows, x, out)      [batch, classes] logits into the device tensor out
+// streams_row_gradients (optional) also, for a gradient_ready_fn `ready`:
+//   m.loss_and_gradients(cp, rows, x, y, g, ready) -> float: as above, reporting each dense
+//                                   variable's gradient as soon as it is final
 //
 // Rows are host memory (they come from the wire); dense parameters and x, y are device memory
 // as for dtf::model. nn::embedding_sequential (dtf/nn/embedding_sequential.hpp) is a built-in.
@@ -64,6 +67,20 @@ concept embedding_model = requires(const M& cm, M& m, std::span<float> p, std::s
   m.embedding_ids(b, t, ids);
   { m.loss_and_gradients(cp, rows, x, y, g) } -> std::convertible_to<float>;
 };
+
+/// streams_row_gradients (optional): an embedding model that hands each dense variable's
+/// gradient to the strategy as soon as backprop has produced it (as dtf::streams_gradients),
+/// so that a hybrid job's ring reduces it while backprop computes the layers below:
+///   m.loss_and_gradients(cp, rows, x, y, g, ready) -> float  as above, and calls ready for
+///                                   every float of g exactly once, in the order backprop
+///                                   finishes them (the same order on every task)
+template <class M>
+concept streams_row_gradients =
+    embedding_model<M> && requires(M& m, std::span<const float> cp, std::span<const embedding_rows> rows,
+                                   const tensor& x, const tensor& y, std::span<float> g,
+                                   const gradient_ready_fn& ready) {
+      { m.loss_and_gradients(cp, rows, x, y, g, ready) } -> std::convertible_to<float>;
+    };
 
 template <class M>
 concept embedding_classifier = embedding_model<M> && requires(M& m, std::span<const float> cp,

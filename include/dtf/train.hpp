@@ -44,7 +44,8 @@
 // the strategy: the ps role, connect, initialise or restore, data position, finish),
 // through_ps.hpp (the ps strategies' workers and chief through those phases), collective.hpp
 // (a rank of a collective strategy, in phases: connect, replicas, initialise or restore,
-// resume, run, finish); this header holds the entry point.
+// resume, run, finish), hybrid.hpp (dtf::strategies::hybrid: the tables on the ps, the dense
+// variables on the ring, through the phases of both); this header holds the entry point.
 #pragma once
 
 #include <dtf/concepts.hpp>
@@ -52,6 +53,7 @@
 #include <dtf/partitioners.hpp>
 #include <dtf/session.hpp>
 #include <dtf/train/collective.hpp>
+#include <dtf/train/hybrid.hpp>
 #include <dtf/train/options.hpp>
 #include <dtf/train/through_ps.hpp>
 
@@ -65,20 +67,31 @@ namespace dtf {
 template <class S, class M, class P = partitioners::greedy_load_balancing, class... Hooks>
 train_result train(const cluster& c, M& net, const data::dataset& train_set, S strategy, const train_options& o,
                    P layout_policy = {}, Hooks... user_hooks) {
-  if constexpr (embedding_model<M>)
+  static_assert(check_strategy<S>(), "dtf::train: the strategy does not model dtf::strategy (see the message above)");
+  if constexpr (embedding_model<M> && S::kind == strategy_kind::collective)
+    static_assert(!embedding_model<M>,
+                  "dtf::train: an embedding model (tables on the ps) does not train with ring_allreduce or mirrored, "
+                  "which hold the whole model on every rank: use dtf::strategies::hybrid (the tables on the ps, "
+                  "the dense variables by ring-allreduce among the workers)");
+  else if constexpr (embedding_model<M>)
     static_assert(strategies::trains_tables<S>,
-                  "dtf::train: an embedding model (tables on the ps) trains with the asynchronous strategies and "
-                  "SyncSGD: SAGN's local steps would need local copies of the rows, and the collective strategies "
-                  "hold the whole model on every rank (no ps to hold the tables)");
+                  "dtf::train: an embedding model (tables on the ps) trains with the asynchronous strategies, "
+                  "SyncSGD and dtf::strategies::hybrid: SAGN's local steps would need local copies of the rows");
+  else if constexpr (S::kind == strategy_kind::hybrid)
+    static_assert(embedding_model<M>,
+                  "dtf::train: dtf::strategies::hybrid trains an embedding model (tables for the ps to hold); a model "
+                  "without tables trains with dtf::strategies::ring_allreduce");
   else
     static_assert(check_model<M>(), "dtf::train: the model does not model dtf::model (see the message above)");
-  static_assert(check_strategy<S>(), "dtf::train: the strategy does not model dtf::strategy (see the message above)");
   static_assert(dtf::partitioner<P>, "dtf::train: the partitioner needs `p.place(vars, num_ps)` -> dtf::placement");
   static_assert((session_hook<Hooks> && ...), "dtf::train: every hook needs one of begin, after_create_session, "
                                                "before_run, after_run, end (dtf/session.hpp)");
   detail::validate(o);
-  if constexpr (embedding_model<M> && !strategies::trains_tables<S>)
+  if constexpr (embedding_model<M> ? !strategies::trains_tables<S> || S::kind == strategy_kind::collective
+                                    : S::kind == strategy_kind::hybrid)
     return {};  // refused above
+  else if constexpr (S::kind == strategy_kind::hybrid)
+    return detail::train_hybrid(c, net, train_set, strategy, o, std::move(user_hooks)...);
   else if constexpr (S::kind == strategy_kind::collective)
     return detail::train_collective(c, net, train_set, strategy, o, std::move(user_hooks)...);
   else

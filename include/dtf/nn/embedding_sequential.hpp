@@ -95,8 +95,16 @@ class embedding_sequential {
   /// rows' gradients into rows[0].grads.
   float loss_and_gradients(std::span<const float> p, std::span<const embedding_rows> rows, const tensor& x,
                            const tensor& y, std::span<float> g) {
+    return loss_and_gradients(p, rows, x, y, g, gradient_ready_fn{});
+  }
+
+  /// dtf::streams_row_gradients: the same, calling ready with each Dense layer's variables as
+  /// soon as their gradient is written, from the last layer to the first (a hybrid job reduces
+  /// them on the ring while the layers below and the rows' gradients are computed).
+  float loss_and_gradients(std::span<const float> p, std::span<const embedding_rows> rows, const tensor& x,
+                           const tensor& y, std::span<float> g, const gradient_ready_fn& ready) {
     lookup(rows, x.dim(0));
-    const float loss = dense_.loss_and_gradients(p, input_, y, g, &input_grad_);
+    const float loss = dense_.loss_and_gradients(p, input_, y, g, &input_grad_, ready);
     if constexpr (device_memory_is_host_accessible) {
       bag_.backward(std::as_const(input_grad_).span<float>(), rows[0].index, offsets_, rows[0].grads);
     } else {

@@ -153,6 +153,13 @@ class sequential {
     return backprop(p, x, y, g, nullptr, ready ? &ready : nullptr);
   }
 
+  /// Both: d loss / d x into input_grad (when not null) and each Dense layer's variables
+  /// reported to ready as above (a lookup below that streams its own gradients).
+  float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
+                           tensor* input_grad, const gradient_ready_fn& ready) {
+    return backprop(p, x, y, g, input_grad, ready ? &ready : nullptr);
+  }
+
   /// Logits [batch, classes] of the batch into out.
   void logits(std::span<const float> p, const tensor& x, tensor& out) {
     check_size(p, "parameter");

@@ -245,10 +245,11 @@ concept sync_strategy = requires(S& s, const S& cs, sync_state& w, const gradien
 static_assert(sync_strategy<sync_sgd>);
 static_assert(check_strategy<sync_sgd>(), "sync_sgd must model dtf::strategy: config_type, state_type, kind, ps_rule(), "
                                      "replicas_to_aggregate(), steps_per_contribution(), begin(w), step(w, f) -> float, end(w)");
-/// Whether strategy S trains an embedding model (tables on the ps): the asynchronous ones, and
-/// a synchronous one that contributes the rows with its steps (contributes_rows).
+/// Whether strategy S trains an embedding model (tables on the ps): the asynchronous ones, a
+/// synchronous one that contributes the rows with its steps (contributes_rows), and hybrid.
 template <class S>
-concept trains_tables = S::kind == strategy_kind::asynchronous || requires { requires S::contributes_rows; };
+concept trains_tables = S::kind == strategy_kind::asynchronous || S::kind == strategy_kind::hybrid ||
+                        requires { requires S::contributes_rows; };
 static_assert(trains_tables<sync_sgd> && !trains_tables<sagn>);
 static_assert(sync_strategy<sagn>);
 static_assert(check_strategy<sagn>(), "sagn must model dtf::strategy: config_type, state_type, kind, ps_rule(), "

@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -396,14 +397,17 @@ ring_run run_replicas(collective_session& s, ring_job& ring, const replica_data&
   return run_ring(*s.session, s.vars, ring, d, batches, net, engine, o, result);
 }
 
-/// Finish, first: the session's close (rank 0's final checkpoint), then the barrier (nobody
-/// leaves while another still needs its connections); `run` gets the close's measures.
+/// Finish, first: the session's close (rank 0's final checkpoint), `before_barrier` (a hybrid
+/// rank's done report to the ps), then the barrier (nobody leaves while another still needs
+/// its connections); `run` gets the close's measures.
 template <class Engine>
-void close_ring(monitored_training_session& session, ring_job& ring, ring_run& run, Engine& engine) {
+void close_ring(monitored_training_session& session, ring_job& ring, ring_run& run, Engine& engine,
+                const std::function<void()>& before_barrier = {}) {
   session.close();
   run.train_s = std::chrono::duration<double>(train_clock::now() - run.t0).count();
   run.final_step = engine.global_step();
   run.trained = std::max<std::int64_t>(1, run.final_step - run.first_step);
+  if (before_barrier) before_barrier();
   ring.comm().barrier();
 }
 

@@ -20,7 +20,8 @@
 //                     the session's close (its final checkpoint).
 //   finish            finish_ps_job: this task reported done; the chief waited for every worker
 //                     (not after a stop request), evaluated, printed the RESULT line, shut the ps
-//                     down and wrote the metrics file; the result carries the exit code.
+//                     down (shutdown_ps) and wrote the metrics file; the result carries the exit
+//                     code.
 // From the session on, a lost ps is recovered and the operation retried (s.recoverable).
 #pragma once
 
@@ -279,6 +280,13 @@ inline data::position resume_position(ps_job& job, ps_session& s, const data::da
   return at;
 }
 
+/// Finish, the chief's last act: every ps task shut down, said in a line.
+inline void shutdown_ps(ps_job& job) {
+  job.ps.shutdown();
+  std::printf("%s: parameter servers shut down\n", job.me.c_str());
+  std::fflush(stdout);
+}
+
 /// Finish, after the session's close: report done; the chief waits for every worker (not
 /// after a stop request: the job ends now, and tasks still training lose their parameter
 /// servers), evaluates, prints the RESULT line (`extra`: its kind-specific tokens) and shuts
@@ -302,9 +310,7 @@ void finish_ps_job(ps_job& job, ps_session& s, train_result& result, std::string
     const double wall = std::chrono::duration<double>(train_clock::now() - job.started).count();
     print_result(o, job.me, job.trainers, result.evaluation, result.global_step, wall, "", extra,
                  /*done_line=*/false);
-    job.ps.shutdown();
-    std::printf("%s: parameter servers shut down\n", job.me.c_str());
-    std::fflush(stdout);
+    shutdown_ps(job);
     return check_result(o, job.me, job.trainers, result.evaluation, result.global_step, wall);
   });
   result.recoveries = s.recovery ? s.recovery->recoveries() : 0;

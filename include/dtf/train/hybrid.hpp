@@ -1,0 +1,137 @@
+// dtf/train/hybrid.hpp — dtf::train's roles for dtf::strategies::hybrid (docs/design/hybrid.md):
+// an embedding model's tables on the ps tasks, its dense variables on a ring of the training
+// tasks. See dtf/train.hpp for the whole picture.
+//
+// train_hybrid reuses the phases of the other two paths, in order, with what each guarantees:
+//   refusals          a cluster without ps tasks, model_dir (checkpoints of both halves are not
+//                     built yet) and max_recoveries (nor is the recovery of a lost ps) are
+//                     errc::invalid_config naming the strategy, before anything connects.
+//   ps role           serve_ps (ps_job.hpp) with a placement of no dense shard: the ps holds the
+//                     tables only; served until rank 0's shutdown.
+//   connect           the ps_job constructor (ps_job.hpp): connected to every ps; then
+//                     connect_ring (collective.hpp): this rank's communicator over the training
+//                     tasks (ps tasks take no part).
+//   replicas          shard_replicas: one replica per rank, its shard and start.
+//   initialise        the engine's initialize: rank 0 creates the tables on every ps (the rows'
+//                     rule: options.embedding_rule, else the dense rule) and, with synchronous
+//                     tables, initialises the ps for the sync protocol (no dense shard), then
+//                     broadcasts the dense variables initialised from the seed; then start_collective_session:
+//                     the session with the collective path's hooks (the agreed stop last).
+//   resume, run       replica_positions (the start: no restore yet), run_replicas: one host
+//                     batch per rank and step until the ranks agree to stop; rank 0 evaluates
+//                     after each epoch through options.evaluate_rows (the dense replica and a
+//                     reader of the rows on the ps).
+//   finish            close_ring, with the rank's done report to every ps before its barrier
+//                     (its departure is not a lost replica's), report_ring (the RESULT line, with
+//                     tables=<mode> ps=<n>), then rank 0 shuts the ps down (shutdown_ps): every
+//                     push and done report was acknowledged before the ring's barrier, so nothing
+//                     is in flight. A rank 0 that fails shuts the ps down on its way out (the job
+//                     has no recovery: it restarts whole).
+#pragma once
+
+#include <dtf/cluster.hpp>
+#include <dtf/data/dataset.hpp>
+#include <dtf/embedding_model.hpp>
+#include <dtf/error.hpp>
+#include <dtf/partitioners.hpp>
+#include <dtf/strategies/hybrid.hpp>
+#include <dtf/train/collective.hpp>
+#include <dtf/train/options.hpp>
+#include <dtf/train/ps_job.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <utility>
+
+namespace dtf::detail {
+
+/// The refusals of a hybrid job (see the file comment), before anything connects.
+inline void check_hybrid_job(const cluster& c, const strategies::hybrid& strategy, const train_options& o) {
+  const std::string who = o.name + " (dtf::strategies::hybrid)";
+  if (c.num_ps() == 0)
+    throw error(errc::invalid_config, who + ": the cluster has no ps tasks to hold the embedding tables "
+                                            "(a model without tables trains with dtf::strategies::ring_allreduce)");
+  if (!o.model_dir.empty())
+    throw error(errc::invalid_config, who + ": model_dir: checkpoints of a hybrid job (tables and dense part) are "
+                                            "not built yet (docs/design/hybrid.md section 3)");
+  if (o.max_recoveries > 0)
+    throw error(errc::invalid_config, who + ": max_recoveries: a hybrid job does not recover a lost ps yet "
+                                            "(docs/design/hybrid.md section 4)");
+}
+
+/// The options the collective phases see on a hybrid rank: rank 0's evaluation reads the rows
+/// through the engine's tables (options.evaluate_rows), and the RESULT line names the tables'
+/// mode and the ps.
+template <class Engine>
+train_options hybrid_ring_options(const train_options& o, Engine& engine, std::size_t num_ps) {
+  train_options ro = o;  // without evaluate_rows: options.evaluate of the dense part, as the ps path
+  if (o.evaluate_rows)
+    ro.evaluate = [&o, reader = strategies::detail::read_rows(engine.tables())](std::span<const float> p) {
+      return o.evaluate_rows(p, reader);
+    };
+  const std::string tokens = std::string("tables=") + strategies::to_string(engine.table_mode()) +
+                             " ps=" + std::to_string(num_ps);
+  ro.result_extra = o.result_extra.empty() ? tokens : o.result_extra + " " + tokens;
+  return ro;
+}
+
+/// A rank's part of a hybrid job after the connections: initialise, run, finish (see the file
+/// comment). Returns its result.
+template <class M, class... Hooks>
+train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& train_set,
+                             const strategies::hybrid& strategy, M& net, const train_options& o,
+                             Hooks... user_hooks) {
+  const replica_data d = shard_replicas(ring.comm(), strategy.replicas_per_process(), train_set, o);
+  auto engine = strategy.make(ring.comm(), job.ps, net);  // initialise
+  if (o.embedding_rule) engine.set_embedding_rule(*o.embedding_rule);
+  engine.initialize(o.seed);
+  const train_options ro = hybrid_ring_options(o, engine, job.c.num_ps());
+  collective_session s;
+  start_collective_session(s, ring, d, net, engine, ro, std::move(user_hooks)...);
+  if (ring.is_chief()) {  // the job is not mistaken for a plain ring job
+    std::printf("%s: hybrid: %zu embedding tables on %zu ps (%s updates), the dense part by ring-allreduce over "
+                "%zu ranks%s\n",
+                ring.me.c_str(), engine.tables().size(), job.c.num_ps(), strategies::to_string(engine.table_mode()),
+                ring.comm().size(), engine.overlaps() ? ", overlapping backprop" : "");
+    std::fflush(stdout);
+  }
+  const auto at = replica_positions(ring, d, engine.global_step());  // resume
+  train_result result;
+  ring_run run = run_replicas(s, ring, d, at, net, engine, ro, result);  // run
+  // Finish: every rank reports done to the ps before the barrier, so rank 0's shutdown after it
+  // finds no rank still to report (a synchronous ps takes a rank that leaves unreported for a
+  // lost replica).
+  close_ring(*s.session, ring, run, engine, [&job] { job.ps.mark_done(); });
+  if constexpr (adopts_parameters<M>) net.set_parameters(engine.parameters());  // every rank holds rank 0's
+  report_ring(ring, d, run, net, engine, ro, result, job.started);
+  return result;
+}
+
+/// A task of a hybrid job: the ps role, or a training task (a ring rank and a ps client).
+template <class M, class... Hooks>
+train_result train_hybrid(const cluster& c, M& net, const data::dataset& train_set,
+                          const strategies::hybrid& strategy, const train_options& o, Hooks... user_hooks) {
+  const auto started = train_clock::now();
+  check_hybrid_job(c, strategy, o);
+  const placement tables_only{.shards = {}, .num_ps = c.num_ps()};  // no dense shard on any ps
+  const transport_options transport = ps_transport(c, o);
+  if (c.self.job == "ps") return serve_ps(c, tables_only, transport, o, o.ps_threads);
+  ps_job job(c, o, {}, tables_only, transport, started);  // connect
+  try {
+    cluster ring_cluster = c;  // make_communicator may fill in the ranks' addresses
+    ring_job ring = connect_ring(ring_cluster, o);
+    train_result result = run_hybrid_rank(job, ring, train_set, strategy, net, o, std::move(user_hooks)...);
+    if (job.is_chief) shutdown_ps(job);
+    return result;
+  } catch (...) {
+    // The chief's failure ends the job: its ps tasks are not left serving nobody.
+    if (job.is_chief) try {
+        job.ps.shutdown();
+      } catch (const std::exception&) {  // already gone: nothing left to shut down
+      }
+    throw;
+  }
+}
+
+}  // namespace dtf::detail
