@@ -32,9 +32,11 @@
 //                logits (one memcpy per parameter: dtf's buffers may be freed or moved at any
 //                time after the call).
 //   gradients    no copies: during loss_and_gradients each parameter's .grad() is a view of its
-//                slice of g; g is zeroed and autograd accumulates into it in place. Should
-//                anything replace a .grad() (LibTorch 1.13's AccumulateGrad does only under
-//                create_graph), its values are copied in: at most one copy.
+//                slice of g; g is zeroed and autograd accumulates into it in place. A .grad()
+//                that the forward or the loss replaced or cleared (zero_grad(set_to_none), a
+//                backward with create_graph, whose AccumulateGrad adds out of place) is added
+//                into its slice and lent again before dtf's backward, and checked once more
+//                right before its slice is reported: what is reported is the whole gradient.
 //   streaming    a post-hook on each parameter's gradient accumulator (as DDP's reducer)
 //                calls ready(offset, size) when autograd has finalised that variable's
 //                gradient, in the order autograd finishes them (the same on every rank for the
@@ -367,7 +369,25 @@ class module_model {
 
   void on_gradient(std::size_t i) {
     if (!ready_ || ++fired_[i] != members(i).size()) return;  // a tie in a copy: final after its last tensor
+    absorb(i);  // the slice holds the whole gradient before it is reported
     (*ready_)(variables_[i].offset, variables_[i].size());
+  }
+
+  // Variable i's tensors whose .grad() is not the view of its slice of the lent gradient (g_):
+  // replaced or cleared by user code or autograd (zero_grad(set_to_none), a backward with
+  // create_graph, which accumulates out of place) since it was lent. A replaced one's values are
+  // added into the slice (it holds what the others accumulated; a replacement holds this one's),
+  // and every one gets the view again, so that autograd accumulates into the slice from then on.
+  void absorb(std::size_t i) {
+    float* slice = g_ + variables_[i].offset;
+    ::torch::NoGradGuard no_grad;
+    for (const auto& t : members(i)) {
+      const auto& grad = t.grad();
+      if (grad.defined() && grad.data_ptr() == static_cast<void*>(slice)) continue;
+      const auto lent = view(g_, i);
+      if (grad.defined()) lent.add_(grad.detach());
+      t.mutable_grad() = lent;
+    }
   }
 
   float step(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
@@ -380,10 +400,12 @@ class module_model {
       module_model& m;
       ~end_of_loan() {
         m.ready_ = nullptr;
+        m.g_ = nullptr;
         for (std::size_t i = 0; i < m.variables_.size(); ++i)
           for (const auto& t : m.members(i)) t.mutable_grad() = ::torch::Tensor();
       }
     } loan{*this};
+    g_ = g.data();
     for (std::size_t i = 0; i < variables_.size(); ++i) {
       const auto slice = view(g.data(), i);
       for (const auto& t : members(i)) t.mutable_grad() = slice;
@@ -402,20 +424,18 @@ class module_model {
       ++forwards_;
       loss = loss_(module_->forward(input), labels);
     }
+    // The forward or the loss may have replaced or cleared .grad()s (zero_grad(set_to_none), a
+    // backward of its own): taken in and lent again before backward, whose reports must find
+    // every gradient in g.
+    for (std::size_t i = 0; i < variables_.size(); ++i) absorb(i);
     std::fill(fired_.begin(), fired_.end(), 0);
     ready_ = ready;
     loss.backward();
     ready_ = nullptr;
     for (std::size_t i = 0; i < variables_.size(); ++i) {
-      float* slice = g.data() + variables_[i].offset;
-      for (const auto& t : members(i)) {
-        const auto& grad = t.grad();
-        if (grad.defined() && grad.data_ptr() != static_cast<void*>(slice)) {  // replaced: copy it in
-          const ::torch::Tensor values = grad.contiguous();
-          std::memcpy(slice, values.data_ptr<float>(), variables_[i].size_bytes());
-        }
-      }
-      if (ready && fired_[i] < members(i).size()) (*ready)(variables_[i].offset, variables_[i].size());  // unused: zeros
+      if (ready && fired_[i] == members(i).size()) continue;  // reported, its gradient absorbed first
+      absorb(i);
+      if (ready) (*ready)(variables_[i].offset, variables_[i].size());  // unused this step: zeros
     }
     return loss.template item<float>();
   }
@@ -435,6 +455,7 @@ class module_model {
   std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks_;
   std::vector<std::size_t> fired_;
   const gradient_ready_fn* ready_ = nullptr;
+  float* g_ = nullptr;  // the gradient buffer lent during loss_and_gradients
   std::size_t num_parameters_ = 0;
 };
 
