@@ -319,3 +319,33 @@ TEST_CASE("torch: without an evaluation, dtf::train still leaves the job's train
   REQUIRE(train(local_cluster(), second, data, strategies::ring_allreduce<>(), o).global_step == 6);
   CHECK(module_values(*second.module()) == ring_trained);
 }
+
+TEST_CASE("torch: a job resumed from its model_dir draws the dropout masks an uninterrupted job draws, none again",
+          "[torch][buffers][checkpoint]") {
+  // ring-allreduce on one rank: 8 steps in one run against 4, a checkpoint, and 4 more after
+  // --model_dir resumes it; with SGD the parameters are the same bit for bit only if the
+  // resumed steps draw the uninterrupted run's masks 5 to 8 (a count restarted at 0 draws 1 to
+  // 4 again).
+  auto dropout_net = [] {
+    torch::manual_seed(9);
+    return bn_model(torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Dropout(0.5), torch::nn::Linear(32, 3)),
+                    {.seed = 4});
+  };
+  const auto data = dtf::test::synthetic(128, 6, dtf::test::labels::argmax);
+  auto run = [&](const std::filesystem::path& dir, std::int64_t last_step) {
+    dtf::train_options o{.name = "masks", .epochs = 1, .last_step = last_step, .batch = 8, .seed = 2,
+                         .model_dir = dir.string(), .summary_every = 0, .log_every = 0};
+    std::vector<float> trained;
+    keep_final_parameters(o, trained);
+    auto net = dropout_net();
+    REQUIRE(dtf::train(dtf::local_cluster(), net, data, dtf::strategies::ring_allreduce<>(), o).global_step == last_step);
+    return std::pair(trained, buffers_of(net));
+  };
+  dtf::test::ckpt::temp_dir once("torch_masks_once"), twice("torch_masks_twice");
+  const auto [uninterrupted, count] = run(once.path, 8);
+  CHECK(count == std::vector<float>{8, 0, 0});  // 8 training forwards
+  (void)run(twice.path, 4);
+  const auto [resumed, resumed_count] = run(twice.path, 8);
+  CHECK(resumed_count == count);
+  CHECK(resumed == uninterrupted);
+}
