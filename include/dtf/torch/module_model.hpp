@@ -76,10 +76,9 @@
 //                module's own tensors (each task's module updates its registered ones in train
 //                mode), read and written by dtf::train, which keeps the chief's (rank 0's) as
 //                the job's: saved with every checkpoint, restored (through resharding too),
-//                broadcast to every rank at a collective job's start. A ps job broadcasts none:
-//                each worker's frozen parameters are its own module's (the same when every task
-//                builds or loads it the same way). Other types (BatchNorm's int64
-//                num_batches_tracked) stay each task's own.
+//                broadcast to every rank at a collective job's start, published by a ps job's
+//                chief for every worker to take at its start (dtf/train/buffers.hpp). Other
+//                types (BatchNorm's int64 num_batches_tracked) stay each task's own.
 //
 // CPU builds only (Debian's LibTorch has no CUDA). Include this header only in translation units
 // that need LibTorch (about 15 s of compile time; dtf/dtf.hpp never includes it). Link dtf::torch.
