@@ -5,6 +5,7 @@
 
 #include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
+#include <dtf/ps/positions.hpp>
 #include <dtf/recovery.hpp>
 #include <dtf/train_flags.hpp>
 #include <dtf/transport/credentials.hpp>
@@ -187,6 +188,28 @@ TEST_CASE("a worker's key reports done and positions as itself only", "[identity
   CHECK(held[0].task == "worker.0");
   CHECK(held[0].at.epoch == 3);
   CHECK(held[1].at.epoch == 3);  // worker.1's own report: a restore fills, never overrides
+}
+
+TEST_CASE("only the chief publishes the model buffers on ps 0, and any task reads them", "[identity][ps][hostile]") {
+  const auto layout = partitioners::fixed_size{1}.place(vars12(), 1);
+  ps_options po{opts("ps.0", master)};
+  po.chief = "chief.0";
+  running_ps s(po);
+  ps_client worker({s.address()}, layout, with_key("worker.0", "worker.0"));
+  ps_client chief({s.address()}, layout, with_key("chief.0", "chief.0"));
+  worker.connect();
+  chief.connect();
+  std::vector<float> got(3);
+  CHECK_FALSE(published_buffers(worker, got, std::chrono::milliseconds(0)));  // none published yet
+  const std::vector<float> mine{1.5f, -2.0f, 0.25f};
+  CHECK_THROWS_WITH(publish_buffers(worker, mine), Catch::Contains("only the chief"));
+  CHECK_FALSE(published_buffers(worker, got, std::chrono::milliseconds(0)));  // the refused ones are not kept
+  publish_buffers(chief, mine);
+  REQUIRE(published_buffers(worker, got, std::chrono::milliseconds(0)));
+  CHECK(got == mine);
+  std::vector<float> other(4);
+  CHECK_THROWS_WITH(published_buffers(worker, other, std::chrono::milliseconds(0)),
+                    Catch::Contains("3 floats") && Catch::Contains("has 4"));
 }
 
 TEST_CASE("a task re-announces the done tasks it learnt, with their proofs, to a restarted ps", "[identity][ps]") {

@@ -72,7 +72,8 @@ concept classifier = model<M> && requires(M& m, std::span<const float> cp, const
 /// saves them with every checkpoint (NAME.buffers beside the checkpoint's files, written before
 /// its manifest) and gives them back on a restore; a collective job broadcasts rank 0's at its
 /// start (after a restore, the restored ones) and copies them into the model the caller passed
-/// before each evaluation. For `const M cm`, `M m` and spans `out`, `in` of
+/// before each evaluation; a ps job's chief publishes its own on ps 0 (after the initialisation
+/// or restore) and every worker takes them into its model at its start. For `const M cm`, `M m` and spans `out`, `in` of
 /// num_parameters(cm.buffers()) floats:
 ///   cm.buffers()           -> std::vector<variable_spec>  names, shapes, offsets (a flat space of its own)
 ///   m.read_buffers(out)    copies the buffers into out (host memory)

@@ -45,6 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case message_kind::ps_sparse_stats: try_decode<ps_sparse_stats_msg>(meta); break;
         case message_kind::ps_sparse_restore: try_decode<ps_sparse_restore_msg>(meta); break;
         case message_kind::ps_positions: try_decode<ps_positions_msg>(meta); break;
+        case message_kind::ps_buffers: try_decode<ps_buffers_msg>(meta); break;
         case message_kind::ps_sync_push:
         case message_kind::ps_sync_stage: try_decode<ps_sync_push_msg>(meta); break;
         case message_kind::ps_sync_apply:

@@ -454,3 +454,106 @@ TEST_CASE("torch: threads default to LibTorch's own, and only modules that draw 
   told.loss_and_gradients(p, batch.x, batch.y, g);
   CHECK(plain->locked);
 }
+
+namespace {
+/// Every built-in layer of LibTorch 1.13 that registers parameters (a TransformerEncoderLayer for
+/// the composites), built one after another, in this order, from LibTorch's generator as it is.
+tnn::ModuleList every_layer() {
+  tnn::ModuleList l;
+  l->push_back(tnn::Linear(4, 3));
+  l->push_back(tnn::Bilinear(3, 3, 2));
+  l->push_back(tnn::Conv1d(2, 2, 3));
+  l->push_back(tnn::Conv2d(2, 2, 3));
+  l->push_back(tnn::Conv3d(2, 2, 2));
+  l->push_back(tnn::ConvTranspose1d(2, 2, 3));
+  l->push_back(tnn::ConvTranspose2d(2, 2, 3));
+  l->push_back(tnn::ConvTranspose3d(2, 2, 2));
+  l->push_back(tnn::BatchNorm1d(3));
+  l->push_back(tnn::BatchNorm2d(3));
+  l->push_back(tnn::BatchNorm3d(3));
+  l->push_back(tnn::InstanceNorm1d(tnn::InstanceNorm1dOptions(3).affine(true)));
+  l->push_back(tnn::InstanceNorm2d(tnn::InstanceNorm2dOptions(3).affine(true)));
+  l->push_back(tnn::InstanceNorm3d(tnn::InstanceNorm3dOptions(3).affine(true)));
+  l->push_back(tnn::LayerNorm(tnn::LayerNormOptions({4})));
+  l->push_back(tnn::GroupNorm(2, 4));
+  l->push_back(tnn::Embedding(5, 3));
+  l->push_back(tnn::EmbeddingBag(5, 3));
+  l->push_back(tnn::RNN(3, 4));
+  l->push_back(tnn::LSTM(3, 4));
+  l->push_back(tnn::GRU(3, 4));
+  l->push_back(tnn::RNNCell(3, 4));
+  l->push_back(tnn::LSTMCell(3, 4));
+  l->push_back(tnn::GRUCell(3, 4));
+  l->push_back(tnn::MultiheadAttention(4, 2));
+  l->push_back(tnn::MultiheadAttention(tnn::MultiheadAttentionOptions(4, 2).kdim(3).vdim(5).add_bias_kv(true)));
+  l->push_back(tnn::PReLU());
+  l->push_back(tnn::TransformerEncoderLayer(tnn::TransformerEncoderLayerOptions(4, 2).dim_feedforward(8).dropout(0)));
+  return l;
+}
+}  // namespace
+
+TEST_CASE("torch: the seed initialises every built-in layer with parameters as LibTorch constructs it under that seed",
+          "[torch][state]") {
+  // Two builds from other generator states, one of them changed by hand (as a user might):
+  // initialized from one seed they are equal bit for bit, and equal to LibTorch's own
+  // construction under torch::manual_seed(seed) (the independent reference).
+  torch::manual_seed(1);
+  module_model<tnn::ModuleList> a(every_layer());
+  torch::manual_seed(2);
+  module_model<tnn::ModuleList> b(every_layer());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& t : b.module()->parameters()) t.add_(0.25);
+  }
+  std::vector<float> pa(a.num_parameters()), pb(pa.size()), pc(pa.size());
+  a.initialize(pa, 7);
+  b.initialize(pb, 7);
+  CHECK(pa == pb);
+  CHECK(pa == flat(b.module()->parameters()));  // the module holds them
+  torch::manual_seed(7);
+  const auto reference = every_layer();
+  CHECK(pa == flat(reference->parameters()));
+  // Another seed: every parameter drawn at random differs (the constant ones, e.g. a norm's
+  // weight of ones or MultiheadAttention's zero biases, stay).
+  a.initialize(pc, 8);
+  for (const auto& v : a.variables()) {
+    INFO(v.name);
+    const auto first = pa.begin() + std::ptrdiff_t(v.offset), last = first + std::ptrdiff_t(v.size());
+    const bool constant = std::all_of(first, last, [&](float x) { return x == *first; });
+    if (!constant) CHECK_FALSE(std::equal(first, last, pc.begin() + std::ptrdiff_t(v.offset)));
+  }
+}
+
+TEST_CASE("torch: a dropout module's forward count is a buffer: a restored model draws the masks the first would have "
+          "drawn next, none again", "[torch][buffers]") {
+  auto make = [] {
+    return module_model<tnn::Sequential>(tnn::Sequential(tnn::Linear(8, 64), tnn::Dropout(0.5), tnn::Linear(64, 3)),
+                                         {.seed = 1});
+  };
+  const auto batch = first_batch(16, 3);
+  auto grads = [&](module_model<tnn::Sequential>& m, std::vector<float>& p) {
+    std::vector<float> g(p.size());
+    m.loss_and_gradients(p, batch.x, batch.y, g);
+    return g;
+  };
+  auto first = make();
+  std::vector<float> p(first.num_parameters());
+  first.initialize(p, 2);
+  const auto step1 = grads(first, p);
+  (void)grads(first, p);
+  const auto specs = first.buffers();
+  REQUIRE(specs.size() == 1);
+  CHECK(specs[0].name == "dtf/forward_count");
+  std::vector<float> saved(dtf::num_parameters(specs));
+  first.read_buffers(saved);
+  CHECK(saved == std::vector<float>{2, 0, 0});
+  const auto step3 = grads(first, p);  // the uninterrupted run's third forward
+  auto resumed = make();
+  resumed.write_buffers(saved);
+  CHECK(grads(resumed, p) == step3);
+  auto fresh = make();
+  CHECK(grads(fresh, p) == step1);  // a model not restored starts over
+  CHECK(step3 != step1);
+  saved[1] = -1.0f;
+  CHECK_THROWS_WITH(resumed.write_buffers(saved), Catch::Contains("dtf/forward_count"));
+}

@@ -319,3 +319,73 @@ TEST_CASE("torch: without an evaluation, dtf::train still leaves the job's train
   REQUIRE(train(local_cluster(), second, data, strategies::ring_allreduce<>(), o).global_step == 6);
   CHECK(module_values(*second.module()) == ring_trained);
 }
+
+TEST_CASE("torch: a job resumed from its model_dir draws the dropout masks an uninterrupted job draws, none again",
+          "[torch][buffers][checkpoint]") {
+  // ring-allreduce on one rank: 8 steps in one run against 4, a checkpoint, and 4 more after
+  // --model_dir resumes it; with SGD the parameters are the same bit for bit only if the
+  // resumed steps draw the uninterrupted run's masks 5 to 8 (a count restarted at 0 draws 1 to
+  // 4 again).
+  auto dropout_net = [] {
+    torch::manual_seed(9);
+    return bn_model(torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Dropout(0.5), torch::nn::Linear(32, 3)),
+                    {.seed = 4});
+  };
+  const auto data = dtf::test::synthetic(128, 6, dtf::test::labels::argmax);
+  auto run = [&](const std::filesystem::path& dir, std::int64_t last_step) {
+    dtf::train_options o{.name = "masks", .epochs = 1, .last_step = last_step, .batch = 8, .seed = 2,
+                         .model_dir = dir.string(), .summary_every = 0, .log_every = 0};
+    std::vector<float> trained;
+    keep_final_parameters(o, trained);
+    auto net = dropout_net();
+    REQUIRE(dtf::train(dtf::local_cluster(), net, data, dtf::strategies::ring_allreduce<>(), o).global_step == last_step);
+    return std::pair(trained, buffers_of(net));
+  };
+  dtf::test::ckpt::temp_dir once("torch_masks_once"), twice("torch_masks_twice");
+  const auto [uninterrupted, count] = run(once.path, 8);
+  CHECK(count == std::vector<float>{8, 0, 0});  // 8 training forwards
+  (void)run(twice.path, 4);
+  const auto [resumed, resumed_count] = run(twice.path, 8);
+  CHECK(resumed_count == count);
+  CHECK(resumed == uninterrupted);
+}
+
+TEST_CASE("torch: a ps job's workers take the chief's frozen parameters, also when the chief restored them",
+          "[torch][buffers][checkpoint]") {
+  using namespace dtf;
+  test::ckpt::temp_dir dir("torch_frozen_ps");
+  const auto data = test::synthetic(64, 11, test::labels::argmax);
+  const train_options o{.name = "frozen_ps", .epochs = 1, .batch = 8, .seed = 2, .model_dir = dir.path.string(),
+                        .summary_every = 0, .log_every = 0, .timeout_ms = 10000, .finish_timeout_s = 60};
+  // One life of the job: the chief (worker 0) and worker 1, whose frozen layers were built with
+  // `chief` and `worker`; each task's frozen values at the end.
+  auto job = [&](float chief, float worker) {
+    ps_options po{test::opts("ps.0")};
+    po.transport.cluster_id.clear();  // the spec's id depends on the free port
+    po.transport.log = [](const std::string&) {};
+    po.checkpoint_dir = o.model_dir;
+    test::running_ps ps(std::move(po));
+    cluster c;
+    c.source = "test";
+    c.spec.jobs["ps"][0] = ps.address();
+    c.spec.jobs["worker"][0] = "127.0.0.1:1";  // the workers listen nowhere (a ps strategy)
+    c.spec.jobs["worker"][1] = "127.0.0.1:2";
+    auto chief_net = frozen_pair(chief);  // built here, one after the other: they seed LibTorch's generator
+    auto worker_net = frozen_pair(worker);
+    bn_model* nets[] = {&chief_net, &worker_net};
+    test::run_threads(2, [&](std::size_t k) {
+      cluster me = c;
+      me.self = {"worker", k};
+      CHECK(train(me, *nets[k], data, strategies::downpour({.fetch_every = 1, .push_every = 1}), o).exit_code == 0);
+    });
+    return std::vector<std::vector<float>>{module_values(*chief_net.module()[0]), module_values(*worker_net.module()[0])};
+  };
+  const auto first = job(0.5f, 0.25f);
+  CHECK(first[0] == std::vector<float>(72, 0.5f));
+  CHECK(first[1] == std::vector<float>(72, 0.5f));  // the chief's, not its own 0.25
+  // The same command again, every task's frozen layer built with 0.75: the chief restores 0.5
+  // from the checkpoint (it is at its last step and trains nothing) and the worker takes it.
+  const auto again = job(0.75f, 0.75f);
+  CHECK(again[0] == std::vector<float>(72, 0.5f));
+  CHECK(again[1] == std::vector<float>(72, 0.5f));
+}

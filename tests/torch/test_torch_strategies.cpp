@@ -30,6 +30,7 @@
 #include <sstream>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace dtf;
@@ -356,4 +357,108 @@ TEST_CASE("torch: init_from::module gives a loaded module's values back bit for 
     REQUIRE((failures[k] ? test::message_of(failures[k]) : std::string()) == "");
     CHECK(held[k] == values);
   }
+}
+
+namespace {
+
+/// torch_small_net() from seed 31, built one at a time (see frozen_tied_net).
+::torch::nn::Sequential seeded_small_net() {
+  static std::mutex building;
+  std::lock_guard held(building);
+  ::torch::manual_seed(31);
+  return test::torch_small_net();
+}
+
+/// Cross-entropy after zero_grad(set_to_none) on its module (LibTorch 2's default zeroing, here
+/// in the loss): every .grad() dtf lent is undefined when backward starts.
+struct clears_grads {
+  mutable ::torch::nn::Sequential m;  // a holder: it shares the module
+  ::torch::Tensor operator()(const ::torch::Tensor& logits, const ::torch::Tensor& labels) const {
+    m->zero_grad(/*set_to_none=*/true);
+    return ::torch::nn::functional::cross_entropy(logits, labels);
+  }
+};
+
+/// Cross-entropy whose gradient it also accumulates itself with create_graph (as a loss with a
+/// gradient penalty might): LibTorch's AccumulateGrad then replaces each .grad() with a new
+/// tensor (it adds out of place); the caller's backward adds the same gradient again: 2 g.
+struct backward_with_graph {
+  ::torch::Tensor operator()(const ::torch::Tensor& logits, const ::torch::Tensor& labels) const {
+    auto loss = ::torch::nn::functional::cross_entropy(logits, labels);
+    ::torch::autograd::backward({loss}, {}, /*keep_graph=*/true, /*create_graph=*/true);
+    return loss;
+  }
+};
+
+template <class Loss>
+struct replacing : dtf::torch::module_model<::torch::nn::Sequential, Loss> {
+  using base = dtf::torch::module_model<::torch::nn::Sequential, Loss>;
+  explicit replacing(::torch::nn::Sequential m) : base(m, {.init = dtf::torch::init_from::module}, loss_for(m)) {}
+  static Loss loss_for(const ::torch::nn::Sequential& m) {
+    if constexpr (std::is_same_v<Loss, clears_grads>)
+      return {m};
+    else
+      return {};
+  }
+};
+
+/// LibTorch alone running the same loss: SGD on seeded_small_net() over data's batches (the
+/// .grad()s undefined before each step, as a LibTorch 2 loop leaves them).
+template <class Loss>
+std::vector<float> torch_sgd_with(const data::dataset& data, float lr) {
+  auto m = seeded_small_net();
+  const auto loss = replacing<Loss>::loss_for(m);
+  const auto params = test::distinct_trainable(*m);
+  auto s = data.stream();
+  while (auto b = s.next()) {
+    const auto n = std::int64_t(b->labels.size());
+    auto x = ::torch::from_blob(const_cast<float*>(b->features.data()), {n, 8}).clone();
+    auto y = ::torch::from_blob(const_cast<std::int32_t*>(b->labels.data()), {n}, ::torch::kInt).to(::torch::kLong);
+    for (const auto& t : params) t.mutable_grad() = ::torch::Tensor();
+    loss(m->forward(x), y).backward();
+    ::torch::NoGradGuard no_grad;
+    for (const auto& t : params) t.sub_(t.grad() * lr);
+  }
+  return test::flat(params);
+}
+
+/// Ring-allreduce over 2 ranks with overlap on and off: bitwise equal, and as LibTorch alone.
+template <class Loss>
+void check_replaced_gradients(const char* what) {
+  INFO(what);
+  const std::size_t ranks = 2, batch = 8, steps = 3;
+  const auto data = test::synthetic(ranks * batch * steps, 13, test::labels::argmax).batch(ranks * batch);
+  std::vector<std::vector<float>> by_overlap[2];
+  for (bool overlap : {false, true}) {
+    auto& result = by_overlap[overlap];
+    result.resize(ranks);
+    const auto failures = test::run_ranks_collect(ranks, {}, [&](communicator& c) {
+      replacing<Loss> net(seeded_small_net());
+      strategies::ring_allreduce<replacing<Loss>> r(c, net, {.rule = optim::sgd{0.1f}, .overlap = overlap, .bucket_bytes = 1});
+      RANK_CHECK(r.overlaps() == overlap, r.overlaps());
+      r.initialize(5);
+      auto stream = data.stream();
+      while (auto b = stream.next()) r.step(rows_of(*b, c.rank() * batch, batch));
+      result[c.rank()].assign(r.parameters().begin(), r.parameters().end());
+    });
+    for (std::size_t k = 0; k < ranks; ++k) {
+      INFO("rank " << k);
+      REQUIRE((failures[k] ? test::message_of(failures[k]) : std::string()) == "");
+    }
+  }
+  const auto reference = torch_sgd_with<Loss>(data, 0.1f);
+  INFO("relative gap to LibTorch alone " << relative_gap(by_overlap[1][0], reference));
+  CHECK(by_overlap[1] == by_overlap[0]);
+  CHECK(by_overlap[1][1] == by_overlap[1][0]);
+  CHECK(relative_gap(by_overlap[1][0], reference) <= 1e-5);
+  CHECK(relative_gap(reference, test::flat(test::distinct_trainable(*seeded_small_net()))) > 1e-3);  // it moved
+}
+
+}  // namespace
+
+TEST_CASE("torch: a .grad() the loss cleared (set_to_none) or replaced (create_graph) is reduced whole: ring "
+          "overlap on and off bitwise, as LibTorch alone",
+          "[torch][collectives][overlap]") {
+  check_replaced_gradients<clears_grads>("zero_grad(set_to_none) in the loss");
+  check_replaced_gradients<backward_with_graph>("a backward with create_graph in the loss");
 }

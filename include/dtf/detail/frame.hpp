@@ -63,6 +63,7 @@ enum class message_kind : std::uint16_t {
   ps_sync_apply = 34,     // apply a decided step (ps_sync_apply_msg), to ps p > 0
   ps_sync_decision = 35,  // the decision of a step, from ps 0 (ps_sync_apply_msg, ids empty)
   ps_sync_hold = 36,      // the chief, for a checkpoint: ps 0 stops or resumes deciding (ps_sync_hold_msg)
+  ps_buffers = 37,        // the chief's model buffers, kept on ps 0 for the workers (ps_buffers_msg both ways)
   // collectives (dtf/collectives.hpp); 40..59 are reserved for them
   collective = 40,           ///< per-collective descriptor on a ring connection, then raw data
   rendezvous_register = 41,  ///< MPI rendezvous: a rank's listening port, to rank 0
@@ -71,7 +72,7 @@ enum class message_kind : std::uint16_t {
 };
 
 inline bool is_known_kind(std::uint16_t k) {
-  return (k >= 1 && k <= 6) || (k >= 16 && k <= 36) || (k >= 40 && k <= 42) || k == 64;
+  return (k >= 1 && k <= 6) || (k >= 16 && k <= 37) || (k >= 40 && k <= 42) || k == 64;
 }
 
 struct frame_limits {

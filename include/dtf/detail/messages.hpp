@@ -357,6 +357,20 @@ struct ps_positions_msg {
     ar(positions, fill_only, tasks, all);
   }
 };
+/// ps_buffers, both ways (dtf/ps/positions.hpp): the chief's model buffers (dtf::has_buffers),
+/// which ps 0 keeps for the workers. Request `op`: publish (the chief; the payload is `floats`
+/// floats), query (how many ps 0 holds) or fetch (the payload of the reply: `floats` floats, as
+/// many as ps 0 holds). Reply: whether ps 0 holds any (`held`) and how many floats.
+struct ps_buffers_msg {
+  enum : std::uint8_t { query = 0, publish = 1, fetch = 2 };
+  std::uint8_t op = query;
+  bool held = false;
+  std::uint64_t floats = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(op, held, floats);
+  }
+};
 // ---- sparse variables (dtf/ps/embedding_layout.hpp, dtf/ps/sparse_client.hpp) ---------------
 
 /// Chief -> ps: create embedding table `table`: its spec, its shard count (shard j lives on ps

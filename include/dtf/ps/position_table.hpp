@@ -9,6 +9,11 @@
 // (ps_options::known_workers) or, without that list, max_done_tasks entries of names of at most
 // 256 characters. A request is checked whole before anything is recorded.
 //
+// It keeps the chief's model buffers too (ps_buffers, dtf/ps/positions.hpp): the chief's
+// publish replaces them (another task's is refused before its payload is read); any task
+// queries their size and fetches them. In memory, like the positions: the chief publishes them
+// again after it re-initialises a ps that restarted.
+//
 // Thread safety: its own mutex (requests arrive on every I/O thread).
 #pragma once
 
@@ -20,7 +25,9 @@
 #include <dtf/ps/done_tasks.hpp>  // admit_task_name
 #include <dtf/transport.hpp>
 
+#include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -68,6 +75,39 @@ class position_table {
       }
   }
 
+  /// The most bytes a ps_buffers request may carry: a publish from the chief, its floats.
+  /// Errors: errc::invalid_argument for a publish from another task or announcing another size.
+  std::uint64_t buffers_limit(const rpc_peer& peer, std::span<const std::byte> meta, std::uint64_t payload) const {
+    const auto m = detail::decode_message<detail::ps_buffers_msg>(meta, "buffers");
+    if (m.op != detail::ps_buffers_msg::publish) return 0;
+    if (!options_.chief.empty() && peer.identity != options_.chief)
+      throw error(errc::invalid_argument, "buffers from " + peer.identity + " refused: only the chief (" +
+                                              options_.chief + ") publishes them");
+    if (payload != m.floats * sizeof(float))
+      throw error(errc::invalid_argument, "buffers: " + std::to_string(payload) + " bytes for " +
+                                              std::to_string(m.floats) + " floats");
+    return payload;
+  }
+  /// Handles a ps_buffers request (checked by buffers_limit before its payload was read).
+  void buffers(std::span<const std::byte> meta, std::span<const std::byte> payload, rpc_reply& reply) {
+    const auto m = detail::decode_message<detail::ps_buffers_msg>(meta, "buffers");
+    std::lock_guard g(mu_);
+    if (m.op == detail::ps_buffers_msg::publish) {
+      auto values = std::make_shared<std::vector<float>>(m.floats);
+      std::memcpy(values->data(), payload.data(), payload.size());
+      buffers_ = std::move(values);
+    }
+    detail::ps_buffers_msg out{.held = buffers_ != nullptr, .floats = buffers_ ? buffers_->size() : 0};
+    if (m.op == detail::ps_buffers_msg::fetch) {
+      if (!buffers_ || buffers_->size() != m.floats)
+        throw error(errc::invalid_argument, "buffers: " + std::to_string(m.floats) + " floats asked for, " +
+                                                std::to_string(out.floats) + " held");
+      reply.holds.push_back(buffers_);  // a publish meanwhile replaces them, this reply keeps its own
+      reply.payload.push_back(asio::buffer(buffers_->data(), buffers_->size() * sizeof(float)));
+    }
+    reply.meta = detail::encode_message(out);
+  }
+
   /// Every position held (for tests and logs).
   std::map<std::string, data::position> snapshot() const {
     std::lock_guard g(mu_);
@@ -89,6 +129,7 @@ class position_table {
   const ps_options& options_;
   mutable std::mutex mu_;
   std::map<std::string, data::position> positions_;
+  std::shared_ptr<const std::vector<float>> buffers_;  // the chief's model buffers, once published
 };
 
 }  // namespace dtf::ps_detail

@@ -128,6 +128,7 @@ class parameter_server {
       case message_kind::ps_gather:
       case message_kind::ps_sparse_push:
       case message_kind::ps_sparse_restore: return sparse_.payload_limit(h.kind, meta);
+      case message_kind::ps_buffers: return positions_.buffers_limit(peer, meta, h.payload_size);
       default: return 0;
     }
   }
@@ -211,6 +212,7 @@ class parameter_server {
         return;
       }
       case message_kind::ps_positions: return positions_.handle(peer, meta, reply);
+      case message_kind::ps_buffers: return positions_.buffers(meta, payload, reply);
       case message_kind::ps_save: return save(peer, detail::decode_message<detail::ps_save_msg>(meta, "save"), reply);
       case message_kind::ps_restore:
         return restore(peer, detail::decode_message<detail::ps_restore_msg>(meta, "restore"), payload, reply);

@@ -15,9 +15,9 @@
 // module holding the values of the last p handed to it: torch::save, module->forward, a LibTorch
 // optimizer and another dtf::train work on it. At its end dtf::train hands the job's trained
 // values over (set_parameters): on every rank of a collective strategy, on the chief of a ps
-// strategy; another ps worker keeps the parameters its last step's forward ran with. The hooks the module_model puts on the module's gradient accumulators go
-// when it is destroyed. The module's structure (parameters, ties, frozen flags) is read when
-// the module_model is constructed.
+// strategy; another ps worker keeps the parameters its last step's forward ran with. The hooks
+// on the module's gradient accumulators go with the module_model. The module's structure
+// (parameters, ties, frozen flags) is read when the module_model is constructed.
 //
 // The contract (models dtf::model, dtf::classifier and dtf::streams_gradients, dtf/concepts.hpp):
 //   variables    the module's trainable parameters (requires_grad), in named_parameters() order,
@@ -32,9 +32,11 @@
 //                logits (one memcpy per parameter: dtf's buffers may be freed or moved at any
 //                time after the call).
 //   gradients    no copies: during loss_and_gradients each parameter's .grad() is a view of its
-//                slice of g; g is zeroed and autograd accumulates into it in place. Should
-//                anything replace a .grad() (LibTorch 1.13's AccumulateGrad does only under
-//                create_graph), its values are copied in: at most one copy.
+//                slice of g; g is zeroed and autograd accumulates into it in place. A .grad()
+//                that the forward or the loss replaced or cleared (zero_grad(set_to_none), a
+//                backward with create_graph, whose AccumulateGrad adds out of place) is added
+//                into its slice and lent again before dtf's backward, and checked once more
+//                right before its slice is reported: what is reported is the whole gradient.
 //   streaming    a post-hook on each parameter's gradient accumulator (as DDP's reducer)
 //                calls ready(offset, size) when autograd has finalised that variable's
 //                gradient, in the order autograd finishes them (the same on every rank for the
@@ -53,15 +55,15 @@
 //                or options.random_forward: each forward in train mode reseeds LibTorch's
 //                generator from (seed, task, replica, this copy's forward count) under a
 //                process-wide lock held for the forward only: masks differ per task (options)
-//                and replica (a copy's index: the copies made of its source before it) and are
-//                the same on a rerun. Other modules' forwards run unlocked, in parallel in
-//                mirrored replicas and Hogwild threads.
-//   initialize   options.init: init_from::seed (the default) fills p from `seed`: under
-//                torch::manual_seed(seed) the reset_parameters() of LibTorch's built-in layers
-//                (Linear, Conv1-3d, BatchNorm1-3d, LayerNorm, Embedding), each layer once (a
-//                tied one too), frozen parameters kept; parameters of other modules keep their
-//                values. init_from::module (fine-tuning: after torch::load) fills p with the
-//                module's current values, bit for bit.
+//                and replica (a copy's index among its source's copies) and are the same on a
+//                rerun; the count is a buffer (below), so a resumed job draws no mask again.
+//                Other modules' forwards run unlocked (mirrored replicas, Hogwild threads).
+//   initialize   options.init: init_from::seed (the default) fills p from `seed`: every
+//                built-in layer with parameters drawn as LibTorch's constructor draws it under
+//                torch::manual_seed(seed) (its reset_parameters(): dtf/torch/seeding.hpp),
+//                each layer once, frozen parameters kept; parameters a module of the user's
+//                own registers keep their values. init_from::module (fine-tuning: after
+//                torch::load) fills p with the module's current values, bit for bit.
 //   copies       a copy is a deep copy (module->clone(): the module's Impl derives from
 //                torch::nn::Cloneable<Impl>) with the source's ties, requires_grad flags and
 //                modes (clone() itself loses the first two); mirrored makes one per replica.
@@ -69,18 +71,17 @@
 //   threads      options.threads sets LibTorch's intra-op threads and dtf's BLAS threads
 //                together (0, the default: leaves both as they are).
 //   buffers      the module's float32 registered buffers (BatchNorm's running statistics), in
-//                named_buffers() order, then the frozen parameters, are dtf::has_buffers: the
+//                named_buffers() order, the frozen parameters, then (a module that draws
+//                random numbers) its forward count "dtf/forward_count", are dtf::has_buffers: the
 //                module's own tensors (each task's module updates its registered ones in train
 //                mode), read and written by dtf::train, which keeps the chief's (rank 0's) as
 //                the job's: saved with every checkpoint, restored (through resharding too),
-//                broadcast to every rank at a collective job's start. A ps job broadcasts none:
-//                each worker's frozen parameters are its own module's (the same when every task
-//                builds or loads it the same way). Other types (BatchNorm's int64
-//                num_batches_tracked) stay each task's own.
+//                broadcast to every rank at a collective job's start, published by a ps job's
+//                chief for every worker to take at its start (dtf/train/buffers.hpp). Other
+//                types (BatchNorm's int64 num_batches_tracked) stay each task's own.
 //
-// CPU builds only: Debian's LibTorch is built without CUDA, and dtf's device memory on CUDA
-// builds is GPU memory. Include this header only in translation units that need LibTorch; it
-// costs about 15 s of compile time and dtf/dtf.hpp never includes it. Link dtf::torch.
+// CPU builds only (Debian's LibTorch has no CUDA). Include this header only in translation units
+// that need LibTorch (about 15 s of compile time; dtf/dtf.hpp never includes it). Link dtf::torch.
 // Thread safety: one thread per instance (mirrored gives each replica its own copy).
 #pragma once
 
@@ -110,7 +111,6 @@
 #include <span>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -167,6 +167,7 @@ class module_model {
       const ::torch::Tensor values = buffer_tensors_[i].contiguous();
       std::memcpy(out.data() + buffer_specs_[i].offset, values.data_ptr<float>(), buffer_specs_[i].size_bytes());
     }
+    if (random_) detail::put_count(forwards_, out.last(3));
   }
 
   /// Sets the buffers from in (num_parameters(buffers()) floats).
@@ -174,7 +175,8 @@ class module_model {
     check_buffers(in.size());
     ::torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
-      buffer_tensors_[i].copy_(view(buffer_specs_, const_cast<float*>(in.data()), i));
+      buffer_tensors_[i].copy_(detail::view(buffer_specs_, const_cast<float*>(in.data()), i));
+    if (random_) forwards_ = detail::get_count(in.last(3));
   }
 
   /// The module. It owns its parameters, which hold the last p handed to initialize,
@@ -189,20 +191,16 @@ class module_model {
       std::vector<::torch::Tensor> frozen;  // kept: the reset runs over whole layers
       for (const auto& s : params_.list)
         if (s.frozen) frozen.push_back(s.members.front().clone());
-      {
-        std::lock_guard lock(detail::generator_mutex());
-        ::torch::manual_seed(seed);
-        // Each layer once: a tied layer is reached twice, and a copy's tie is two layers.
-        std::unordered_set<std::size_t> done;
-        for (const auto& m : module_->modules(/*include_self=*/true)) {
-          std::vector<std::size_t> own;
-          for (const auto& t : m->parameters(/*recurse=*/false))
-            if (const auto it = slot_of_.find(t.unsafeGetTensorImpl()); it != slot_of_.end()) own.push_back(it->second);
-          if (!own.empty() && std::all_of(own.begin(), own.end(), [&](std::size_t s) { return done.count(s) > 0; }))
-            continue;
-          if (detail::reset_builtin(*m)) done.insert(own.begin(), own.end());
-        }
-      }
+      std::vector<char> drawn(params_.list.size(), 0);  // each slot once: a tied layer is reached twice
+      auto slot = [this](const ::torch::Tensor& t) {
+        const auto it = slot_of_.find(t.unsafeGetTensorImpl());
+        return it == slot_of_.end() ? std::size_t(-1) : it->second;
+      };
+      detail::reset_from_seed(
+          *module_, seed, [&](const ::torch::Tensor& t) { return slot(t) != std::size_t(-1) && drawn[slot(t)]; },
+          [&](const ::torch::Tensor& t) {
+            if (slot(t) != std::size_t(-1)) drawn[slot(t)] = 1;
+          });
       std::size_t k = 0;
       for (const auto& s : params_.list)
         if (s.frozen) s.members.front().copy_(frozen[k++]);
@@ -305,6 +303,7 @@ class module_model {
       offset += std::size_t(s.members.front().numel());
       trainable_.push_back(k);
     }
+    if (random_) buffer_specs_.push_back({detail::forward_count_name, {3}, buffer_offset});  // after a resume, no mask replays
     if (variables_.empty())
       throw error(errc::invalid_argument,
                   "dtf::torch::module_model: the module '" + module_->name() + "' has no trainable parameters");
@@ -328,17 +327,10 @@ class module_model {
   const ::torch::Tensor& tensor_of(std::size_t i) const { return members(i).front(); }
 
   void check_buffers(std::size_t n) const {
-    if (n != dtf::num_parameters(buffer_specs_))
-      throw error(errc::shape_mismatch, "dtf::torch::module_model: buffers span has " + std::to_string(n) +
-                                            " floats, the module's buffers have " +
-                                            std::to_string(dtf::num_parameters(buffer_specs_)));
+    detail::check_floats(n, dtf::num_parameters(buffer_specs_), "buffers span", "the module's buffers have");
   }
-
   void check_size(std::size_t n, const char* what) const {
-    if (n != num_parameters_)
-      throw error(errc::shape_mismatch, std::string("dtf::torch::module_model: ") + what + " buffer has " +
-                                            std::to_string(n) + " floats, the module has " +
-                                            std::to_string(num_parameters_));
+    detail::check_floats(n, num_parameters_, std::string(what) + " buffer", "the module has");
   }
 
   // p's values into the module's own parameters (a tie's tensors share one storage).
@@ -353,21 +345,32 @@ class module_model {
     }
   }
 
-  ::torch::Tensor view(float* base, std::size_t i) const { return view(variables_, base, i); }
-
-  // specs[i] of the flat buffer at base, as a tensor over it.
-  static ::torch::Tensor view(const std::vector<variable_spec>& specs, float* base, std::size_t i) {
-    std::vector<std::int64_t> sizes;
-    for (auto d : specs[i].shape) sizes.push_back(std::int64_t(d));
-    return ::torch::from_blob(base + specs[i].offset, sizes, ::torch::TensorOptions().dtype(::torch::kFloat));
-  }
+  ::torch::Tensor view(float* base, std::size_t i) const { return detail::view(variables_, base, i); }
 
   // x [batch, features] viewed as [batch, input_shape...].
   ::torch::Tensor input_of(const tensor& x) const { return detail::input_of(x, options_.input_shape); }
 
   void on_gradient(std::size_t i) {
     if (!ready_ || ++fired_[i] != members(i).size()) return;  // a tie in a copy: final after its last tensor
+    absorb(i);  // the slice holds the whole gradient before it is reported
     (*ready_)(variables_[i].offset, variables_[i].size());
+  }
+
+  // Variable i's tensors whose .grad() is not the view of its slice of the lent gradient (g_):
+  // replaced or cleared by user code or autograd (zero_grad(set_to_none), a backward with
+  // create_graph, which accumulates out of place) since it was lent. A replaced one's values are
+  // added into the slice (it holds what the others accumulated; a replacement holds this one's),
+  // and every one gets the view again, so that autograd accumulates into the slice from then on.
+  void absorb(std::size_t i) {
+    float* slice = g_ + variables_[i].offset;
+    ::torch::NoGradGuard no_grad;
+    for (const auto& t : members(i)) {
+      const auto& grad = t.grad();
+      if (grad.defined() && grad.data_ptr() == static_cast<void*>(slice)) continue;
+      const auto lent = view(g_, i);
+      if (grad.defined()) lent.add_(grad.detach());
+      t.mutable_grad() = lent;
+    }
   }
 
   float step(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
@@ -380,10 +383,12 @@ class module_model {
       module_model& m;
       ~end_of_loan() {
         m.ready_ = nullptr;
+        m.g_ = nullptr;
         for (std::size_t i = 0; i < m.variables_.size(); ++i)
           for (const auto& t : m.members(i)) t.mutable_grad() = ::torch::Tensor();
       }
     } loan{*this};
+    g_ = g.data();
     for (std::size_t i = 0; i < variables_.size(); ++i) {
       const auto slice = view(g.data(), i);
       for (const auto& t : members(i)) t.mutable_grad() = slice;
@@ -402,20 +407,18 @@ class module_model {
       ++forwards_;
       loss = loss_(module_->forward(input), labels);
     }
+    // The forward or the loss may have replaced or cleared .grad()s (zero_grad(set_to_none), a
+    // backward of its own): taken in and lent again before backward, whose reports must find
+    // every gradient in g.
+    for (std::size_t i = 0; i < variables_.size(); ++i) absorb(i);
     std::fill(fired_.begin(), fired_.end(), 0);
     ready_ = ready;
     loss.backward();
     ready_ = nullptr;
     for (std::size_t i = 0; i < variables_.size(); ++i) {
-      float* slice = g.data() + variables_[i].offset;
-      for (const auto& t : members(i)) {
-        const auto& grad = t.grad();
-        if (grad.defined() && grad.data_ptr() != static_cast<void*>(slice)) {  // replaced: copy it in
-          const ::torch::Tensor values = grad.contiguous();
-          std::memcpy(slice, values.data_ptr<float>(), variables_[i].size_bytes());
-        }
-      }
-      if (ready && fired_[i] < members(i).size()) (*ready)(variables_[i].offset, variables_[i].size());  // unused: zeros
+      if (ready && fired_[i] == members(i).size()) continue;  // reported, its gradient absorbed first
+      absorb(i);
+      if (ready) (*ready)(variables_[i].offset, variables_[i].size());  // unused this step: zeros
     }
     return loss.template item<float>();
   }
@@ -435,6 +438,7 @@ class module_model {
   std::vector<std::pair<std::shared_ptr<::torch::autograd::Node>, std::uintptr_t>> hooks_;
   std::vector<std::size_t> fired_;
   const gradient_ready_fn* ready_ = nullptr;
+  float* g_ = nullptr;  // the gradient buffer lent during loss_and_gradients
   std::size_t num_parameters_ = 0;
 };
 

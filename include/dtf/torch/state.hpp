@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -119,6 +120,20 @@ Holder clone_module(const Holder& m) {
   auto typed = std::dynamic_pointer_cast<typename Holder::ContainedType>(copy);
   if (!typed) throw error(errc::internal, "dtf::torch::module_model: clone() returned another module type");
   return Holder(std::move(typed));
+}
+
+/// specs[i] of the flat buffer at base, as a tensor over it (no copy).
+inline ::torch::Tensor view(const std::vector<variable_spec>& specs, float* base, std::size_t i) {
+  std::vector<std::int64_t> sizes;
+  for (auto d : specs[i].shape) sizes.push_back(std::int64_t(d));
+  return ::torch::from_blob(base + specs[i].offset, sizes, ::torch::TensorOptions().dtype(::torch::kFloat));
+}
+
+/// Errors: errc::shape_mismatch when a span has n floats where `expected` belong.
+inline void check_floats(std::size_t n, std::size_t expected, const std::string& what, const char* theirs) {
+  if (n != expected)
+    throw error(errc::shape_mismatch, "dtf::torch::module_model: " + what + " has " + std::to_string(n) + " floats, " +
+                                          theirs + " " + std::to_string(expected));
 }
 
 /// A tensor's shape as dtf's dims.

@@ -10,7 +10,9 @@
 //             checkpoint without one, saved by a model without buffers, leaves them as they are,
 //             saying so)
 //   start     a collective job broadcasts rank 0's (after a restore, the restored ones) to every
-//             rank and replica, so every copy starts equal
+//             rank and replica, so every copy starts equal; a ps job's chief publishes its own
+//             on ps 0 (after it initialised or restored the job, and again after it
+//             re-initialised a ps that restarted) and every worker takes them at its start
 //   evaluate  mirrored's replicas are copies: replica 0's buffers are copied into the caller's
 //             model before each evaluation and save
 // Models without buffers compile none of this.
@@ -20,7 +22,9 @@
 #include <dtf/collectives.hpp>
 #include <dtf/concepts.hpp>
 #include <dtf/error.hpp>
+#include <dtf/ps/positions.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -100,6 +104,22 @@ void share_buffers(communicator& comm, M& net, Engine& engine, const std::string
     net.write_buffers(values);
     if constexpr (requires { engine.replicas(); engine.model(std::size_t(0)); })
       for (std::size_t k = 0; k < engine.replicas(); ++k) engine.model(k).write_buffers(values);
+  }
+}
+
+/// A ps job's start: the chief publishes its model's buffers on ps 0; a worker waits up to
+/// `timeout` for them and takes them into its model. Errors: errc::timeout naming the wait
+/// when the chief's never come; errc::shape_mismatch for another model's.
+template <class M>
+void share_ps_buffers(ps_client& ps, M& net, bool chief, std::chrono::milliseconds timeout) {
+  if constexpr (has_buffers<M>) {
+    if (net.buffers().empty()) return;
+    std::vector<float> values = buffers_of(net);
+    if (chief) return publish_buffers(ps, values);
+    if (!published_buffers(ps, values, timeout))
+      throw error(errc::timeout, "the chief published no model buffers on ps 0 within " +
+                                     std::to_string(timeout.count()) + " ms");
+    net.write_buffers(values);
   }
 }
 

@@ -153,6 +153,7 @@ struct ps_start {
   std::function<void(const std::string& dir, const std::string& name)> restore_buffers;  ///< after a restore
   std::function<void(const std::string& dir, const std::string& name)> save_buffers;  ///< before a manifest
   std::function<void()> recovered;  ///< after each recovery of a lost ps, before the retry
+  std::function<void()> share_buffers;  ///< after init or restore: the chief publishes, a worker takes
 };
 
 /// Initialise or restore: the session and what it needs to outlive (constructed in place: the
@@ -160,6 +161,7 @@ struct ps_start {
 struct ps_session {
   ps_start start;
   std::string restored;  ///< "checkpoint NAME of DIR", once the chief restores one
+  std::string restored_name;  ///< NAME: the checkpoint's own (a save's step may lag its manifest's)
   std::optional<monitored_training_session> session;
   std::optional<hooks::stop_on_signal> signals;
   std::optional<ps_recovery> recovery;
@@ -186,6 +188,7 @@ inline session_scaffold ps_session_scaffold(ps_job& job, ps_session& s) {
                                                   .restored = s.start.restored,
                                                   .tables = s.start.tables,
                                                   .check = [&job, &s](const checkpoint_manifest& man) {
+                                                    s.restored_name = man.name;
                                                     s.restored = "checkpoint " + man.name + " of " + job.o.model_dir;
                                                     (void)check_start_step(man.global_step, s.start.end, s.restored);
                                                     if (s.start.check) s.start.check(man, s.restored);
@@ -193,7 +196,7 @@ inline session_scaffold ps_session_scaffold(ps_job& job, ps_session& s) {
   if (s.start.restore_buffers)  // the chief's buffers come back with the checkpoint it restored
     scaffold.restore = [restore = scaffold.restore, &s, dir = o.model_dir]() -> std::optional<std::int64_t> {
       const auto step = restore();
-      if (step) s.start.restore_buffers(dir, "ckpt-" + std::to_string(*step));
+      if (step) s.start.restore_buffers(dir, s.restored_name);
       return step;
     };
   return scaffold;
@@ -210,6 +213,7 @@ inline void reinitialise_ps(ps_job& job, ps_session& s) {
                  job.me.c_str());
     if (s.start.init) s.start.init();
   }
+  if (s.start.share_buffers && job.is_chief) s.start.share_buffers();  // ps 0 may have lost them
 }
 
 /// The chief's checkpoints of the ps (model_dir): the buffers, then the manifest.
@@ -243,6 +247,7 @@ void start_ps_session(ps_job& job, ps_session& s, Hooks... user_hooks) {
   // The tables exist before the session restores or initialises (a restore fills them).
   if (s.start.create_tables && job.is_chief) s.recoverable([&] { s.start.create_tables(); });
   session.create();
+  if (s.start.share_buffers) s.recoverable([&] { s.start.share_buffers(); });  // the chief's buffers everywhere
   // A start at or past the end says so; one beyond what this configuration reaches is an error.
   if (const auto line = check_start_step(session.global_step(), s.start.end,
                                          s.restored.empty() ? "on the parameter servers" : s.restored);

@@ -182,6 +182,8 @@ ps_start ps_trainer<S, M>::session_start(const data::dataset& train_set) {
       restore_buffers(net, dir, name, me);
     };
   st.save_buffers = [&net = net](const std::string& dir, const std::string& name) { save_buffers(net, dir, name); };
+  if constexpr (has_buffers<M>)
+    st.share_buffers = [this] { share_ps_buffers(job.ps, net, job.is_chief, std::chrono::milliseconds(job.o.timeout_ms)); };
   st.recovered = [this] { w().begin(); };
   return st;
 }

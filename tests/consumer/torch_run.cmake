@@ -1,0 +1,32 @@
+# dtf::torch for a consumer project (tests/consumer/torch/), both ways: installed (the dtf build
+# tree installed into a scratch prefix, then find_package(dtf COMPONENTS torch)) and through
+# add_subdirectory of dtf's source tree with no find_package(Torch) of the project's own. Each
+# is configured, its one program built and run. Arguments: BUILD_DIR, WORK_DIR, SOURCE_DIR (the
+# consumer's), DTF_SOURCE_DIR.
+file(REMOVE_RECURSE ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+endfunction()
+set(launcher)
+find_program(CCACHE ccache)
+if(CCACHE)
+  set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CCACHE})
+endif()
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+foreach(way installed subdirectory)
+  set(how -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+  if(way STREQUAL "subdirectory")
+    set(how -DDTF_SOURCE_DIR=${DTF_SOURCE_DIR})
+  endif()
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/${way} -DCMAKE_BUILD_TYPE=Release ${how} ${launcher})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/${way} --target torch_consumer)
+  run(${WORK_DIR}/${way}/torch_consumer)
+  if(NOT out MATCHES "dtf::torch consumer.*; LibTorch sees [0-9]+ CUDA devices")
+    message(FATAL_ERROR "${way}: the program printed: ${out}")
+  endif()
+  message("${way}: ${out}")
+endforeach()
