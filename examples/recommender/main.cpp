@@ -69,11 +69,11 @@ int main(int argc, char** argv) try {
       .add("save_synthetic", save_synthetic,
            "write the --synthetic logs to this Criteo TSV file (gzip when it ends in .gz) and exit")
       .add("test_fraction", test_fraction, "the last fraction of the examples, held out for AUC and log loss")
-      // The strategies that train an embedding model through the ps today. A hybrid job (tables
-      // on the ps, the dense tower by ring-allreduce: docs/design/hybrid.md) is one more name in
-      // this list and one more branch below once its strategy exists; benchmarks/recommender.sh
-      // looks for it in this flag's help.
-      .add("strategy", strategy, "sync_sgd, hogwild or downpour")
+      // hybrid: the table on the ps, the dense MLP by ring-allreduce among the workers
+      // (docs/design/hybrid.md); the others send the dense gradients through the ps too.
+      // benchmarks/recommender.sh reads the names from this flag's help.
+      .add("strategy", strategy,
+           "hybrid (rows applied as pushed), hybrid_sync (rows averaged per step), sync_sgd, hogwild or downpour")
       .add("sync_replicas", sync_replicas, "sync_sgd: contributions averaged per step (0: every worker)")
       .add("lr", lr, "SGD step size of the dense MLP")
       .add("embedding_lr", embedding_lr, "Adagrad step size of the embedding rows on the ps")
@@ -83,9 +83,10 @@ int main(int argc, char** argv) try {
       .add("evict_after", model_config.evict_after, "evict rows unseen for this many shard updates (0: never)")
       .add("target_auc", target_auc, "chief: exit with status 1 if the held-out AUC is lower");
   if (!flags.parse(argc, argv)) return 0;
-  if (strategy != "sync_sgd" && strategy != "hogwild" && strategy != "downpour")
-    throw dtf::error(dtf::errc::invalid_config,
-                     "--strategy: unknown '" + strategy + "' (expected sync_sgd, hogwild or downpour)");
+  if (strategy != "hybrid" && strategy != "hybrid_sync" && strategy != "sync_sgd" && strategy != "hogwild" &&
+      strategy != "downpour")
+    throw dtf::error(dtf::errc::invalid_config, "--strategy: unknown '" + strategy +
+                                                    "' (expected hybrid, hybrid_sync, sync_sgd, hogwild or downpour)");
   if (!(test_fraction > 0 && test_fraction < 1))
     throw dtf::error(dtf::errc::invalid_config, "--test_fraction: must be in (0, 1)");
   model_config.hidden = parse_widths(hidden);
@@ -143,7 +144,12 @@ int main(int argc, char** argv) try {
 
   auto train = [&](auto s) { return dtf::train(cluster, net, train_set, std::move(s), options, tf.partitioner()); };
   dtf::train_result r;
-  if (strategy == "sync_sgd") {
+  if (strategy == "hybrid" || strategy == "hybrid_sync") {
+    namespace st = dtf::strategies;
+    r = train(st::hybrid({.dense = {.rule = dtf::optim::sgd{lr}},
+                          .tables = strategy == "hybrid" ? st::table_updates::asynchronous
+                                                         : st::table_updates::synchronous}));
+  } else if (strategy == "sync_sgd") {
     const std::size_t trainers = dtf::num_trainers(cluster);
     r = train(dtf::strategies::sync_sgd({.replicas_to_aggregate = sync_replicas ? sync_replicas : trainers,
                                          .rule = dtf::optim::sgd{lr}}));
