@@ -489,6 +489,40 @@ TEST_CASE("logging writes key=value progress lines every N iterations", "[sessio
   CHECK_THAT(lines[3], Catch::StartsWith("worker.0: step=20 last_step=20 loss=18.0000 "));
 }
 
+TEST_CASE("the NaN and logging hooks read losses that land late, by the steps they belong to", "[session][hooks]") {
+  // A step that reads its losses through a ring: step k hands over the losses of the steps that
+  // landed during it (here: every second step delivers two, the last step's one).
+  auto landed = [](int step, double (*loss)(int)) {
+    run_values v;
+    if (step % 2 == 0)
+      for (int k = step - 1; k <= step; ++k) v.landed_losses.emplace_back(k, loss(k));
+    return v;
+  };
+  SECTION("NaN: named by its own step, seen when it lands") {
+    monitored_training_session s;
+    s.add_hook(hooks::nan_tensor());
+    int steps = 0;
+    try {
+      s.train([&](run_context&) { return landed(++steps, [](int k) { return k == 5 ? std::numeric_limits<double>::quiet_NaN() : 0.5; }); });
+      FAIL("no exception");
+    } catch (const hooks::nan_loss_error& e) {
+      CHECK(e.step() == 5);  // landed at step 6
+    }
+    CHECK(steps == 6);
+  }
+  SECTION("logging: the mean of the losses that landed since the previous line") {
+    std::vector<std::string> lines;
+    monitored_training_session s;
+    auto& stop = s.add_hook(hooks::stop_at_step({.num_steps = 8}));
+    s.add_hook(hooks::logging({.every_n_iter = 4, .stop = &stop, .sink = [&](const std::string& l) { lines.push_back(l); }}));
+    int steps = 0;
+    s.train([&](run_context&) { return landed(++steps, [](int k) { return double(k); }); });
+    REQUIRE(lines.size() == 2);
+    CHECK_THAT(lines[0], Catch::StartsWith("step=4 last_step=8 loss=2.5000 "));  // 1..4
+    CHECK_THAT(lines[1], Catch::StartsWith("step=8 last_step=8 loss=6.5000 "));  // 5..8
+  }
+}
+
 TEST_CASE("logging counts this task's iterations, reporting the global step", "[session][hooks]") {
   std::vector<std::string> lines;
   monitored_training_session s({.scaffold = {.restore = [] { return std::optional<std::int64_t>(30); }}});
