@@ -616,6 +616,29 @@ TEST_CASE("summary_saver asks the step for summaries every N steps and writes th
   fs::remove_all(dir);
 }
 
+TEST_CASE("summary_saver writes the step's own loss when it lands through a ring", "[session][hooks][summary]") {
+  const auto dir = fresh_dir("summary_saver_landed");
+  monitored_training_session s;
+  s.add_hook(hooks::stop_at_step({.last_step = 12}));
+  s.add_hook(hooks::summary_saver({.every_n_steps = 10, .writer = std::make_shared<summary_writer>(dir)}));
+  s.train([&](run_context& ctx) {
+    run_values v;  // no loss of its own: earlier steps' and, when summaries are asked for, its own
+    const std::int64_t step = ctx.global_step() + 1;
+    v.landed_losses.emplace_back(step - 1, 100.0);
+    if (ctx.summaries_requested()) v.landed_losses.emplace_back(step, double(step));
+    return v;
+  });
+  const auto events = read_events(only_event_file(dir));
+  REQUIRE(events.size() == 3);  // version + scalars at steps 1 and 11
+  CHECK(events[1].step == 1);
+  REQUIRE(events[1].values.size() == 1);
+  CHECK(events[1].values[0].tag == "loss");
+  CHECK(*events[1].values[0].simple_value == Approx(1.0));
+  CHECK(events[2].step == 11);
+  CHECK(*events[2].values[0].simple_value == Approx(11.0));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("global_step_waiter holds the run until the global step is reached", "[session][hooks]") {
   std::int64_t reads = 0;
   SECTION("reached after some polls") {
