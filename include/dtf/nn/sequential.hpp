@@ -150,8 +150,9 @@ class sequential {
   /// (dtf::streams_gradients: a collective strategy reduces them while the layers below are
   /// computed). What ready may assume: the range's floats are final and may be read from any
   /// thread and any stream of the device. CUDA builds keep that promise by recording an event
-  /// after the layer's kernels on the stream the layers use (today the legacy default stream)
-  /// and waiting for that event on the host: the host waits for this layer's work only, not for
+  /// after the layer's kernels on the stream the layers use (the context's compute stream, else
+  /// the legacy default stream) and waiting for that event on the host: the host waits for this
+  /// layer's work only, not for
   /// the whole device as a cudaDeviceSynchronize would (that also waited for the
   /// communication thread's copies and collectives on their own streams). The event is
   /// gradient_event() during the call, for a callee that orders its reads on the device.
