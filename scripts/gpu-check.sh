@@ -5,6 +5,10 @@
 # machine, configures the CUDA build for the card's architecture, builds the tests, examples and
 # benchmarks, and runs each part under its own time limit, going on after a part fails:
 #
+#   device      first, the cases of the GPU execution contract (docs/design/gpu-execution.md):
+#               dtf_tests "[device],[step],[loss],[fused],[optim],[nan]" in one process (the
+#               context's pool, the kernels, the loss ring, the steady step captured in a CUDA
+#               graph, the fused loss and optimizer, a diverged run stopped at its step)
 #   tests       dtf_tests (the whole unit suite on the GPU), each case in a process of its own
 #   ctest       the other ctest entries that make sense on one GPU (the launcher's; the NCCL
 #               check skips itself below 2 GPUs)
@@ -28,7 +32,7 @@
 #                       (non_distributed, dtfrun, or $DTF_GPU_TARGETS) and one short run
 #     --configure-only  stop after the configure step (scripts/gpu-rehearse.sh)
 #     --no-build        run the parts on the build already there (a second call on the same machine)
-#     --parts LIST      comma-separated subset of tests,ctest,sanitizer,examples,bench,e2e
+#     --parts LIST      comma-separated subset of device,tests,ctest,sanitizer,examples,bench,e2e
 # Environment: DTF_GPU_BUNDLE (default .gpu-bundle), DTF_GPU_PREFIX (default
 # /tmp/dtf-gpu-prefix-UID, emptied first), DTF_GPU_BUILD (default build-gpu, or build-gpu-dry), DTF_GPU_JOBS (default nproc).
 set -uo pipefail
@@ -38,7 +42,7 @@ budget=510
 mode=gpu
 configure_only=0
 no_build=0
-parts=tests,ctest,sanitizer,examples,bench,e2e
+parts=device,tests,ctest,sanitizer,examples,bench,e2e
 while (($#)); do
   case $1 in
     --budget) budget=$2; shift 2 ;;
@@ -46,7 +50,7 @@ while (($#)); do
     --configure-only) configure_only=1; shift ;;
     --no-build) no_build=1; shift ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -65,7 +69,7 @@ failures=0
 
 say() { echo "$*" | tee -a "$summary"; }
 want() { [[ ",$parts," == *",$1,"* ]]; }
-want_any_tests() { want tests || want ctest || want sanitizer; }
+want_any_tests() { want device || want tests || want ctest || want sanitizer; }
 # part NAME LIMIT CMD...: runs CMD under min(LIMIT, time left) seconds, its output in
 # logs/NAME.log; prints and records "| NAME | ok/FAILED/TIMED OUT/skipped | seconds | note |",
 # the note from the function note_NAME if there is one (it reads the log).
@@ -235,7 +239,7 @@ if [[ $mode == gpu ]]; then
           -DCMAKE_CUDA_FLAGS=-allow-unsupported-compiler  # a host g++ newer than nvcc lists
           -DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES="$extra_includes" "${cublas_args[@]}" "${nccl_args[@]}")
   targets=()
-  want tests && targets+=(dtf_tests)
+  { want device || want tests; } && targets+=(dtf_tests)
   want ctest && targets+=(dtf_tests dtfrun) && ((have_nccl)) && targets+=(dtf_nccl_backend_check)
   want sanitizer && targets+=(dtf_tests)
   want examples && targets+=(non_distributed ring_allreduce sync_sgd dtfrun)
@@ -325,6 +329,12 @@ isolated_tests() {
   cat "$logs/test-results.txt"
   ! grep -q '^FAIL:' "$logs/test-results.txt"
 }
+# The contract's cases in one process: a failure names its case and assertion in the log.
+device_tests='[device],[step],[loss],[fused],[optim],[nan]'
+note_device() { grep -E "test cases|passed|failed" "$1" | tail -2 | cut -c1-160; grep -m3 -E "FAILED:|REQUIRE|CHECK" "$1" | cut -c1-120; }
+if want device && has "$t" device; then
+  part device 90 "$t" "$device_tests" --durations yes
+fi
 note_ctest() { grep -E "tests passed|Not Run|\*\*\*Skipped|Failed " "$1" | head -6 | cut -c1-160; }
 note_sanitizer() { grep -E "ERROR SUMMARY|All tests passed|test cases:" "$1" | tail -2; }
 if { want tests || want ctest; } && has "$t" tests; then

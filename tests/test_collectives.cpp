@@ -686,6 +686,43 @@ TEST_CASE("ring_allreduce with overlap: 3 ranks at batch B equal one process at 
   for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
 }
 
+TEST_CASE("ring_allreduce: a step that leaves the loss on the device gives step()'s parameters and loss", "[collectives][overlap][nan]") {
+  // step_deferred (nn::sequential models dtf::defers_loss) against step(), 2 ranks, Adam: the
+  // same parameters bit for bit, and the averaged loss left at device_loss() is step()'s.
+  const std::size_t batch = 8, steps = 6;
+  const auto data = dtf::test::synthetic(2 * batch * steps, 9, dtf::test::labels::argmax).batch(2 * batch);
+  std::vector<std::vector<float>> params(4);
+  std::vector<std::vector<float>> losses(4);
+  run_ranks(2, test_options(), [&](communicator& c) {
+    for (const bool deferred : {false, true}) {
+      auto net = dtf::test::small_net();
+      dtf::strategies::ring_allreduce<dtf::nn::sequential> s(
+          c, net, {.rule = dtf::optim::adam{.learning_rate = 1e-2f}, .bucket_bytes = 1});
+      s.initialize(5);
+      auto stream = data.stream();
+      auto& out = losses[2 * std::size_t(deferred) + c.rank()];
+      while (auto b = stream.next()) {
+        const auto mine = rows_of(*b, c.rank() * batch, batch);
+        if (!deferred) {
+          out.push_back(s.step(mine));
+          continue;
+        }
+        s.step_deferred(std::span<const dtf::data::host_batch>(&mine, 1));
+        float loss = 0;
+        thrust::copy(thrust::device_pointer_cast(s.device_loss()), thrust::device_pointer_cast(s.device_loss()) + 1, &loss);
+        out.push_back(loss);
+      }
+      params[2 * std::size_t(deferred) + c.rank()] = dtf::test::host_copy(s.parameters());
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    REQUIRE(params[2 + r] == params[r]);
+    REQUIRE(losses[2 + r] == losses[r]);
+    REQUIRE(losses[r].size() == steps);
+  }
+  REQUIRE(losses[0] == losses[1]);  // every rank holds the average
+}
+
 TEST_CASE("ring_allreduce with overlap: a rank whose backprop fails mid-step fails every rank within the timeout",
           "[collectives][overlap]") {
   auto o = test_options();

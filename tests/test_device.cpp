@@ -5,6 +5,8 @@
 #include <dtf/device/kernels.hpp>
 #include <dtf/device/loss_ring.hpp>
 #include <dtf/device/select.hpp>
+#include <dtf/nn/sequential.hpp>
+#include <dtf/optim/optimizer.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -14,9 +16,35 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <new>
 #include <string>
+
+#if DTF_CUDA
+#include <cuda_runtime.h>
+#endif
+
+// Heap allocations made by the thread that armed the count (the steady-step test below): the
+// replaceable global operator new, counting only while armed, so that the rest of the program
+// is unaffected. On CPU builds device memory is heap memory, so this sees every allocation a
+// step makes, tensors', Thrust's and the standard library's alike. CPU builds only (CUDA declares
+// the global operator new for device code too; there the pool's counters and a graph capture say it).
+#if !DTF_CUDA
+namespace device_test {
+thread_local bool count_heap = false;
+thread_local std::size_t heap_allocations = 0;
+}  // namespace device_test
+
+void* operator new(std::size_t n) {
+  if (device_test::count_heap) ++device_test::heap_allocations;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#endif
 
 namespace device_test {
 
@@ -294,4 +322,108 @@ TEST_CASE("the loss ring returns each step once, in order, and the first non-fin
   CHECK(flag() == 17);
 
   CHECK_THROWS_WITH(dtf::device::loss_ring(0), Catch::Contains("at least one slot"));
+}
+
+TEST_CASE("a steady-state step of sequential, loss and optimizer allocates nothing", "[device][step]") {
+  // Two hidden layers (Dense+ReLU fused, a plain ReLU after a Dense is not: both forms), the
+  // fused loss with trusted labels, Adam; the step on a context, its loss left on the device.
+  using namespace dtf;
+  auto make_net = [] {
+    nn::sequential net{nn::dense(6, 8), nn::relu(), nn::dense(8, 5), nn::relu(), nn::dense(5, 3)};
+    net.set_label_check(nn::label_check::trusted);
+    return net;
+  };
+  nn::sequential net = make_net(), reference = make_net();
+  const std::size_t n = net.num_parameters();
+  tensor params({n}), grads({n}), ref_params({n}), ref_grads({n});
+  net.initialize(params.span<float>(), 7);
+  reference.initialize(ref_params.span<float>(), 7);
+  std::vector<float> xs(4 * 6);
+  for (std::size_t i = 0; i < xs.size(); ++i) xs[i] = float(int(i * 37 % 11) - 5) / 4.0f;
+  const std::vector<std::int32_t> ys{0, 2, 1, 2};
+  const tensor x = tensor::from_host<float>({4, 6}, xs);
+  const tensor y = tensor::from_host<std::int32_t>({4}, ys);
+
+  device::context ctx;
+  net.set_context(ctx);
+  optim::optimizer<> opt(optim::adam{.learning_rate = 0.05f}, n), ref_opt(optim::adam{.learning_rate = 0.05f}, n);
+#if DTF_CUDA
+  opt.set_stream(ctx.compute_stream());
+  // cuBLAS may pick its algorithms by the handle's workspace: the reference gets a context of its
+  // own (the same handle settings), so that bit-for-bit equality is a fair demand.
+  device::context ref_ctx;
+  reference.set_context(ref_ctx);
+  ref_opt.set_stream(ref_ctx.compute_stream());
+#endif
+  auto step = [&] {
+    net.enqueue_loss_and_gradients(params.span<const float>(), x, y, grads.span<float>());
+    opt.apply(params.span<float>(), grads.span<const float>());
+  };
+  // The reference: the same model without a context, its loss read per step (today's path).
+  std::vector<float> ref_losses;
+  auto ref_step = [&] {
+    ref_losses.push_back(reference.loss_and_gradients(ref_params.span<const float>(), x, y, ref_grads.span<float>()));
+    ref_opt.apply(ref_params.span<float>(), ref_grads.span<const float>());
+  };
+  auto read_loss = [&] {
+    float v = 0;
+#if DTF_CUDA
+    ctx.synchronize();
+    REQUIRE(cudaMemcpy(&v, net.device_loss(), sizeof v, cudaMemcpyDeviceToHost) == cudaSuccess);
+#else
+    v = *net.device_loss();
+#endif
+    return v;
+  };
+
+  step();  // the first step of this batch size: workspaces and the pool fill
+  ref_step();
+  CHECK(read_loss() == ref_losses.back());
+  step();
+  ref_step();
+  const auto warm = ctx.pool().stats();
+  constexpr int steady = 5;
+#if DTF_CUDA
+  for (int i = 0; i < steady; ++i) step();
+  ctx.synchronize();
+#else
+  device_test::heap_allocations = 0;
+  device_test::count_heap = true;
+  ::operator delete(::operator new(4));  // the count sees an allocation (a direct call is never elided)
+  const std::size_t probe = device_test::heap_allocations;
+  for (int i = 0; i < steady; ++i) step();
+  device_test::count_heap = false;
+  CHECK(probe == 1);
+  CHECK(device_test::heap_allocations - probe == 0);  // device memory is heap memory here: no tensor, shape or workspace allocated
+#endif
+  const auto after = ctx.pool().stats();
+  CHECK(after.system_allocations == warm.system_allocations);
+  CHECK(after.bytes_reserved == warm.bytes_reserved);
+  for (int i = 0; i < steady; ++i) ref_step();
+#if DTF_CUDA
+  ref_ctx.synchronize();  // the reference's last update, before its parameters are read
+#endif
+  CHECK(read_loss() == ref_losses.back());
+  CHECK(params.to_vector<float>() == ref_params.to_vector<float>());  // bit for bit: the same kernels, in order
+
+#if DTF_CUDA
+  // The steady step captured in a CUDA graph: capture fails on any call that allocates outside the
+  // stream's pool, blocks the host or leaves the compute stream; each replay is one more step.
+  cudaGraph_t graph{};
+  cudaGraphExec_t exec{};
+  REQUIRE(cudaStreamBeginCapture(ctx.compute_stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+  step();
+  REQUIRE(cudaStreamEndCapture(ctx.compute_stream(), &graph) == cudaSuccess);
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  const auto before_replay = ctx.pool().stats();
+  for (int i = 0; i < 3; ++i) REQUIRE(cudaGraphLaunch(exec, ctx.compute_stream()) == cudaSuccess);
+  ctx.synchronize();
+  for (int i = 0; i < 3; ++i) ref_step();
+  ref_ctx.synchronize();
+  CHECK(ctx.pool().stats().system_allocations == before_replay.system_allocations);
+  CHECK(read_loss() == ref_losses.back());
+  CHECK(params.to_vector<float>() == ref_params.to_vector<float>());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+#endif
 }

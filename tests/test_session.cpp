@@ -489,6 +489,40 @@ TEST_CASE("logging writes key=value progress lines every N iterations", "[sessio
   CHECK_THAT(lines[3], Catch::StartsWith("worker.0: step=20 last_step=20 loss=18.0000 "));
 }
 
+TEST_CASE("the NaN and logging hooks read losses that land late, by the steps they belong to", "[session][hooks]") {
+  // A step that reads its losses through a ring: step k hands over the losses of the steps that
+  // landed during it (here: every second step delivers two, the last step's one).
+  auto landed = [](int step, double (*loss)(int)) {
+    run_values v;
+    if (step % 2 == 0)
+      for (int k = step - 1; k <= step; ++k) v.landed_losses.emplace_back(k, loss(k));
+    return v;
+  };
+  SECTION("NaN: named by its own step, seen when it lands") {
+    monitored_training_session s;
+    s.add_hook(hooks::nan_tensor());
+    int steps = 0;
+    try {
+      s.train([&](run_context&) { return landed(++steps, [](int k) { return k == 5 ? std::numeric_limits<double>::quiet_NaN() : 0.5; }); });
+      FAIL("no exception");
+    } catch (const hooks::nan_loss_error& e) {
+      CHECK(e.step() == 5);  // landed at step 6
+    }
+    CHECK(steps == 6);
+  }
+  SECTION("logging: the mean of the losses that landed since the previous line") {
+    std::vector<std::string> lines;
+    monitored_training_session s;
+    auto& stop = s.add_hook(hooks::stop_at_step({.num_steps = 8}));
+    s.add_hook(hooks::logging({.every_n_iter = 4, .stop = &stop, .sink = [&](const std::string& l) { lines.push_back(l); }}));
+    int steps = 0;
+    s.train([&](run_context&) { return landed(++steps, [](int k) { return double(k); }); });
+    REQUIRE(lines.size() == 2);
+    CHECK_THAT(lines[0], Catch::StartsWith("step=4 last_step=8 loss=2.5000 "));  // 1..4
+    CHECK_THAT(lines[1], Catch::StartsWith("step=8 last_step=8 loss=6.5000 "));  // 5..8
+  }
+}
+
 TEST_CASE("logging counts this task's iterations, reporting the global step", "[session][hooks]") {
   std::vector<std::string> lines;
   monitored_training_session s({.scaffold = {.restore = [] { return std::optional<std::int64_t>(30); }}});
@@ -579,6 +613,29 @@ TEST_CASE("summary_saver asks the step for summaries every N steps and writes th
   CHECK(h.max == 3);
   CHECK(h.sum == 14);
   CHECK(h.sum_squares == 36);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("summary_saver writes the step's own loss when it lands through a ring", "[session][hooks][summary]") {
+  const auto dir = fresh_dir("summary_saver_landed");
+  monitored_training_session s;
+  s.add_hook(hooks::stop_at_step({.last_step = 12}));
+  s.add_hook(hooks::summary_saver({.every_n_steps = 10, .writer = std::make_shared<summary_writer>(dir)}));
+  s.train([&](run_context& ctx) {
+    run_values v;  // no loss of its own: earlier steps' and, when summaries are asked for, its own
+    const std::int64_t step = ctx.global_step() + 1;
+    v.landed_losses.emplace_back(step - 1, 100.0);
+    if (ctx.summaries_requested()) v.landed_losses.emplace_back(step, double(step));
+    return v;
+  });
+  const auto events = read_events(only_event_file(dir));
+  REQUIRE(events.size() == 3);  // version + scalars at steps 1 and 11
+  CHECK(events[1].step == 1);
+  REQUIRE(events[1].values.size() == 1);
+  CHECK(events[1].values[0].tag == "loss");
+  CHECK(*events[1].values[0].simple_value == Approx(1.0));
+  CHECK(events[2].step == 11);
+  CHECK(*events[2].values[0].simple_value == Approx(11.0));
   fs::remove_all(dir);
 }
 

@@ -124,6 +124,26 @@ std::vector<float> reference_sgd(const dtf::data::dataset& d, std::size_t batch,
   return p.to_vector<float>();
 }
 
+/// The first global step (1-based) whose loss is not finite in a plain loop that reads every
+/// step's loss (0: none within `steps`).
+std::int64_t first_diverged_step(const dtf::data::dataset& d, std::size_t batch, std::uint64_t seed, float lr,
+                                 std::int64_t steps) {
+  auto net = dtf::test::small_net();
+  const std::size_t n = net.num_parameters();
+  dtf::tensor p({n}), g({n}), x, y;
+  net.initialize(p.span<float>(), seed);
+  dtf::optim::optimizer<> opt(dtf::optim::sgd{lr}, n);
+  auto stream = d.shuffle(seed).batch(batch).repeat(-1).stream();
+  for (std::int64_t s = 1; s <= steps; ++s) {
+    const auto b = stream.next();
+    dtf::assign_from_host(x, b->features);
+    dtf::assign_from_host(y, b->labels);
+    if (!std::isfinite(net.loss_and_gradients(p.span<float>(), x, y, g.span<float>()))) return s;
+    opt.apply(p.span<float>(), g.span<float>());
+  }
+  return 0;
+}
+
 }  // namespace
 
 TEST_CASE("train: one rank of ring_allreduce matches a plain SGD loop, with the user's hook", "[train]") {
@@ -148,6 +168,45 @@ TEST_CASE("train: one rank of ring_allreduce matches a plain SGD loop, with the 
   for (std::size_t i = 0; i < reference.size(); ++i) REQUIRE(final_params[i] == Approx(reference[i]).margin(1e-5));
   REQUIRE(r.evaluation);
   CHECK(r.evaluation->accuracy > 0.6);  // the argmax task is learnable; 1/3 is chance
+}
+
+TEST_CASE("train: losses read through the ring still stop a diverged run at the step that diverged", "[train][nan]") {
+  // A rate so large that the loss overflows after a few steps; the plain loop says at which.
+  const auto data = dtf::test::synthetic(320, 3, dtf::test::labels::argmax);
+  const float lr = 1e12f;
+  const std::int64_t bad = first_diverged_step(data, 32, 5, lr, 30);
+  REQUIRE(bad > 1);  // a step past the first: the ring has entries before it
+  auto run = [&](int log_every, bool loss_ring, dtf::hooks::nan_policy policy) {
+    auto net = dtf::test::small_net();
+    dtf::train_options o{.epochs = 5, .batch = 32, .seed = 5, .log_every = log_every};
+    o.nan_policy = policy;
+    o.loss_ring = loss_ring;
+    return dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>({.rule = dtf::optim::sgd{lr}}), o);
+  };
+  auto failed_at = [&](int log_every, bool loss_ring) -> std::int64_t {
+    try {
+      run(log_every, loss_ring, dtf::hooks::nan_policy::fail);
+    } catch (const dtf::hooks::nan_loss_error& e) {
+      return e.step();
+    }
+    return -1;
+  };
+  // log_every = 1: the ring is read every step, so the error names the step itself; the same as
+  // the loss read per step (train_options::loss_ring off).
+  CHECK(failed_at(1, true) == bad);
+  CHECK(failed_at(1, false) == bad);
+  // log_every = 4: the contract allows up to 4 steps late on a GPU, and names the step whose loss
+  // it was; the CPU twin's copies are immediate, so a poll sees it at once. The stop policy ends
+  // the run there.
+  const std::int64_t late = failed_at(4, true);
+  CHECK(late == bad);
+  const auto stopped = run(4, true, dtf::hooks::nan_policy::stop);
+  CHECK(stopped.global_step >= bad);
+  CHECK(stopped.global_step < bad + 4);
+#if !DTF_CUDA
+  CHECK(stopped.global_step == bad);
+#endif
+  CHECK_FALSE(std::isfinite(stopped.loss));
 }
 
 TEST_CASE("train: num_steps and last_step end a collective run at that step", "[train]") {

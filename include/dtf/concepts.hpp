@@ -58,6 +58,21 @@ concept streams_gradients = model<M> && requires(M& m, std::span<const float> cp
   { m.loss_and_gradients(cp, x, y, g, ready) } -> std::convertible_to<float>;
 };
 
+/// defers_loss: a model whose step can leave its loss on the device (optional), so that the
+/// step reads nothing back and dtf::train reads the losses at the hooks' cadence through a
+/// device::loss_ring (docs/design/gpu-execution.md, section 5). For `ready` as above:
+///   m.enqueue_loss_and_gradients(cp, x, y, g, ready)  as loss_and_gradients, returning nothing:
+///                                       the mean loss is left at m.device_loss()
+///   m.device_loss() -> const float*    the last step's mean loss (device memory; host memory
+///                                       on CPU builds), written by the work the step issued
+template <class M>
+concept defers_loss = streams_gradients<M> && requires(M& m, const M& cm, std::span<const float> cp, const tensor& x,
+                                                       const tensor& y, std::span<float> g,
+                                                       const gradient_ready_fn& ready) {
+  m.enqueue_loss_and_gradients(cp, x, y, g, ready);
+  { cm.device_loss() } -> std::convertible_to<const float*>;
+};
+
 /// classifier: a model that also produces logits, so accuracy can be measured.
 ///   m.logits(cp, x, out)  writes [batch, classes] float32 logits into the device tensor out
 ///                         (resizing it)

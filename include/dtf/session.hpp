@@ -62,6 +62,11 @@ struct run_values {
   std::optional<std::int64_t> global_step;
   /// Mean loss of the step's batch, when the step computes one (nan_tensor and logging read it).
   std::optional<double> loss;
+  /// A step that leaves its loss on the device (dtf::defers_loss; `loss` is then empty): the
+  /// losses of this and earlier steps that reached the host during this run, oldest first, each
+  /// once, as (global step, loss) (dtf/train/loss_reads.hpp). The logging, summary and NaN hooks
+  /// read them.
+  std::vector<std::pair<std::int64_t, double>> landed_losses;
   /// Examples processed by this step (for examples/s).
   std::size_t examples = 0;
   /// Named scalars (e.g. "learning_rate", "staleness_mean", "dropped_gradients"); logged by

@@ -19,8 +19,9 @@
 // serves them again, the policy is thrust::device with the pool's allocator.
 // On both, the pool counts the requests it served and the allocations it made from the system
 // (the CUDA driver, or the C++ heap): in a steady state the second count does not move.
-// Not used by dtf::train yet: the layers, losses and strategies still run on Thrust's default
-// policy (docs/design/gpu-execution.md says what is built).
+// nn::sequential::set_context(ctx) runs a model's step on the compute stream with the cuBLAS
+// handle; dtf::train and the strategies create no context yet (docs/design/gpu-execution.md says
+// what is built).
 // Thread safety: none; a context serves one engine (one thread) at a time.
 #pragma once
 

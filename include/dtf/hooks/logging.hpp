@@ -62,6 +62,10 @@ class logging {
       loss_sum_ += *v.loss;
       ++loss_count_;
     }
+    for (const auto& landed : v.landed_losses) {  // a step that reads its losses through a ring
+      loss_sum_ += landed.second;
+      ++loss_count_;
+    }
     const std::int64_t iteration = ctx.local_step() + 1;  // runs completed, this one included
     const bool now = timer_.should_trigger(iteration);
     if (now || options_.at_end) scalars_ = v.scalars;  // a copy only when a line may need it

@@ -1,6 +1,8 @@
 // dtf/hooks/nan_tensor.hpp — watches the loss for NaN or infinity.
 //
-// After every step whose run_values carry a loss: when it is not finite, either fail (throw
+// After every step whose run_values carry a loss (or losses of earlier steps that reached the host
+// through a loss ring: then the step named is the one whose loss it was): when it is not finite,
+// either fail (throw
 // nan_loss_error, so the session ends every hook with that error and rethrows it) or warn and
 // stop the session cleanly (its checkpoint_saver then saves the last good state — note that
 // with a ps the variables may already hold the diverged values).
@@ -56,8 +58,17 @@ class nan_tensor {
 
   /// dtf::session_hook: after each step, with the step's values.
   void after_run(run_context& ctx, const run_values& v) {
-    if (!v.loss || std::isfinite(*v.loss)) return;
-    nan_loss_error e(ctx.global_step(), *v.loss);
+    if (v.loss && !std::isfinite(*v.loss)) return diverged(ctx, ctx.global_step(), *v.loss);
+    for (const auto& [step, loss] : v.landed_losses)
+      if (!std::isfinite(loss)) return diverged(ctx, step, loss);  // the first bad one, by its own step
+  }
+
+  /// Times the stop policy fired.
+  int stops() const noexcept { return stops_; }
+
+ private:
+  void diverged(run_context& ctx, std::int64_t step, double loss) {
+    nan_loss_error e(step, loss);
     if (options_.policy == nan_policy::fail) throw e;
     ++stops_;
     const std::string line = std::string("warning: ") + e.message() + "; stopping";
@@ -66,10 +77,6 @@ class nan_tensor {
     ctx.request_stop();
   }
 
-  /// Times the stop policy fired.
-  int stops() const noexcept { return stops_; }
-
- private:
   nan_tensor_options options_;
   int stops_ = 0;
 };

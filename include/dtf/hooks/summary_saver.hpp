@@ -2,7 +2,9 @@
 //
 // Every N global steps or S seconds: in before_run it asks the step for summaries
 // (ctx.request_summaries(), so the step copies its variables only then), and in after_run it
-// writes, at the step's global step, the scalar "loss", every named scalar of run_values, and
+// writes, at the step's global step, the scalar "loss" (for a step that reads its losses through a
+// ring, the one of that step when it landed: dtf::train reads the ring when summaries are asked
+// for), every named scalar of run_values, and
 // every entry of run_values::histograms as a histogram. The writer is flushed after each write
 // and at end. Usually a chief-only hook.
 #pragma once
@@ -48,6 +50,7 @@ class summary_saver {
     timer_.update(step);
     auto scalars = v.scalars;
     if (v.loss) scalars["loss"] = *v.loss;
+    else if (!v.landed_losses.empty() && v.landed_losses.back().first == step) scalars["loss"] = v.landed_losses.back().second;
     options_.writer->add_scalars(scalars, step);
     for (const auto& [tag, values] : v.histograms) options_.writer->add_histogram(tag, values, step);
     options_.writer->flush();

@@ -8,16 +8,23 @@
 // a following ReLU) is added in one pass over the GEMM's output, and the ReLU mask and the
 // bias gradient are one pass over dy. Thrust's device system would dispatch an OpenMP
 // region per element-wise kernel, which costs more than these kernels at training batch
-// sizes. CUDA builds keep the Thrust/cuBLAS path (a ones vector for the bias).
+// sizes. CUDA builds keep the cuBLAS path (a ones vector for the bias) with the element-wise
+// passes as device::for_each_index kernels.
+// Streams (docs/design/gpu-execution.md, section 2): set_stream(s, handle) issues every kernel
+// and GEMM of a layer on s through `handle` (a cuBLAS handle bound to s, e.g. a
+// device::context's), with no host wait and, once the largest batch has been seen, no
+// allocation; by default they go to the legacy default stream through this thread's handle.
+// Outputs keep their allocation and their shape from step to step (a shape is rebuilt only
+// when it changes), so a steady step allocates nothing on CPU builds either.
 #pragma once
 
 #include <dtf/concepts.hpp>
 #include <dtf/detail/blas.hpp>
+#include <dtf/device/kernels.hpp>
 #include <dtf/nn/init.hpp>
 #include <dtf/tensor.hpp>
 
 #include <thrust/device_vector.h>
-#include <thrust/transform.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -34,6 +41,31 @@ struct relu_op {
 struct relu_grad_op {  // (dy, y) -> dx
   DTF_HD float operator()(float dy, float y) const { return y > 0.0f ? dy : 0.0f; }
 };
+// Element i of the ReLU (out may alias in) and of its mask (dx may alias dy): device kernels.
+struct relu_at {
+  const float* in;
+  float* out;
+  DTF_HD void operator()(std::size_t i) const { out[i] = relu_op{}(in[i]); }
+};
+struct relu_grad_at {
+  const float* dy;
+  const float* y;
+  float* dx;
+  DTF_HD void operator()(std::size_t i) const { dx[i] = relu_grad_op{}(dy[i], y[i]); }
+};
+
+/// t as float32 [rows, cols], its allocation kept; the shape is rebuilt (a heap allocation) only
+/// when it changes.
+inline void shape_2d(tensor& t, std::size_t rows, std::size_t cols) {
+  const dims& s = t.shape();
+  if (t.type() == dtype::float32 && s.size() == 2 && s[0] == rows && s[1] == cols) return;
+  t.resize({rows, cols}, dtype::float32);
+}
+/// t as float32 of x's shape, likewise.
+inline void shape_like(tensor& t, const tensor& x) {
+  if (t.type() == dtype::float32 && t.shape() == x.shape()) return;
+  t.resize(x.shape(), dtype::float32);
+}
 
 /// Rows and features of a [batch, ...] float32 input (trailing dimensions are flattened).
 inline std::pair<std::size_t, std::size_t> rows_and_features(const tensor& x, const std::string& who) {
@@ -67,6 +99,13 @@ class dense {
   /// in × out + out.
   std::size_t num_parameters() const noexcept { return in_ * out_ + out_; }
 
+  /// Issues later kernels on `stream` and GEMMs through `blas` (a handle bound to that stream);
+  /// null for both: the legacy default stream and this thread's handle. No effect on CPU builds.
+  void set_stream(device::stream_t stream, dtf::detail::blas_handle_t blas) noexcept {
+    stream_ = stream;
+    blas_ = blas;
+  }
+
   /// The layer's variables, named after `name`, starting at element `offset` of the flat buffer.
   std::vector<variable_spec> variables(const std::string& name, std::size_t offset) const {
     return {{name + "/kernel", {in_, out_}, offset}, {name + "/bias", {out_}, offset + in_ * out_}};
@@ -94,9 +133,9 @@ class dense {
                 const std::function<void()>& gradient_done = {}) {
     const std::size_t rows = dy.dim(0);
 #if DTF_CUDA
-    if (ones_.size() < rows) ones_.assign(rows, 1.0f);
+    grow_ones(rows);
     dtf::detail::gemv_t(rows, out_, 1.0f, dy.data<float>(), out_, thrust::raw_pointer_cast(ones_.data()), 0.0f,
-                        g + in_ * out_);
+                        g + in_ * out_, blas_);
 #else
     column_sums(dy.data<float>(), rows, g + in_ * out_);
 #endif
@@ -110,8 +149,8 @@ class dense {
                      const std::function<void()>& gradient_done = {}) {
     const std::size_t rows = dy.dim(0);
 #if DTF_CUDA
-    thrust::transform(dy.device_ptr<float>(), dy.device_ptr<float>() + dy.size(), y.device_ptr<float>(),
-                      dy.device_ptr<float>(), detail::relu_grad_op{});
+    device::for_each_index(stream_, dy.size(), detail::relu_grad_at{dy.data<float>(), y.data<float>(), dy.data<float>()},
+                           "nn::dense (relu mask)");
     backward(p, x, dy, g, dx, gradient_done);
 #else
     float* d = dy.data<float>();
@@ -138,19 +177,18 @@ class dense {
       throw error(errc::shape_mismatch, "nn::dense: input of shape " + to_string(x.shape()) + " has " +
                                             std::to_string(features) + " features, the layer expects " +
                                             std::to_string(in_));
-    y.resize({rows, out_}, dtype::float32);
+    detail::shape_2d(y, rows, out_);
     const float* w = p;
     const float* b = p + in_ * out_;
 #if DTF_CUDA
     // y = 1 b^T (a rank-1 GEMM), then y += x W, then the ReLU in place.
-    if (ones_.size() < rows) ones_.assign(rows, 1.0f);
+    grow_ones(rows);
     dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::no, rows, out_, 1, 1.0f,
-                      thrust::raw_pointer_cast(ones_.data()), 1, b, out_, 0.0f, y.data<float>(), out_);
+                      thrust::raw_pointer_cast(ones_.data()), 1, b, out_, 0.0f, y.data<float>(), out_, blas_);
     dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::no, rows, out_, in_, 1.0f,
-                      x.data<float>(), in_, w, out_, 1.0f, y.data<float>(), out_);
+                      x.data<float>(), in_, w, out_, 1.0f, y.data<float>(), out_, blas_);
     if (relu_after)
-      thrust::transform(y.device_ptr<float>(), y.device_ptr<float>() + y.size(), y.device_ptr<float>(),
-                        detail::relu_op{});
+      device::for_each_index(stream_, y.size(), detail::relu_at{y.data<float>(), y.data<float>()}, "nn::dense (relu)");
 #else
     // y = x W, then y += b (and the ReLU) in one pass over y.
     float* out = y.data<float>();
@@ -170,7 +208,14 @@ class dense {
 #endif
   }
 
-#if !DTF_CUDA
+#if DTF_CUDA
+  // The ones vector covers `rows`. It grows only with the batch: the fill is Thrust's blocking
+  // one on the legacy stream (it has completed when the call returns, before any use on stream_),
+  // and the old buffer's cudaFree waits for the work that used it.
+  void grow_ones(std::size_t rows) {
+    if (ones_.size() < rows) ones_.assign(rows, 1.0f);
+  }
+#else
   // db[c] = sum over rows of dy[r, c].
   void column_sums(const float* dy, std::size_t rows, float* db) const {
     std::fill(db, db + out_, 0.0f);
@@ -185,18 +230,20 @@ class dense {
   void weight_and_input_gradients(const float* p, const tensor& x, const float* dy, std::size_t rows, float* g,
                                   tensor* dx, const std::function<void()>& gradient_done) {
     dtf::detail::gemm(dtf::detail::transpose::yes, dtf::detail::transpose::no, in_, out_, rows, 1.0f,
-                      x.data<float>(), in_, dy, out_, 0.0f, g, out_);
+                      x.data<float>(), in_, dy, out_, 0.0f, g, out_, blas_);
     if (gradient_done) gradient_done();
     if (dx) {
-      dx->resize({rows, in_}, dtype::float32);
+      detail::shape_2d(*dx, rows, in_);
       dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::yes, rows, in_, out_, 1.0f, dy, out_, p,
-                        out_, 0.0f, dx->data<float>(), in_);
+                        out_, 0.0f, dx->data<float>(), in_, blas_);
     }
   }
 
   std::size_t in_;
   std::size_t out_;
   initializer init_;
+  device::stream_t stream_{};
+  dtf::detail::blas_handle_t blas_{};
 #if DTF_CUDA
   thrust::device_vector<float> ones_;  // [rows] of 1: bias broadcast and bias gradient
 #endif
@@ -205,13 +252,15 @@ class dense {
 /// Rectified linear unit, element-wise; no variables.
 class relu {
  public:
+  /// Issues later kernels on `stream` (the legacy default stream unless set). No effect on CPU builds.
+  void set_stream(device::stream_t stream) noexcept { stream_ = stream; }
+
   /// y = max(x, 0), element-wise.
   void forward(const tensor& x, tensor& y) const {
     detail::rows_and_features(x, "nn::relu");
-    y.resize(x.shape(), dtype::float32);
+    detail::shape_like(y, x);
 #if DTF_CUDA
-    thrust::transform(x.device_ptr<float>(), x.device_ptr<float>() + x.size(), y.device_ptr<float>(),
-                      detail::relu_op{});
+    device::for_each_index(stream_, x.size(), detail::relu_at{x.data<float>(), y.data<float>()}, "nn::relu");
 #else
     const float* in = x.data<float>();
     float* out = y.data<float>();
@@ -220,10 +269,10 @@ class relu {
   }
   /// dx = dy where the forward output y was positive, 0 elsewhere (dx may alias dy).
   void backward(const tensor& y, const tensor& dy, tensor& dx) const {
-    if (&dx != &dy) dx.resize(dy.shape(), dtype::float32);
+    if (&dx != &dy) detail::shape_like(dx, dy);
 #if DTF_CUDA
-    thrust::transform(dy.device_ptr<float>(), dy.device_ptr<float>() + dy.size(), y.device_ptr<float>(),
-                      dx.device_ptr<float>(), detail::relu_grad_op{});
+    device::for_each_index(stream_, dy.size(), detail::relu_grad_at{dy.data<float>(), y.data<float>(), dx.data<float>()},
+                           "nn::relu (backward)");
 #else
     const float* d = dy.data<float>();
     const float* yv = y.data<float>();
@@ -231,6 +280,9 @@ class relu {
     for (std::size_t i = 0, n = dy.size(); i < n; ++i) out[i] = yv[i] > 0.0f ? d[i] : 0.0f;
 #endif
   }
+
+ private:
+  device::stream_t stream_{};
 };
 
 }  // namespace dtf::nn

@@ -173,7 +173,9 @@ class softmax_cross_entropy {
     }
     float* g = nullptr;
     if (grad && rows != 0) {
-      grad->resize({rows, classes}, dtype::float32);
+      const dims& gs = grad->shape();  // rebuilt only when it changes: a steady step allocates nothing
+      if (grad->type() != dtype::float32 || gs.size() != 2 || gs[0] != rows || gs[1] != classes)
+        grad->resize({rows, classes}, dtype::float32);
       g = grad->data<float>();
     }
 #if !DTF_CUDA

@@ -9,6 +9,11 @@
 //
 // Variables are named "dense_<i>/kernel" and "dense_<i>/bias", i counting Dense layers from 0,
 // laid out in layer order in the flat buffer.
+// Streams: by default every kernel runs on the legacy default stream (GEMMs through this thread's
+// cuBLAS handle). set_context(ctx) puts the whole step (layers, loss, the gradient events) on
+// ctx's compute stream, GEMMs through its handle: no call of a steady step waits on the host
+// except the ready callback's event (see loss_and_gradients) and the loss's read, which
+// enqueue_loss_and_gradients() leaves out. CPU builds: the same calls, no effect.
 // Thread safety: an instance keeps activations between forward and backward; use one instance
 // per thread (copies are cheap before the first step).
 #pragma once
@@ -16,6 +21,7 @@
 #include <dtf/concepts.hpp>
 #include <dtf/config.hpp>
 #include <dtf/detail/device_memory.hpp>
+#include <dtf/device/context.hpp>
 #include <dtf/nn/init.hpp>
 #include <dtf/nn/layers.hpp>
 #include <dtf/nn/loss.hpp>
@@ -48,12 +54,12 @@ struct layer_events {
     for (cudaEvent_t e : events)
       if (e) cudaEventDestroy(e);
   }
-  // Records layer i's event on the legacy stream (where the layers issue today) and waits for it.
-  void record_and_wait(std::size_t i, std::size_t layers) {
+  // Records layer i's event on `stream` (where the layers issue) and waits for it.
+  void record_and_wait(std::size_t i, std::size_t layers, cudaStream_t stream) {
     if (events.size() < layers) events.resize(layers, nullptr);
     cudaError_t rc = cudaSuccess;
     if (!events[i]) rc = cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming);
-    if (rc == cudaSuccess) rc = cudaEventRecord(events[i], cudaStreamLegacy);
+    if (rc == cudaSuccess) rc = cudaEventRecord(events[i], stream ? stream : cudaStreamLegacy);
     if (rc == cudaSuccess) rc = cudaEventSynchronize(events[i]);
     if (rc != cudaSuccess)
       throw error(errc::internal, std::string("nn::sequential: waiting for a layer's gradient: ") + cudaGetErrorString(rc));
@@ -134,7 +140,8 @@ class sequential {
   /// an embedding lookup, back-propagates).
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            tensor* input_grad = nullptr) {
-    return backprop(p, x, y, g, input_grad, nullptr);
+    backprop(p, x, y, g, input_grad, nullptr);
+    return loss_.read_loss();  // after the backward pass is issued: the queue stays full
   }
 
   /// The same, calling ready(first, count) with each Dense layer's variables (its kernel and
@@ -143,14 +150,16 @@ class sequential {
   /// (dtf::streams_gradients: a collective strategy reduces them while the layers below are
   /// computed). What ready may assume: the range's floats are final and may be read from any
   /// thread and any stream of the device. CUDA builds keep that promise by recording an event
-  /// after the layer's kernels on the stream the layers use (today the legacy default stream)
-  /// and waiting for that event on the host: the host waits for this layer's work only, not for
+  /// after the layer's kernels on the stream the layers use (the context's compute stream, else
+  /// the legacy default stream) and waiting for that event on the host: the host waits for this
+  /// layer's work only, not for
   /// the whole device as a cudaDeviceSynchronize would (that also waited for the
   /// communication thread's copies and collectives on their own streams). The event is
   /// gradient_event() during the call, for a callee that orders its reads on the device.
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            const gradient_ready_fn& ready) {
-    return backprop(p, x, y, g, nullptr, ready ? &ready : nullptr);
+    backprop(p, x, y, g, nullptr, ready ? &ready : nullptr);
+    return loss_.read_loss();
   }
 
   /// Both: d loss / d x into input_grad (when not null) and each Dense layer's variables
@@ -159,6 +168,28 @@ class sequential {
                            tensor* input_grad, const gradient_ready_fn& ready) {
     return backprop(p, x, y, g, input_grad, ready ? &ready : nullptr);
   }
+
+  /// The same step without reading the loss (dtf::defers_loss): the mean loss is left at
+  /// device_loss(), written by the work this call issued (on the context's compute stream, or
+  /// the legacy default stream); read it after that work, e.g. through a device::loss_ring.
+  /// The gradients and ready's calls are those of loss_and_gradients.
+  void enqueue_loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
+                                  const gradient_ready_fn& ready = {}) {
+    backprop(p, x, y, g, nullptr, ready ? &ready : nullptr);
+  }
+
+  /// Issues every later step on ctx's compute stream, GEMMs through its cuBLAS handle (see the
+  /// file comment). ctx must outlive the steps; on CPU builds nothing changes.
+  void set_context(device::context& ctx) {
+#if DTF_CUDA
+    set_stream(ctx.compute_stream(), ctx.blas());
+#endif
+    context_ = &ctx;
+  }
+  /// The context set by set_context (null by default).
+  device::context* context() const noexcept { return context_; }
+  /// The stream the step's kernels are issued on (null: the legacy default stream).
+  device::stream_t stream() const noexcept { return stream_; }
 
   /// Logits [batch, classes] of the batch into out.
   void logits(std::span<const float> p, const tensor& x, tensor& out) {
@@ -190,9 +221,19 @@ class sequential {
   }
 
  private:
+  // Later work on `stream`, GEMMs through `blas` (a handle bound to it); null: the defaults.
+  void set_stream(device::stream_t stream, dtf::detail::blas_handle_t blas) {
+    stream_ = stream;
+    for (auto& l : layers_) {
+      if (auto* d = std::get_if<dense>(&l)) d->set_stream(stream, blas);
+      else std::get<relu>(l).set_stream(stream);
+    }
+    loss_.set_stream(stream);
+  }
+
   // Forward, loss and backward; with `ready`, each Dense layer's gradient is reported as soon
-  // as it is written.
-  float backprop(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g, tensor* input_grad,
+  // as it is written. The loss stays where the loss left it (device_loss()).
+  void backprop(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g, tensor* input_grad,
                  const gradient_ready_fn* ready) {
     check_size(p, "parameter");
     check_size(g, "gradient");
@@ -209,8 +250,8 @@ class sequential {
           done = [&, i, d] {
 #if DTF_CUDA
             // The strategy may read these floats from another thread and stream at once: wait
-            // for this layer's work (the layers issue on the legacy stream), not the device's.
-            events_.record_and_wait(i, layers_.size());
+            // for this layer's work (on the layers' stream), not the device's.
+            events_.record_and_wait(i, layers_.size(), stream_);
 #endif
             (*ready)(offsets_[i], d->num_parameters());
           };
@@ -222,7 +263,6 @@ class sequential {
         std::get<relu>(layers_[i]).backward(acts_[i], grads_[i], grads_[i - 1]);
       }
     }
-    return loss_.read_loss();  // after the backward pass is issued: the queue stays full
   }
 
   // The buffer's size, and on CUDA builds that it is device memory (dtf/detail/device_memory.hpp).
@@ -266,6 +306,8 @@ class sequential {
   std::vector<tensor> grads_;  // d loss / d (output of each layer)
   softmax_cross_entropy loss_;
   label_check label_check_ = label_check::verify;
+  device::context* context_ = nullptr;
+  device::stream_t stream_{};
 #if DTF_CUDA
   detail::layer_events events_;
 #endif
@@ -274,5 +316,6 @@ class sequential {
 static_assert(model<sequential>, "nn::sequential must model dtf::model");
 static_assert(classifier<sequential>, "nn::sequential must model dtf::classifier");
 static_assert(streams_gradients<sequential>, "nn::sequential must model dtf::streams_gradients");
+static_assert(defers_loss<sequential>, "nn::sequential must model dtf::defers_loss");
 
 }  // namespace dtf::nn

@@ -7,6 +7,7 @@
 //   dtf::strategies::ring_allreduce<dtf::nn::sequential> s(comm, net, {.rule = dtf::optim::adam{1e-3f}});
 //   s.initialize(seed);                 // rank 0 initialises, everyone receives its values
 //   for (...) loss = s.step(batch);     // the loss averaged over every rank's shard
+//   s.step_deferred(batch);             // models that defer their loss: left at s.device_loss()
 //
 // With plain SGD, n ranks at batch B compute exactly the update one process computes at batch
 // n·B (the mean of equal-size means is the mean), up to float rounding.
@@ -161,26 +162,64 @@ class ring_allreduce<M> {
 
   /// dtf::train's form: this rank's one batch (errc::invalid_argument for any other count).
   float step(std::span<const data::host_batch> batches) {
-    if (batches.size() != 1)
-      throw error(errc::invalid_argument, "ring_allreduce: one batch per step, got " + std::to_string(batches.size()));
-    return step(batches.front());
+    return step(one_batch(batches));
   }
 
+  /// The same steps without reading the loss back, for a model that leaves its loss on the device
+  /// (dtf::defers_loss, e.g. nn::sequential): the loss averaged over the ranks is left at
+  /// device_loss() (dtf::train reads it through a device::loss_ring at the hooks' cadence). The
+  /// parameters are those of step() bit for bit.
+  ///@{
+  void step_deferred(const tensor& x, const tensor& y)
+    requires defers_loss<M>
+  {
+    step_on(x, y, true);
+  }
+  void step_deferred(std::span<const data::host_batch> batches)
+    requires defers_loss<M>
+  {
+    const data::host_batch& b = one_batch(batches);
+    assign_from_host(x_, b.features);
+    assign_from_host(y_, b.labels);
+    step_on(x_, y_, true);
+  }
+  ///@}
+  /// The loss of the last step averaged over the ranks, in device memory (host memory on CPU
+  /// builds): written by the step's work on the legacy default stream, which has completed for
+  /// every rank's share when step_deferred returns but for the copies a CUDA build issues there.
+  const float* device_loss() const { return grads_.template data<float>(); }
+
  private:
-  float step_on(const tensor& x, const tensor& y) {
+  static const data::host_batch& one_batch(std::span<const data::host_batch> batches) {
+    if (batches.size() != 1)
+      throw error(errc::invalid_argument, "ring_allreduce: one batch per step, got " + std::to_string(batches.size()));
+    return batches.front();
+  }
+
+  // The step; `defer`: the model leaves its loss on the device (defers_loss) and the average
+  // stays in the exchange buffer's first float (device_loss()); the return value is then 0.
+  float step_on(const tensor& x, const tensor& y, bool defer = false) {
     constexpr std::size_t pre = detail::exchange_prefix;
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
+    bool loss_on_device = false;  // the model left its loss at device_loss() (defer, one pass)
+    auto ready = [this](std::size_t first, std::size_t count) { reducer_->report(detail::exchange_prefix + first, count); };
     try {
       if (micro_.passes() > 1) {
         loss = micro_.loss_and_gradients(net_, params, x, y, grads);
+      } else if constexpr (defers_loss<M>) {
+        if (defer) {
+          net_.enqueue_loss_and_gradients(params, x, y, grads, gradient_ready_fn(ready));
+          loss_on_device = true;
+        } else {
+          loss = net_.loss_and_gradients(params, x, y, grads, gradient_ready_fn(ready));
+        }
       } else if constexpr (streams_gradients<M>) {
-        loss = net_.loss_and_gradients(params, x, y, grads, gradient_ready_fn([this](std::size_t first, std::size_t count) {
-                                         reducer_->report(detail::exchange_prefix + first, count);
-                                       }));
+        loss = net_.loss_and_gradients(params, x, y, grads, gradient_ready_fn(ready));
       } else {
+        (void)ready;
         loss = net_.loss_and_gradients(params, x, y, grads);
       }
     } catch (...) {
@@ -189,11 +228,17 @@ class ring_allreduce<M> {
     }
     auto g = grads_.template device_ptr<float>();
     thrust::fill(g, g + std::ptrdiff_t(pre), 0.0f);
-    thrust::fill(g, g + 1, loss);
+    if constexpr (defers_loss<M>) {
+      if (loss_on_device) copy_model_loss();
+      else thrust::fill(g, g + 1, loss);
+    } else {
+      thrust::fill(g, g + 1, loss);
+    }
     reducer_->finish();
     if (config_.clip_norm > 0.0f) last_norm_ = float(optim::clip_by_global_norm(grads, config_.clip_norm));
     optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), learning_rate());
     ++step_;
+    if (defer) return 0;
     float mean_loss = 0;
     thrust::copy(g, g + 1, &mean_loss);
     return mean_loss;
@@ -242,6 +287,24 @@ class ring_allreduce<M> {
   }
 
  private:
+  // The model's loss into the exchange buffer's first float, on the device. CUDA builds copy it
+  // on the model's stream and, when that is not the legacy default stream (a model bound to a
+  // device::context), wait for it: the exchange stages its buckets on the legacy stream from
+  // another thread (docs/design/gpu-execution.md, section 6: not yet from the device).
+  void copy_model_loss() {
+    float* g = grads_.template data<float>();
+#if DTF_CUDA
+    cudaStream_t s = cudaStreamLegacy;
+    if constexpr (requires { net_.stream(); })
+      if (net_.stream()) s = net_.stream();
+    cudaError_t rc = cudaMemcpyAsync(g, net_.device_loss(), sizeof(float), cudaMemcpyDeviceToDevice, s);
+    if (rc == cudaSuccess && s != cudaStreamLegacy) rc = cudaStreamSynchronize(s);
+    if (rc != cudaSuccess) throw error(errc::internal, std::string("ring_allreduce: the loss: ") + cudaGetErrorString(rc));
+#else
+    *g = *net_.device_loss();
+#endif
+  }
+
   // Bucket k's allreduce (average), in place; CUDA builds stage it through host memory.
   void reduce_bucket(std::size_t k, const detail::gradient_bucket& b) {
     const std::string name = "ring_allreduce/gradients/" + std::to_string(k);

@@ -19,8 +19,10 @@
 //                     rank's replicas in its shard (rank 0 says where).
 //   run               run_replicas, then run_ring: one batch per replica per step until the
 //                     ranks agree to stop, from the host streams (host_batches) or gathered on
-//                     the device (device_batches, train_options::device_data); rank 0
-//                     evaluates after each epoch.
+//                     the device (device_batches, train_options::device_data); the losses read
+//                     through a ring at the hooks' cadence where the engine and model allow it
+//                     (train_options::loss_ring, dtf/train/loss_reads.hpp); rank 0 evaluates
+//                     after each epoch.
 //   finish            close_ring: the session closed (rank 0's final checkpoint), every rank past
 //                     the barrier (no rank leaves while another needs its connections); then
 //                     report_ring: rank 0 evaluated what was trained and printed the RESULT
@@ -38,6 +40,7 @@
 #include <dtf/hooks/stop_on_signal.hpp>
 #include <dtf/session.hpp>
 #include <dtf/train/buffers.hpp>
+#include <dtf/train/loss_reads.hpp>
 #include <dtf/train/report.hpp>
 #include <dtf/train/resume.hpp>
 #include <dtf/train/trusted_labels.hpp>
@@ -57,34 +60,6 @@
 #include <vector>
 
 namespace dtf::detail {
-
-/// Rank 0's line on a resumed run: where the replicas' shards resume (runs of consecutive
-/// replicas at the same place share one entry) and the examples trained before, over all.
-inline std::string resumed_positions(const std::string& me, std::uint64_t step, const std::vector<data::position>& at) {
-  std::uint64_t examples = 0;
-  for (const auto& p : at) examples += p.examples;
-  std::string line = me + ": resuming from global step " + std::to_string(step) + " (" + std::to_string(examples) +
-                     " examples trained before, over " + std::to_string(at.size()) +
-                     (at.size() == 1 ? " replica): " : " replicas): ");
-  auto place = [](const data::position& p) {
-    return "epoch " + std::to_string(p.epoch) + ", batch " + std::to_string(p.batch);
-  };
-  for (std::size_t first = 0; first < at.size();) {
-    std::size_t last = first;
-    auto same = [&](const data::position& p) { return p.epoch == at[first].epoch && p.batch == at[first].batch; };
-    while (last + 1 < at.size() && same(at[last + 1])) ++last;
-    if (first > 0) line += "; ";
-    if (first == 0 && last + 1 == at.size())
-      line += "each replica's shard at ";
-    else if (first == last)
-      line += "replica " + std::to_string(first) + " at ";
-    else
-      line += "replicas " + std::to_string(first) + "-" + std::to_string(last) + " at ";
-    line += place(at[first]);
-    first = last + 1;
-  }
-  return line;
-}
 
 /// Connect: this rank's communicator and how it names itself.
 struct ring_job {
@@ -288,6 +263,11 @@ struct host_batches {
   float step(Engine& engine) {
     return engine.step(std::span<const data::host_batch>(batches));
   }
+  template <class Engine>
+    requires requires(Engine& e, std::span<const data::host_batch> b) { e.step_deferred(b); }
+  void step_deferred(Engine& engine) {
+    engine.step_deferred(std::span<const data::host_batch>(batches));
+  }
   std::deque<replica_stream> streams;
   std::vector<data::host_batch> batches;
 };
@@ -310,6 +290,11 @@ struct device_batches {
   template <class Engine>
   float step(Engine& engine) {
     return engine.step(std::as_const(x), std::as_const(y));
+  }
+  template <class Engine>
+    requires requires(Engine& e, const tensor& t) { e.step_deferred(t, t); }
+  void step_deferred(Engine& engine) {
+    engine.step_deferred(std::as_const(x), std::as_const(y));
   }
   data::device_shard shard;
   data::position at;
@@ -356,13 +341,14 @@ ring_run run_ring(monitored_training_session& session, const std::vector<variabl
                   train_result& result) {
   ring_run run{.t0 = train_clock::now(), .first_step = engine.global_step()};
   std::vector<float> host_params;
+  auto losses = step_losses::make<Engine, Batches>(  // the losses through a ring, or nullopt
+      o, o.num_steps > 0 ? run.first_step + o.num_steps : o.last_step > 0 ? o.last_step : d.epochs_last_step);
   while (!session.should_stop()) {
     const std::size_t examples = batches.next();
     session.run([&](run_context& ctx) {
       run_values v;
       const double lr = double(engine.learning_rate());
-      v.loss = double(batches.step(engine));
-      result.loss = *v.loss;
+      step_losses::step(batches, engine, losses, ctx, v, result);
       v.global_step = engine.global_step();
       v.examples = examples;
       v.scalars["learning_rate"] = lr;
@@ -376,6 +362,7 @@ ring_run run_ring(monitored_training_session& session, const std::vector<variabl
     if (ring.is_chief() && step % std::int64_t(d.per_epoch) == 0 && step != run.evaluated_at)
       evaluate_ring(run, net, engine, o, ring.me, "epoch " + std::to_string(step / std::int64_t(d.per_epoch)));
   }
+  if (losses) losses->finish(result);
   return run;
 }
 

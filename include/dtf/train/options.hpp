@@ -67,6 +67,11 @@ struct train_options {
   /// CUDA builds; off on CPU builds, where both paths read host memory and the host streams
   /// build their batches on a background thread.
   bool device_data = DTF_CUDA;
+  /// Collective strategies whose engine and model can leave the step's loss on the device
+  /// (ring_allreduce with a dtf::defers_loss model such as nn::sequential): read the losses
+  /// through a ring at the hooks' cadence instead of once per step (dtf/train/loss_reads.hpp).
+  /// Off: the step returns its loss to the host, as before. The parameters are the same.
+  bool loss_ring = true;
   /// Test loss and accuracy of parameters (device memory, the model's layout); called by the
   /// chief after each of its epochs and at the end. Empty: no evaluation (RESULT has no accuracy).
   std::function<nn::evaluation(std::span<const float> params)> evaluate;

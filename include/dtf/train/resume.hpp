@@ -113,4 +113,32 @@ inline void check_positions(const std::vector<data::task_position>& positions, c
   }
 }
 
+/// Rank 0's line on a resumed run: where the replicas' shards resume (runs of consecutive
+/// replicas at the same place share one entry) and the examples trained before, over all.
+inline std::string resumed_positions(const std::string& me, std::uint64_t step, const std::vector<data::position>& at) {
+  std::uint64_t examples = 0;
+  for (const auto& p : at) examples += p.examples;
+  std::string line = me + ": resuming from global step " + std::to_string(step) + " (" + std::to_string(examples) +
+                     " examples trained before, over " + std::to_string(at.size()) +
+                     (at.size() == 1 ? " replica): " : " replicas): ");
+  auto place = [](const data::position& p) {
+    return "epoch " + std::to_string(p.epoch) + ", batch " + std::to_string(p.batch);
+  };
+  for (std::size_t first = 0; first < at.size();) {
+    std::size_t last = first;
+    auto same = [&](const data::position& p) { return p.epoch == at[first].epoch && p.batch == at[first].batch; };
+    while (last + 1 < at.size() && same(at[last + 1])) ++last;
+    if (first > 0) line += "; ";
+    if (first == 0 && last + 1 == at.size())
+      line += "each replica's shard at ";
+    else if (first == last)
+      line += "replica " + std::to_string(first) + " at ";
+    else
+      line += "replicas " + std::to_string(first) + "-" + std::to_string(last) + " at ";
+    line += place(at[first]);
+    first = last + 1;
+  }
+  return line;
+}
+
 }  // namespace dtf::detail
