@@ -166,7 +166,8 @@ class sequential {
   /// reported to ready as above (a lookup below that streams its own gradients).
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            tensor* input_grad, const gradient_ready_fn& ready) {
-    return backprop(p, x, y, g, input_grad, ready ? &ready : nullptr);
+    backprop(p, x, y, g, input_grad, ready ? &ready : nullptr);
+    return loss_.read_loss();
   }
 
   /// The same step without reading the loss (dtf::defers_loss): the mean loss is left at
