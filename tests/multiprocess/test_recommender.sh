@@ -7,7 +7,7 @@
 # planted AUC is the limit of unbounded data; 36,000 examples of 26 columns of 100 ids each
 # fix the ids' effects only roughly), so AUC > 0.66 and within 0.2 of the planted AUC, and the
 # log loss below the click rate's entropy (0.49 here: a model that learnt nothing).
-# Then the TSV path: the same logs written gzip-compressed by --save_synthetic and read back
+# Then the hybrid job under 2 ps and 4 workers, and the TSV path: the same logs written gzip-compressed by --save_synthetic and read back
 # with --data train (1 ps, 1 worker) to exactly the AUC and log loss of the --synthetic run.
 # Usage: test_recommender.sh <dtfrun> <recommender>
 source "$(dirname "$0")/lib.sh"
@@ -26,6 +26,15 @@ awk -v a="$auc" -v b="$best" -v l="$loss" 'BEGIN { exit !(a > 0.66 && a > b - 0.
   fail "held-out AUC $auc (planted $best), log loss $loss: not learnt"
 grep -q "recommender: held-out AUC $auc, log loss $loss over 4000 examples (the planted model's: AUC $best," "$log" ||
   fail "no summary line matching the RESULT line"
+
+# The hybrid job (docs/design/hybrid.md): the table on 2 ps, the dense MLP by the ring among 4
+# workers, rows averaged per step (synchronous tables: deterministic, AUC 0.670 measured).
+"$dtfrun" --ps 2 --workers 4 --grace_ms 20000 -- "$example" --synthetic 40000 --epochs 2 --log_every 100 \
+  --strategy hybrid_sync --target_auc 0.65 >"$work/hybrid.log" 2>&1 || { cat "$work/hybrid.log"; fail "hybrid_sync failed"; }
+grep -q "RESULT scheme=recommender_hybrid_sync workers=4 .*tables=synchronous ps=2 .* auc=0\.6" "$work/hybrid.log" ||
+  { cat "$work/hybrid.log"; fail "no hybrid RESULT line"; }
+[[ $(grep -cE "^ps\.[01] .*serving 0 shards \(0 bytes\)" "$work/hybrid.log") == 2 ]] ||
+  { cat "$work/hybrid.log"; fail "a ps holds dense variables in the hybrid job"; }
 
 "$example" --synthetic 10000 --save_synthetic "$work/logs.tsv.gz" >"$work/save.log" 2>&1 ||
   { cat "$work/save.log"; fail "--save_synthetic failed"; }
