@@ -268,7 +268,7 @@ TEST_CASE("train_flags: flags become options, and bad values name the flag", "[t
 
 }  // namespace train_tests
 
-TEST_CASE("train: clip_norm and backward_passes_per_step reach the collective engine; a schedule sets the rate",
+TEST_CASE("train: clip_norm and backward_passes_per_step reach the collective engine, and a schedule sets the rate",
           "[train][loop]") {
   // One rank: the engine's averaged gradient is the batch's own. Reference: the plain loop of
   // reference_sgd with the gradient clipped by torch.nn.utils.clip_grad_norm_'s formula and the

@@ -45,6 +45,7 @@ namespace dtf::device {
 struct step_loss {
   std::int64_t step = 0;  ///< the step the loss belongs to, as pushed
   float loss = 0.0f;      ///< the mean loss of that step
+  /// Equal step and loss.
   friend bool operator==(const step_loss&, const step_loss&) = default;
 };
 
