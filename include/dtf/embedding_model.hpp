@@ -108,20 +108,15 @@ struct batch_ids {
     }
   }
 };
-}  // namespace detail
 
-}  // namespace dtf
-
-namespace dtf::nn {
-
-/// Evaluates dense parameters p and the tables read through `read` of m over one ordered pass
-/// of `ds` (as nn::evaluate for a classifier).
-template <embedding_classifier M>
-evaluation evaluate(M& m, std::span<const float> p, const row_reader& read, const data::dataset& ds) {
-  nn::detail::evaluation_sum sum;
-  tensor x, y, logits;
+/// One ordered pass of `ds` through embedding classifier m: each batch's rows read through
+/// `read`, its logits computed with dense parameters p and handed to use(batch, logits). The
+/// loop of every evaluation of an embedding model (nn::evaluate, metrics::evaluate_binary).
+template <embedding_classifier M, class Use>
+void for_each_logits(M& m, std::span<const float> p, const row_reader& read, const data::dataset& ds, Use&& use) {
+  tensor x, logits;
   const auto specs = m.embeddings();
-  std::vector<dtf::detail::batch_ids> ids(specs.size());
+  std::vector<batch_ids> ids(specs.size());
   std::vector<std::vector<float>> values(specs.size());
   std::vector<embedding_rows> rows(specs.size());
   auto stream = ds.repeat(1).prefetch(0).stream();
@@ -134,10 +129,26 @@ evaluation evaluate(M& m, std::span<const float> p, const row_reader& read, cons
       rows[t] = {specs[t].dim, ids[t].index, values[t], {}};
     }
     assign_from_host(x, b->features);
-    assign_from_host(y, b->labels);
     m.logits(p, std::span<const embedding_rows>(rows), x, logits);
-    sum.add(logits, y);
+    use(*b, static_cast<const tensor&>(logits));
   }
+}
+}  // namespace detail
+
+}  // namespace dtf
+
+namespace dtf::nn {
+
+/// Evaluates dense parameters p and the tables read through `read` of m over one ordered pass
+/// of `ds` (as nn::evaluate for a classifier).
+template <embedding_classifier M>
+evaluation evaluate(M& m, std::span<const float> p, const row_reader& read, const data::dataset& ds) {
+  nn::detail::evaluation_sum sum;
+  tensor y;
+  dtf::detail::for_each_logits(m, p, read, ds, [&](const data::host_batch& b, const tensor& logits) {
+    assign_from_host(y, b.labels);
+    sum.add(logits, y);
+  });
   return sum.result();
 }
 

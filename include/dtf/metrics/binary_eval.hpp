@@ -109,24 +109,9 @@ template <embedding_classifier M>
 nn::evaluation evaluate_binary(M& m, std::span<const float> p, const row_reader& read, const data::dataset& ds,
                                binary_metrics* sink = nullptr) {
   detail::binary_evaluation_sum sum;
-  tensor x, logits;
-  const auto specs = m.embeddings();
-  std::vector<dtf::detail::batch_ids> ids(specs.size());
-  std::vector<std::vector<float>> values(specs.size());
-  std::vector<embedding_rows> rows(specs.size());
-  auto stream = ds.repeat(1).prefetch(0).stream();
-  while (auto b = stream.next()) {
-    for (std::size_t t = 0; t < specs.size(); ++t) {
-      m.embedding_ids(*b, t, ids[t].all);
-      ids[t].deduplicate();
-      values[t].resize(ids[t].unique.size() * specs[t].dim);
-      read(t, ids[t].unique, values[t]);
-      rows[t] = {specs[t].dim, ids[t].index, values[t], {}};
-    }
-    assign_from_host(x, b->features);
-    m.logits(p, std::span<const embedding_rows>(rows), x, logits);
-    sum.add(logits, detail::labels_of(*b));
-  }
+  dtf::detail::for_each_logits(m, p, read, ds, [&](const data::host_batch& b, const tensor& logits) {
+    sum.add(logits, detail::labels_of(b));
+  });
   return sum.result(sink);
 }
 

@@ -77,4 +77,15 @@ double clip_by_global_norm(std::span<float> g, float max_norm) {
   return norm;
 }
 
+/// A ps worker's clip norm, checked: returns max_norm. Errors: errc::invalid_config for a
+/// negative or NaN norm, or a positive one on a model with embedding tables (`has_tables`: the
+/// rows' gradients go to the ps apart from the flat gradient, so they would escape the norm).
+inline float checked_worker_clip_norm(float max_norm, bool has_tables) {
+  if (!(max_norm >= 0.0f)) throw error(errc::invalid_config, "clip_norm must be 0 (off) or positive");
+  if (has_tables && max_norm > 0.0f)
+    throw error(errc::invalid_config, "clip_norm: not for embedding models (the rows' gradients on the ps would "
+                                      "escape the norm)");
+  return max_norm;
+}
+
 }  // namespace dtf::optim

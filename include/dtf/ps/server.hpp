@@ -13,8 +13,8 @@
 //             A large push is applied a piece at a time as it arrives (dtf/ps/push_pieces.hpp)
 //   sync push, stage, apply, decision   a synchronous step's commit on ps 0, parts staged on
 //             the other ps, the decision forwarded to them (dtf/ps/sync_requests.hpp)
-//   embedding init, gather, sparse push, sparse stats   embedding tables (dtf/ps/sparse_service.hpp)
-//   step, shutdown, save, restore, done (tasks), positions   ps_client, checkpointing, done_tasks, position_table
+//   embedding init, gather, sparse push, sparse stats (sparse_service.hpp); step, shutdown, save,
+//   restore, done (tasks), positions: ps_client, checkpointing, done_tasks, position_table
 // What a peer cannot do (each is an error reply to that peer alone; the ps keeps serving):
 //   make it allocate beyond the model: a request's announced payload is checked before the
 //   transport allocates for it (payload_limit: init and restore exactly what their meta names,
@@ -32,10 +32,9 @@
 //   names are confined to it, the writer never follows a symlink). Saves are written on a
 //   thread of their own (dtf/ps/save_thread.hpp), each shard copied in its turn: a save holds at
 //   most one shard's values and slots more than the model (dtf/ps/shard_snapshot.hpp).
-// What a peer can do: everything an authenticated worker may — push finite garbage, push to
-// ps 0 without shards to advance the step when ps 0 holds none; without a secret, forward a
-// decision of its own making (docs/design/sync-protocol.md); without ps_options::chief,
-// replace the model by a restore and shut the job down.
+// What a peer can do: all an authenticated worker may (push finite garbage, push to ps 0 without
+// shards to advance the step when ps 0 holds none); without a secret, forward a decision of its
+// own (docs/design/sync-protocol.md); without ps_options::chief, restore a model and shut down.
 #pragma once
 
 #include <dtf/checkpoint.hpp>
@@ -437,8 +436,7 @@ class parameter_server {
   ps_detail::position_table positions_{options_};  // the training tasks' data positions (their own lock)
   std::atomic<bool> initialized_{false}, shutdown_{false}, synchronous_{false};
   std::atomic<std::int64_t> global_step_{0};
-  std::atomic<std::uint64_t> updates_{0}, pieced_{0};
-  std::atomic<std::uint64_t> generation_{0};  // the model's replacements (init, restore): see push_pieces
+  std::atomic<std::uint64_t> updates_{0}, pieced_{0}, generation_{0};  // generation: init/restore count (push_pieces)
   std::atomic<std::uint64_t> model_bytes_{0};  // the dense shards held here, in bytes (init/restore)
   ps_detail::done_registry done_{options_};  // tasks that reported the end of their training (its own lock)
   ps_detail::save_thread saves_;  // writes checkpoint files off the I/O threads

@@ -204,11 +204,7 @@ class async_worker {
   /// worker's own gradient, not what the ps aggregates; 0: off). Errors: errc::invalid_config
   /// for a negative norm or an embedding model (its rows' gradients would escape the norm).
   void set_clip_norm(float max_norm) {
-    if (!(max_norm >= 0.0f)) throw error(errc::invalid_config, "clip_norm must be 0 (off) or positive");
-    if (embedding_model<M> && max_norm > 0.0f)
-      throw error(errc::invalid_config, "clip_norm: not for embedding models (the rows' gradients on the ps would "
-                                        "escape the norm)");
-    clip_norm_ = max_norm;
+    clip_norm_ = optim::checked_worker_clip_norm(max_norm, embedding_model<M>);
   }
 
   /// The staleness of this worker's pushes so far.

@@ -308,11 +308,7 @@ class sync_worker {
   /// Clips each batch's gradient as async_worker::set_clip_norm (this worker's own gradient,
   /// before it is contributed: not the ps's average).
   void set_clip_norm(float max_norm) {
-    if (!(max_norm >= 0.0f)) throw error(errc::invalid_config, "clip_norm must be 0 (off) or positive");
-    if (embedding_model<M> && max_norm > 0.0f)
-      throw error(errc::invalid_config, "clip_norm: not for embedding models (the rows' gradients on the ps would "
-                                        "escape the norm)");
-    clip_norm_ = max_norm;
+    clip_norm_ = optim::checked_worker_clip_norm(max_norm, embedding_model<M>);
   }
 
   /// Makes every gradient computation take `delay` longer: a straggler, for tests and
