@@ -1,11 +1,16 @@
 // The NCCL bootstrap's exchange of the unique id over dtf's TCP ring, on every build (the id is
-// opaque bytes here; no CUDA, no NCCL): ranks as threads over loopback, port 0.
+// opaque bytes here; no CUDA, no NCCL): ranks as threads over loopback, port 0. And the
+// exchange backend's selection in ring_allreduce as a build without NCCL makes it.
 #include <dtf/collectives/nccl_bootstrap.hpp>
+#include <dtf/strategies/ring_allreduce.hpp>
 
+#include "helpers.hpp"
 #include "rank_helpers.hpp"
+#include "train_helpers.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -118,5 +123,42 @@ TEST_CASE("nccl bootstrap: a malformed or short frame from rank 0 fails the rece
     } catch (const dtf::error& e) {
       CHECK(e.code() == dtf::errc::invalid_argument);
     }
+  }
+}
+
+TEST_CASE("exchange backend: names, and the choice of a build without NCCL", "[collectives][nccl_bootstrap]") {
+  using dtf::strategies::exchange_backend;
+  for (auto b : {exchange_backend::automatic, exchange_backend::tcp, exchange_backend::nccl})
+    CHECK(dtf::strategies::parse_exchange_backend(dtf::strategies::name_of(b)) == b);
+  CHECK_THROWS_WITH(dtf::strategies::parse_exchange_backend("gloo"), Catch::Contains("'gloo'"));
+  if constexpr (dtf::strategies::detail::nccl_exchange_built) return;  // a CUDA build with NCCL: GPU checks
+
+  // nccl asked for: an error at construction naming the cause, even for one rank.
+  auto one = dtf::communicator::single();
+  auto net = dtf::test::small_net();
+  try {
+    dtf::strategies::ring_allreduce<dtf::nn::sequential> s(one, net, {.backend = exchange_backend::nccl});
+    FAIL("constructed");
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == dtf::errc::invalid_config);
+    CHECK_THAT(e.message(), Catch::Contains("ring_allreduce") && Catch::Contains("nccl backend") &&
+                                (Catch::Contains("CPU build") || Catch::Contains("does not link dtf::nccl")));
+  }
+  // automatic and tcp: the TCP ring, and a step runs on 2 ranks.
+  const auto data = dtf::test::synthetic(16, 7, dtf::test::labels::argmax).batch(8);
+  const auto failures = run_ranks_collect(2, bootstrap_options(), [&](communicator& c) {
+    for (auto b : {exchange_backend::automatic, exchange_backend::tcp}) {
+      auto net = dtf::test::small_net();
+      dtf::strategies::ring_allreduce<dtf::nn::sequential> s(c, net, {.backend = b});
+      RANK_CHECK(s.backend() == exchange_backend::tcp, "backend " << dtf::strategies::name_of(s.backend()));
+      s.initialize(3);
+      auto stream = data.stream();
+      const float loss = s.step(*stream.next());
+      RANK_CHECK(std::isfinite(loss), loss);
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    REQUIRE((failures[r] ? message_of(failures[r]) : std::string()) == "");
   }
 }
