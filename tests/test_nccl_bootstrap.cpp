@@ -2,6 +2,7 @@
 // opaque bytes here; no CUDA, no NCCL): ranks as threads over loopback, port 0. And the
 // exchange backend's selection in ring_allreduce as a build without NCCL makes it.
 #include <dtf/collectives/nccl_bootstrap.hpp>
+#include <dtf/collectives/nccl.hpp>
 #include <dtf/strategies/ring_allreduce.hpp>
 
 #include "helpers.hpp"
@@ -162,3 +163,38 @@ TEST_CASE("exchange backend: names, and the choice of a build without NCCL", "[c
     REQUIRE((failures[r] ? message_of(failures[r]) : std::string()) == "");
   }
 }
+
+#if DTF_CUDA && defined(DTF_HAVE_NCCL)
+// CUDA builds with NCCL (run by scripts/gpu-check.sh where a GPU is; never run yet): the
+// communicator on one GPU. Two ranks need two GPUs (NCCL takes one rank per GPU), so one rank
+// averages (the identity, exactly), and two ranks on one GPU must fail with NCCL's error, not hang.
+TEST_CASE("nccl_communicator: one rank initialises, averages in place and finalises", "[collectives][nccl_bootstrap][gpu]") {
+  auto ring = dtf::communicator::single(bootstrap_options());
+  dtf::collectives::nccl_communicator nccl(ring);
+  std::vector<float> host(1000);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = float(int(i % 97) - 48) * 0.25f;
+  dtf::tensor t({host.size()});
+  t.copy_from_host<float>(host);
+  cudaStream_t stream{};
+  cudaEvent_t done{};
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  nccl.allreduce_average(t.data<float>(), host.size(), stream, "the test buffer");
+  REQUIRE(cudaEventRecord(done, stream) == cudaSuccess);
+  nccl.wait(done, "the test buffer");
+  CHECK(dtf::test::host_copy(t.span<const float>()) == host);
+  cudaEventDestroy(done);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("nccl_communicator: two ranks on one GPU fail with NCCL's error within the bound", "[collectives][nccl_bootstrap][gpu]") {
+  const auto failures = run_ranks_collect(2, bootstrap_options(), [&](communicator& c) {
+    dtf::collectives::nccl_communicator nccl(c);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    REQUIRE(failures[r]);
+    CHECK_THAT(message_of(failures[r]), Catch::Contains("NCCL") && Catch::Contains("rank " + std::to_string(r)));
+  }
+}
+#endif
