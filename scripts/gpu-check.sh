@@ -20,7 +20,9 @@
 #   e2e         end to end, 2 epochs of Fashion-MNIST: non_distributed at batch 64 and 512 and
 #               ring_allreduce with 2 processes sharing the GPU, beside PyTorch on the same GPU
 #               (eager, fused Adam, the whole step in a CUDA graph, DDP over gloo;
-#               benchmarks/gpu_e2e_torch.py)
+#               benchmarks/gpu_e2e_torch.py); ring_allreduce's exchange backends side by side
+#               (--backend tcp, then --backend nccl: with 2+ GPUs a GPU per process; with one,
+#               NCCL takes one rank per GPU and the run must stop at once naming the shared GPU)
 #
 # Every log and SUMMARY.md go to $OUT when it is set, else gpu-results/ (logs packed into
 # logs.tar.gz: a device call brings back at most 8 files). One summary line per part.
@@ -403,7 +405,22 @@ if want e2e; then
         --metrics_file "$logs/e2e_b$b.json" --save_checkpoints_secs 0 --log_every 100000
     done
     part e2e_dtf_ring 90 "$dtfrun" --workers 2 --timeout_s 85 -- "$e/ring_allreduce" --epochs 2 --batch 64 \
-      --data "$data" --metrics_file "$logs/e2e_ring.json" --log_every 100000
+      --data "$data" --metrics_file "$logs/e2e_ring.json" --log_every 100000 --backend tcp
+    # NCCL beside it (docs/design/gpu-execution.md, section 6.1). NCCL refuses two ranks on one
+    # GPU: with one GPU the run passes when it stops with that error (an error, not a hang).
+    note_e2e_dtf_ring_nccl() { grep -E "share a GPU|NCCL error|did not complete" "$1" | head -2 | cut -c1-160; }
+    nccl_refused() {
+      "$@"
+      local rc=$?
+      ((rc != 0)) && grep -q "share a GPU" "$logs/e2e_dtf_ring_nccl.log"
+    }
+    ring_nccl=("$dtfrun" --workers 2 --timeout_s 85 -- "$e/ring_allreduce" --epochs 2 --batch 64 --data "$data" \
+      --metrics_file "$logs/e2e_ring_nccl.json" --log_every 100000 --backend nccl)
+    if ((gpus >= 2)); then
+      part e2e_dtf_ring_nccl 90 "${ring_nccl[@]}"
+    else
+      part e2e_dtf_ring_nccl 90 nccl_refused "${ring_nccl[@]}"
+    fi
   fi
   part e2e_torch 240 python3 "$root/benchmarks/gpu_e2e_torch.py" --data "$data" --epochs 2
   python3 - "$logs" <<'PY' | tee -a "$summary"
@@ -427,7 +444,8 @@ cell = lambda r: f"{r[0]:.3f} s ({r[1]:.4f})" if r else "-"
 print("\n| 2 epochs, Fashion-MNIST MLP, Adam | dtf | PyTorch eager | fused Adam | CUDA graph | DDP gloo | dtf / graph |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
 for label, d, b in (("1 process, batch 64", dtf("e2e_b64.json"), 64), ("1 process, batch 512", dtf("e2e_b512.json"), 512),
-                    ("2 processes on one GPU, batch 64 each", dtf("e2e_ring.json"), 64)):
+                    ("2 processes on one GPU, batch 64 each", dtf("e2e_ring.json"), 64),
+                    ("2 processes, NCCL (a GPU each), batch 64 each", dtf("e2e_ring_nccl.json"), 64)):
     two = "2 processes" in label
     g = torch.get(("torch_graph", b)) if not two else None
     ratio = f"{d[0] / g[0]:.2f}" if d and g else "-"

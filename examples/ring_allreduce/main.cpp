@@ -20,6 +20,7 @@ int main(int argc, char** argv) try {
   dtf::strategies::ring_allreduce_config c{.linear_scaling = true, .warmup_steps = 100};
   std::string optimizer = "adam";
   float lr = 1e-3f;
+  std::string backend = "automatic";
   dtf::flag_parser flags("Trains the Fashion-MNIST MLP with ring-allreduce (one process per worker: dtfrun "
                          "--workers N, or mpirun -np N with --rendezvous host:port).");
   tf.add_to(flags, dtf::train_flag_set::collective);
@@ -29,13 +30,16 @@ int main(int argc, char** argv) try {
       .add("linear_scaling", c.linear_scaling, "scale the rate by the workers in all; --nolinear_scaling: off")
       .add("warmup_steps", c.warmup_steps, "ramp from lr to the scaled rate over this many steps")
       .add("overlap", c.overlap, "reduce each bucket of gradients while backprop runs; --nooverlap: after backprop")
-      .add("bucket_bytes", c.bucket_bytes, "gradients cross processes in buckets of at least this many bytes (0: one)");
+      .add("bucket_bytes", c.bucket_bytes, "gradients cross processes in buckets of at least this many bytes (0: one)")
+      .add("backend", backend, "where the gradients are averaged: automatic (NCCL on CUDA builds linking it, one GPU "
+                               "per rank; else the TCP ring), tcp or nccl");
   if (!flags.parse(argc, argv)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();
   const auto train = data.train();
   auto net = examples::make_mlp();
   c.rule = dtf::optim::make_rule(optimizer, lr);
+  c.backend = dtf::strategies::parse_exchange_backend(backend);
   dtf::strategies::ring_allreduce<> strategy(c);
   auto options = tf.options(cluster, "ring_allreduce");
   options.evaluate = dtf::evaluate_on(net, data.test());

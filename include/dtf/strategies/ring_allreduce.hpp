@@ -45,6 +45,7 @@
 #include <dtf/optim/rules.hpp>
 #include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/strategies/micro_batches.hpp>
+#include <dtf/strategies/nccl_exchange.hpp>
 #include <dtf/tensor.hpp>
 
 #if DTF_CUDA
@@ -90,6 +91,11 @@ struct ring_allreduce_config {
   /// this many micro-batches whose gradients are accumulated before the one allreduce of the
   /// step (dtf/strategies/micro_batches.hpp); 1: one pass.
   int backward_passes_per_step = 1;
+  /// Where the gradients' buckets are averaged (dtf/strategies/nccl_exchange.hpp): automatic is
+  /// NCCL on CUDA builds linking dtf::nccl when the parameters are in device memory and each rank
+  /// has its own GPU, the TCP ring otherwise; nccl on a build without it: errc::invalid_config at
+  /// construction. Every rank must use the same value.
+  exchange_backend backend = exchange_backend::automatic;
 };
 
 template <class M = void>
@@ -137,6 +143,7 @@ class ring_allreduce<M> {
         host_(device_memory_is_host_accessible ? 0 : detail::exchange_prefix + n_),
         micro_((detail::check_loop_config(config, "ring_allreduce"), config.backward_passes_per_step)) {
     const bool streams = streams_gradients<M> && config.backward_passes_per_step == 1;
+    exchange_ = detail::select_exchange(config.backend, comm, grads_, net, "ring_allreduce");
     reducer_ = std::make_unique<detail::bucket_reducer>(
         detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, current_device_setter());
   }
@@ -224,6 +231,7 @@ class ring_allreduce<M> {
       }
     } catch (...) {
       reducer_->abort_step();
+      if (exchange_) exchange_->abort();  // the other ranks' NCCL waits end at their bound
       throw;
     }
     auto g = grads_.template device_ptr<float>();
@@ -235,6 +243,7 @@ class ring_allreduce<M> {
       thrust::fill(g, g + 1, loss);
     }
     reducer_->finish();
+    if (exchange_) exchange_->finish();
     if (config_.clip_norm > 0.0f) last_norm_ = float(optim::clip_by_global_norm(grads, config_.clip_norm));
     optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), learning_rate());
     ++step_;
@@ -270,6 +279,8 @@ class ring_allreduce<M> {
   /// Whether the gradients' buckets are reduced while backprop runs (config.overlap, a model
   /// that streams its gradients, more than one rank).
   bool overlaps() const noexcept { return reducer_->overlapping(); }
+  /// The backend the gradients are averaged on (tcp or nccl; config.backend resolved).
+  exchange_backend backend() const noexcept { return exchange_ ? exchange_backend::nccl : exchange_backend::tcp; }
   /// The buckets the gradients travel in ([begin, end) floats of [loss, 15 zeros, gradient]),
   /// in the order they are reduced.
   const std::vector<detail::gradient_bucket>& buckets() const noexcept { return reducer_->buckets(); }
@@ -307,6 +318,7 @@ class ring_allreduce<M> {
 
   // Bucket k's allreduce (average), in place; CUDA builds stage it through host memory.
   void reduce_bucket(std::size_t k, const detail::gradient_bucket& b) {
+    if (exchange_) return exchange_->reduce(k, b);  // on the device (NCCL)
     const std::string name = "ring_allreduce/gradients/" + std::to_string(k);
     if constexpr (device_memory_is_host_accessible) {
       comm_.allreduce<float>(name, grads_.template span<float>().subspan(b.begin, b.size()), reduce_op::average);
@@ -340,6 +352,7 @@ class ring_allreduce<M> {
   detail::micro_batches micro_;
   std::int64_t step_ = 0;
   float last_norm_ = 0;
+  std::unique_ptr<detail::device_exchange> exchange_;  // null: the TCP ring
   std::unique_ptr<detail::bucket_reducer> reducer_;  // last: its thread stops first
 };
 
