@@ -148,10 +148,6 @@ std::vector<std::uint64_t> upto(std::int64_t n) {
   return v;
 }
 
-}  // namespace tower_test
-
-using namespace tower_test;
-
 TEST_CASE("torch tower: one process, a few SGD steps, equals LibTorch alone over embeddings looked up by hand",
           "[torch][tower]") {
   auto net = make_tower();
@@ -201,6 +197,23 @@ TEST_CASE("torch tower: one process, a few SGD steps, equals LibTorch alone over
   net.set_parameters(theta);  // dtf::train's hand-over: the module then holds the trained values
   const auto w = reference::flat(net.module()->fc1->weight);
   CHECK(std::vector<float>(theta.begin(), theta.begin() + std::ptrdiff_t(w.size())) == w);
+}
+
+// A copy (a mirrored replica) is a deep copy: its module is its own, with the source's values,
+// and its training leaves the source's module alone.
+TEST_CASE("torch tower: a copy is deep, its module its own", "[torch][tower]") {
+  auto net = make_tower();
+  std::vector<float> theta(net.num_parameters());
+  net.initialize(theta, 3);
+  tower copy(net);
+  CHECK_FALSE(copy.module()->fc1->weight.is_same(net.module()->fc1->weight));
+  CHECK(copy.variables()[0].name == "fc1.weight");
+  CHECK(::torch::equal(copy.module()->fc2->bias, net.module()->fc2->bias));
+  auto moved = theta;
+  for (auto& v : moved) v += 1.0f;
+  copy.set_parameters(moved);
+  CHECK(reference::flat(net.module()->fc2->bias) == std::vector<float>(theta.end() - K, theta.end()));
+  CHECK(reference::flat(copy.module()->fc2->bias) == std::vector<float>(moved.end() - K, moved.end()));
 }
 
 TEST_CASE("torch tower: bad tables, ids and rows are errors naming the cause", "[torch][tower]") {
@@ -302,3 +315,5 @@ TEST_CASE("torch tower: Hogwild with one worker over 1 ps equals LibTorch alone,
   check_close(dtf::test::gather(w.tables(), 0, upto(Va)), reference::flat(ref.a), "table a");
   check_close(dtf::test::gather(w.tables(), 1, upto(Vb)), reference::flat(ref.b), "table b");
 }
+
+}  // namespace tower_test
