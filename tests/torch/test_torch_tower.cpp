@@ -3,7 +3,8 @@
 // from two leaf weight tensors, TorchRec's "sparse arch" in its simplest form), plain SGD on the
 // module's parameters and on the whole weights. One process (the tower's gradients and a few
 // SGD steps), the hybrid strategy on 2 ranks over 1 ps (synchronous tables: one process at the
-// summed batch) and Hogwild with one worker (dense part and rows as the reference).
+// summed batch) and Hogwild with one worker (dense part and rows as the reference). And
+// examples/recommender's LibTorch top against its dtf::nn top (model.hpp) with the same weights.
 #include <dtf/nn/init.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/ps.hpp>
@@ -14,6 +15,7 @@
 #include <catch2/catch.hpp>
 #include <xtensor/xview.hpp>
 
+#include "../../examples/recommender/torch_model.hpp"
 #include "../helpers.hpp"
 #include "../ps_helpers.hpp"
 #include "../rank_helpers.hpp"
@@ -314,6 +316,69 @@ TEST_CASE("torch tower: Hogwild with one worker over 1 ps equals LibTorch alone,
   check_close(centre, ref.dense(), "dense");
   check_close(dtf::test::gather(w.tables(), 0, upto(Va)), reference::flat(ref.a), "table a");
   check_close(dtf::test::gather(w.tables(), 1, upto(Vb)), reference::flat(ref.b), "table b");
+}
+
+// examples/recommender: torch_model.hpp's LibTorch top (bmm and the upper triangle) against
+// model.hpp's by hand with the same weights (Dense's kernels [in, out] are Linear's weights
+// transposed): the same loss, dense gradient and rows' gradients on one batch.
+TEST_CASE("torch tower: the recommender's LibTorch top equals its dtf::nn top with the same weights",
+          "[torch][tower][recommender]") {
+  namespace rec = examples::recommender;
+  const rec::dlrm_config c{.dim = 4, .hidden = {8}};
+  rec::dlrm by_hand(c);
+  rec::torch_dlrm net(rec::torch_top(c), rec::torch_dlrm_input(c));
+  const auto p = dtf::test::initial_parameters(by_hand, 5);
+  const auto hand_vars = by_hand.variables(), torch_vars = net.variables();
+  REQUIRE(hand_vars.size() == torch_vars.size());
+  // p in the tower's layout, and a map from its floats back to by_hand's.
+  std::vector<float> q(p.size());
+  std::vector<std::size_t> from(p.size());
+  for (std::size_t v = 0; v < hand_vars.size(); ++v) {
+    const auto& h = hand_vars[v];
+    REQUIRE(h.size() == torch_vars[v].size());
+    const std::size_t rows = h.shape.size() == 2 ? h.shape[0] : 1, cols = h.shape.size() == 2 ? h.shape[1] : h.size();
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t o = 0; o < cols; ++o) {
+        const std::size_t at = torch_vars[v].offset + (h.shape.size() == 2 ? o * rows + i : o);
+        from[at] = h.offset + i * cols + o;
+        q[at] = p[from[at]];
+      }
+  }
+  constexpr std::size_t n = 6;
+  dtf::nn::splitmix64 rng(8);
+  dtf::data::host_batch b;
+  b.features = xt::zeros<float>({n, rec::feature_width});
+  b.labels = xt::zeros<std::int32_t>({n});
+  for (std::size_t e = 0; e < n; ++e) {
+    for (std::size_t j = 0; j < rec::criteo_dense_columns; ++j) b.features(e, j) = float(rng() % 100) / 50.0f;
+    for (std::size_t k = 0; k < rec::criteo_categorical_columns; ++k)  // few ids: rows used several times
+      b.features(e, rec::criteo_dense_columns + k * rec::id_pieces) = float(rng() % 9);
+    b.labels(e) = std::int32_t(rng() % 2);
+  }
+  dtf::detail::batch_ids ids;
+  by_hand.embedding_ids(b, 0, ids.all);
+  std::vector<std::uint64_t> tower_ids;
+  net.embedding_ids(b, 0, tower_ids);
+  CHECK(tower_ids == ids.all);
+  ids.deduplicate();
+  std::vector<float> values(ids.unique.size() * c.dim);
+  for (auto& v : values) v = float(rng() % 1000) / 1000.0f - 0.5f;
+  std::vector<float> hand_grads(values.size()), tower_grads(values.size());
+  const dtf::embedding_rows hand_rows{c.dim, ids.index, values, hand_grads}, tower_rows{c.dim, ids.index, values, tower_grads};
+  dtf::tensor x, y;
+  dtf::assign_from_host(x, b.features);
+  dtf::assign_from_host(y, b.labels);
+  std::vector<float> g_hand(p.size()), g_tower(p.size());
+  const float hand_loss = dtf::test::loss_and_gradients_on_host(by_hand, p, std::span<const dtf::embedding_rows>(&hand_rows, 1),
+                                                                x, y, g_hand);
+  const float tower_loss = dtf::test::loss_and_gradients_on_host(net, q, std::span<const dtf::embedding_rows>(&tower_rows, 1),
+                                                                 x, y, g_tower);
+  CHECK(tower_loss == Approx(hand_loss).epsilon(1e-5));
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    INFO("dense gradient [" << i << "]");
+    CHECK(g_tower[i] == Approx(g_hand[from[i]]).margin(1e-5));
+  }
+  check_close(tower_grads, hand_grads, "rows' gradients");
 }
 
 }  // namespace tower_test
