@@ -8,7 +8,11 @@
 // the best any model of those logs can reach.
 //   dtfrun --ps 2 --workers 4 -- build/examples/recommender --synthetic 200000 --strategy hybrid
 //   dtfrun --ps 2 --workers 4 -- build/examples/recommender --data day_0.gz --max_examples 2000000
+// recommender_torch is this program with the dense tower written in LibTorch (torch_model.hpp).
 #include "setup.hpp"
+#ifdef RECOMMENDER_TORCH
+#include "torch_model.hpp"
+#endif
 
 #include <cstdio>
 #include <memory>
@@ -33,7 +37,11 @@ int main(int argc, char** argv) try {
 
   const dtf::cluster cluster = tf.resolve_cluster();
   const logs data = load_logs(f, cluster);
+#ifdef RECOMMENDER_TORCH
+  torch_dlrm net(torch_top(f.model), torch_dlrm_input(f.model), {.threads = tf.blas_threads});
+#else
   dlrm net(f.model);
+#endif
 
   auto options = tf.options(cluster, "recommender_" + f.strategy);
   options.embedding_rule = dtf::optim::adagrad{.learning_rate = f.embedding_lr};
