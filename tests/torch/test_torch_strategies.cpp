@@ -660,6 +660,16 @@ TEST_CASE("torch: a step's named inputs are checked: widths, names, and inputs w
   assign_from_host(x, b->features);
   assign_from_host(y, b->labels);
   CHECK_THROWS_WITH(short_net.loss_and_gradients(p, x, y, g), Catch::Contains("take 7 columns, the features have 8"));
-  module_model<TwoInput, mse_step> unnamed(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"target", 1}}});
+  // The guide's form: a lambda, the model's type deduced; the same loss as mse_step's.
+  auto lambda = [](TwoInput& m, const dtf::torch::batch& b) {
+    return ::torch::mse_loss(m->forward(b["x1"], b["x2"]), b["y"]);
+  };
+  dtf::torch::module_model deduced(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"y", 1}}}, lambda);
+  static_assert(std::is_same_v<decltype(deduced), module_model<TwoInput, decltype(lambda)>>);
+  two_input named;
+  std::vector<float> g2(g.size());
+  CHECK(deduced.loss_and_gradients(p, x, y, g) == named.loss_and_gradients(p, x, y, g2));
+  CHECK(g == g2);
+  module_model<TwoInput, decltype(lambda)> unnamed(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"target", 1}}});
   CHECK_THROWS_WITH(unnamed.loss_and_gradients(p, x, y, g), Catch::Contains("no input 'y' (options.inputs: x1, x2, target)"));
 }
