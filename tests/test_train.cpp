@@ -266,6 +266,72 @@ TEST_CASE("train_flags: flags become options, and bad values name the flag", "[t
   CHECK_THROWS_WITH((dtf::named_partitioner{"nope", 1}.place(vars, 2)), Catch::Contains("--partitioner"));
 }
 
+TEST_CASE("train_flags: --clip_norm, --weight_decay and --backward_passes_per_step reach the options and the rule, "
+          "and bad values name the flag",
+          "[train][loop]") {
+  const dtf::cluster alone = dtf::local_cluster();
+  {
+    dtf::train_flags tf;
+    dtf::flag_parser flags("test");
+    tf.add_to(flags, dtf::train_flag_set::collective);
+    const char* argv[] = {"prog", "--clip_norm", "0.5", "--weight_decay", "0.02", "--backward_passes_per_step", "4"};
+    REQUIRE(flags.parse(int(std::size(argv)), const_cast<char**>(argv)));
+    const auto o = tf.options(alone, "scheme");
+    CHECK(o.clip_norm == 0.5f);
+    CHECK(o.backward_passes_per_step == 4);
+    const auto adamw = std::get<dtf::optim::adamw>(tf.rule("adamw", 1e-3f));
+    CHECK(adamw.weight_decay == 0.02f);
+    CHECK(adamw.learning_rate == 1e-3f);
+    CHECK(std::get<dtf::optim::momentum>(tf.rule("nesterov", 0.1f)).nesterov);
+    CHECK(std::get<dtf::optim::momentum>(tf.rule("nesterov", 0.1f)).weight_decay == 0.02f);
+    CHECK(std::get<dtf::optim::sgd>(tf.rule("sgd", 0.1f)).weight_decay == 0.02f);
+  }
+  {
+    dtf::train_flags tf;  // none given: off, one pass, each rule's own decay
+    dtf::flag_parser flags("test");
+    tf.add_to(flags, dtf::train_flag_set::collective);
+    const char* argv[] = {"prog"};
+    REQUIRE(flags.parse(1, const_cast<char**>(argv)));
+    const auto o = tf.options(alone, "scheme");
+    CHECK(o.clip_norm == 0.0f);
+    CHECK(o.backward_passes_per_step == 1);
+    CHECK(std::get<dtf::optim::adamw>(tf.rule("adamw", 1e-3f)).weight_decay == 0.01f);
+    CHECK(std::get<dtf::optim::adam>(tf.rule("adam", 1e-3f)).weight_decay == 0.0f);
+  }
+  {
+    dtf::train_flags tf;  // the ps set has no micro-batches (a ps worker pushes every batch)
+    dtf::flag_parser flags("test");
+    tf.add_to(flags);
+    const char* argv[] = {"prog", "--backward_passes_per_step", "2"};
+    CHECK_THROWS_WITH(flags.parse(int(std::size(argv)), const_cast<char**>(argv)),
+                      Catch::Contains("unknown flag --backward_passes_per_step"));
+  }
+  auto rejects = [&](std::vector<const char*> args, const std::string& flag) {
+    INFO(args[0] << " " << args[1]);
+    dtf::train_flags tf;
+    dtf::flag_parser flags("test");
+    tf.add_to(flags, dtf::train_flag_set::collective);
+    args.insert(args.begin(), "prog");
+    CHECK_THROWS_WITH(
+        [&] {
+          if (flags.parse(int(args.size()), const_cast<char**>(args.data()))) {
+            (void)tf.options(alone, "scheme");
+            (void)tf.rule("sgd", 0.1f);
+          }
+        }(),
+        Catch::Contains("--" + flag));
+  };
+  rejects({"--clip_norm", "-1"}, "clip_norm");
+  rejects({"--clip_norm", "nan"}, "clip_norm");
+  rejects({"--clip_norm", "one"}, "clip_norm");
+  rejects({"--weight_decay", "-0.1"}, "weight_decay");
+  rejects({"--weight_decay", "0.1x"}, "weight_decay");
+  rejects({"--weight_decay", "inf"}, "weight_decay");
+  rejects({"--backward_passes_per_step", "0"}, "backward_passes_per_step");
+  rejects({"--backward_passes_per_step", "-2"}, "backward_passes_per_step");
+  rejects({"--backward_passes_per_step", "2.5"}, "backward_passes_per_step");
+}
+
 }  // namespace train_tests
 
 TEST_CASE("train: clip_norm and backward_passes_per_step reach the collective engine, and a schedule sets the rate",

@@ -28,7 +28,7 @@ int main(int argc, char** argv) try {
   const dtf::cluster cluster = tf.resolve_cluster();
   const auto train = data.train();
   auto net = examples::make_mlp();
-  dtf::strategies::agn strategy({std::size_t(window), dtf::optim::make_rule(optimizer, lr), staleness_aware});
+  dtf::strategies::agn strategy({std::size_t(window), tf.rule(optimizer, lr), staleness_aware});
   auto options = tf.options(cluster, "agn");
   options.evaluate = dtf::evaluate_on(net, data.test());
   options.learning_rate = [&](std::int64_t, std::size_t) { return double(lr); };

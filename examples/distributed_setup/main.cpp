@@ -52,7 +52,7 @@ int main(int argc, char** argv) try {
   options.evaluate = dtf::evaluate_on(net, data.test());
   options.learning_rate = [&](std::int64_t, std::size_t) { return double(lr); };
   options.result_extra = "optimizer=" + optimizer;
-  pull_compute_push strategy{dtf::optim::make_rule(optimizer, lr)};
+  pull_compute_push strategy{tf.rule(optimizer, lr)};
   return dtf::train(cluster, net, train, std::move(strategy), options, tf.partitioner()).exit_code;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "distributed_setup: %s\n", e.what());

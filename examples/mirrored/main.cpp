@@ -38,7 +38,7 @@ int main(int argc, char** argv) try {
   const dtf::cluster cluster = tf.resolve_cluster();
   const auto train = data.train();
   auto net = examples::make_mlp();
-  c.rule = dtf::optim::make_rule(optimizer, lr);
+  c.rule = tf.rule(optimizer, lr);
   c.timeout_ms = tf.train.timeout_ms;
   dtf::strategies::mirrored<> strategy(c, std::size_t(replicas));
   auto options = tf.options(cluster, "mirrored");

@@ -30,7 +30,7 @@ int main(int argc, char** argv) try {
   const dtf::cluster cluster = tf.resolve_cluster();
   const auto train = data.train();
   auto net = examples::make_mlp();
-  dtf::strategies::ring_allreduce<> strategy({.rule = dtf::optim::make_rule(optimizer, lr)});
+  dtf::strategies::ring_allreduce<> strategy({.rule = tf.rule(optimizer, lr)});
   auto options = tf.options(cluster, "non_distributed");
   options.evaluate = dtf::evaluate_on(net, data.test());
   return dtf::train(cluster, net, train, std::move(strategy), options).exit_code;

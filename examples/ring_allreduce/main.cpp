@@ -38,7 +38,7 @@ int main(int argc, char** argv) try {
   const dtf::cluster cluster = tf.resolve_cluster();
   const auto train = data.train();
   auto net = examples::make_mlp();
-  c.rule = dtf::optim::make_rule(optimizer, lr);
+  c.rule = tf.rule(optimizer, lr);
   c.backend = dtf::strategies::parse_exchange_backend(backend);
   dtf::strategies::ring_allreduce<> strategy(c);
   auto options = tf.options(cluster, "ring_allreduce");

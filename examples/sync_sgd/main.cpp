@@ -33,7 +33,7 @@ int main(int argc, char** argv) try {
   auto net = examples::make_mlp();
   const std::size_t replicas = n > 0 ? std::size_t(n) : dtf::num_trainers(cluster);
   const dtf::strategies::sync_sgd_config config{.replicas_to_aggregate = replicas,
-                                                .rule = dtf::optim::make_rule(optimizer, lr),
+                                                .rule = tf.rule(optimizer, lr),
                                                 .linear_scaling = linear_scaling,
                                                 .warmup_steps = warmup};
   dtf::strategies::sync_sgd strategy(config);

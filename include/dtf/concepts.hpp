@@ -81,6 +81,20 @@ concept classifier = model<M> && requires(M& m, std::span<const float> cp, const
   m.logits(cp, x, out);
 };
 
+/// evaluates_loss: a model whose own loss is the one evaluation reports (optional; a LibTorch
+/// module's loss callable: label smoothing, MSE, a step of its own). nn::evaluate (and so
+/// dtf::evaluate_on) reports it instead of softmax cross-entropy of the logits, and a model with
+/// it needs no logits (its accuracy is then 0). For a device tensor `out`:
+///   m.evaluation_loss(cp, x, y, out) -> float  the batch's mean loss in evaluation mode, without
+///                                       gradients; writes the [batch, classes] logits of the
+///                                       same forward into out (resizing it), or leaves out
+///                                       empty (size 0) when the model has none
+template <class M>
+concept evaluates_loss = model<M> && requires(M& m, std::span<const float> cp, const tensor& x, const tensor& y,
+                                              tensor& out) {
+  { m.evaluation_loss(cp, x, y, out) } -> std::convertible_to<float>;
+};
+
 /// has_buffers: a model with state besides its parameters that no gradient trains (BatchNorm's
 /// running statistics, any buffer a LibTorch module registers), kept in the model itself
 /// (optional). The chief's (a collective job: rank 0's) buffers are the job's: dtf::train

@@ -7,6 +7,7 @@
 //   if (!flags.parse(argc, argv)) return 0;                // --help
 //   const dtf::cluster cluster = tf.resolve_cluster();
 //   auto r = dtf::train(cluster, net, data, strategy, tf.options(cluster, "my_scheme"), tf.partitioner());
+//   // a strategy's rule with --weight_decay: tf.rule("adamw", lr) (dtf::optim::make_rule's names)
 //
 // Flags (the set: ps = parameter-server strategies, collective = no ps):
 //   cluster        --job_name --task_index --ps_hosts --worker_hosts --chief_host --num_ps
@@ -16,9 +17,10 @@
 //                  --model_dir --save_checkpoints_steps --save_checkpoints_secs --keep_checkpoints
 //                  --last_step --num_steps --summary_every --nan_policy fail|stop
 //                  --metrics_file --target_accuracy
+//                  --clip_norm (train_options::clip_norm) --weight_decay (the rule of rule())
 //   ps             --partitioner greedy|round_robin|fixed_size --num_shards --finish_timeout_s
 //                  --max_recoveries --ps_threads --position_every --slow_worker --slow_ms
-//   collective     --segment_kib
+//   collective     --segment_kib --backward_passes_per_step
 // Errors: a value out of range is dtf::error(errc::invalid_config) naming the flag.
 #pragma once
 
@@ -26,15 +28,20 @@
 #include <dtf/device/select.hpp>
 #include <dtf/error.hpp>
 #include <dtf/flags.hpp>
+#include <dtf/optim/rules.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/runtime.hpp>
 #include <dtf/train.hpp>
 #include <dtf/transport/credentials.hpp>
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 namespace dtf {
@@ -100,6 +107,10 @@ struct train_flags {
   mutable std::optional<environment_credentials> taken_;  ///< what credentials_from_environment() took
   /// --segment_kib: the allreduce segment size in KiB.
   int segment_kib = 256;
+  /// --weight_decay: the weight decay rule() gives the update rule (PyTorch's: the L2 penalty of
+  /// sgd, momentum, adagrad and adam, AdamW's decoupled decay); empty: the rule's own (0; adamw
+  /// 0.01). A string, so that "not given" differs from 0.
+  std::string weight_decay;
   /// Which flags the program offers.
   train_flag_set set = train_flag_set::ps;
 
@@ -131,7 +142,12 @@ struct train_flags {
         .add("summary_every", train.summary_every, "chief: TensorBoard summaries every N global steps (0: none)")
         .add("nan_policy", nan_policy, "a NaN or infinite loss: fail (exit with an error) or stop (save, end cleanly)")
         .add("metrics_file", train.metrics_file, "chief: write the final accuracy, loss, global_step and wall_s there (JSON)")
-        .add("target_accuracy", train.target_accuracy, "chief: exit with status 1 if the final test accuracy is lower");
+        .add("target_accuracy", train.target_accuracy, "chief: exit with status 1 if the final test accuracy is lower")
+        .add("clip_norm", train.clip_norm,
+             "clip the gradient to this global norm, torch.nn.utils.clip_grad_norm_'s formula (0: off)")
+        .add("weight_decay", weight_decay,
+             "weight decay of the update rule: L2 penalty (sgd, momentum, adagrad, adam), decoupled (adamw); empty: "
+             "the rule's own (0; adamw 0.01)");
     if (s == train_flag_set::ps) {
       f.add("partitioner", partitioner_name, "greedy, round_robin or fixed_size")
           .add("num_shards", num_shards, "shards per variable for --partitioner fixed_size")
@@ -144,7 +160,9 @@ struct train_flags {
           .add("slow_worker", slow_worker, "synchronous strategies: index of a worker to slow down (-1: none)")
           .add("slow_ms", slow_ms, "extra milliseconds per gradient of the slowed worker");
     } else {
-      f.add("segment_kib", segment_kib, "allreduce segment size in KiB");
+      f.add("segment_kib", segment_kib, "allreduce segment size in KiB")
+          .add("backward_passes_per_step", train.backward_passes_per_step,
+               "backward passes (micro-batches of --batch / N rows) accumulated per step, Horovod's name");
     }
   }
 
@@ -177,6 +195,9 @@ struct train_flags {
     if (segment_kib < 1) bad("segment_kib", "must be positive");
     if (slow_ms < 0) bad("slow_ms", "must not be negative");
     if (train.last_step > 0 && train.num_steps > 0) bad("num_steps", "give --last_step or --num_steps, not both");
+    if (!(train.clip_norm >= 0) || std::isinf(train.clip_norm)) bad("clip_norm", "must be 0 (off) or a positive number");
+    if (train.backward_passes_per_step < 1) bad("backward_passes_per_step", "must be at least 1");
+    weight_decay_value();  // checked here, whether or not the program calls rule()
     train_options o = train;
     o.name = std::move(name);
     o.nan_policy = nan_policy == "stop" ? hooks::nan_policy::stop : hooks::nan_policy::fail;
@@ -213,6 +234,29 @@ struct train_flags {
       taken_ = std::move(c);
     }
     return *taken_;
+  }
+
+  /// The update rule `name` (dtf::optim::make_rule: sgd, momentum, nesterov, adagrad, adam or
+  /// adamw) at rate `lr`, with --weight_decay when given. Errors: errc::invalid_config naming
+  /// --weight_decay for a value that is not a number, negative or not finite; make_rule's for
+  /// an unknown name.
+  optim::rule rule(std::string_view name, float lr) const {
+    optim::rule r = optim::make_rule(name, lr);
+    if (const auto wd = weight_decay_value()) std::visit([&](auto& alt) { alt.weight_decay = *wd; }, r);
+    return r;
+  }
+
+  /// --weight_decay's value; none when it is empty. Errors: as rule().
+  std::optional<float> weight_decay_value() const {
+    if (weight_decay.empty()) return std::nullopt;
+    float v = 0;
+    const char* end = weight_decay.data() + weight_decay.size();
+    const auto [ptr, ec] = std::from_chars(weight_decay.data(), end, v);
+    if (ec != std::errc() || ptr != end)
+      throw error(errc::invalid_config, "--weight_decay: cannot parse '" + weight_decay + "'");
+    if (!(v >= 0) || std::isinf(v))
+      throw error(errc::invalid_config, "--weight_decay: " + weight_decay + " (must be 0 or a positive number)");
+    return v;
   }
 
   /// The partitioner --partitioner and --num_shards name.

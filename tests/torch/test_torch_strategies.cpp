@@ -2,7 +2,8 @@
 // each strategy ends where dtf::nn::sequential ends under the same strategy, from the same
 // start on the same batches (an independent reference: the hand-written backprop), and
 // ring-allreduce over 2 and 3 ranks equals one process at the combined batch, overlap on and off
-// bitwise equal.
+// bitwise equal. A module of two inputs and a float target trains through a step of its own
+// (dtf/torch/step.hpp) as LibTorch alone, and evaluation reports the model's own loss.
 #include <dtf/nn.hpp>
 #include <dtf/partitioners.hpp>
 #include <dtf/strategies/aeasgd.hpp>
@@ -15,6 +16,7 @@
 #include <dtf/strategies/ring_allreduce.hpp>
 #include <dtf/strategies/sync.hpp>
 #include <dtf/torch/module_model.hpp>
+#include <dtf/train/options.hpp>
 
 #include <catch2/catch.hpp>
 #include <xtensor/xview.hpp>
@@ -461,4 +463,213 @@ TEST_CASE("torch: a .grad() the loss cleared (set_to_none) or replaced (create_g
           "[torch][collectives][overlap]") {
   check_replaced_gradients<clears_grads>("zero_grad(set_to_none) in the loss");
   check_replaced_gradients<backward_with_graph>("a backward with create_graph in the loss");
+}
+
+// The general step (dtf/torch/step.hpp): a module of two inputs regressing a float target, all
+// three columns of dtf's feature rows, trained through loss(module, batch).
+namespace {
+
+struct TwoInputImpl : ::torch::nn::Cloneable<TwoInputImpl> {
+  TwoInputImpl() { reset(); }
+  void reset() override {
+    a = register_module("a", ::torch::nn::Linear(3, 8));
+    b = register_module("b", ::torch::nn::Linear(4, 8));
+    out = register_module("out", ::torch::nn::Linear(8, 1));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x1, const ::torch::Tensor& x2) {
+    return out->forward(::torch::tanh(a->forward(x1) + b->forward(x2)));
+  }
+  ::torch::nn::Linear a{nullptr}, b{nullptr}, out{nullptr};
+};
+struct TwoInput : ::torch::nn::ModuleHolder<TwoInputImpl> {  // TORCH_MODULE(TwoInput), but for `using namespace dtf`
+  using ModuleHolder::ModuleHolder;
+  TwoInput() : ModuleHolder(std::make_shared<TwoInputImpl>()) {}
+};
+
+/// TwoInput from seed 41, built one at a time (see frozen_tied_net).
+TwoInput two_input_net() {
+  static std::mutex building;
+  std::lock_guard held(building);
+  ::torch::manual_seed(41);
+  return TwoInput();
+}
+
+/// Mean squared error of the prediction from columns 0-2 and 3-6 against column 7.
+struct mse_step {
+  ::torch::Tensor operator()(TwoInput& m, const dtf::torch::batch& b) const {
+    return ::torch::mse_loss(m->forward(b["x1"], b["x2"]), b["y"]);
+  }
+};
+
+struct two_input : dtf::torch::module_model<TwoInput, mse_step> {
+  two_input()
+      : module_model(two_input_net(), {.init = dtf::torch::init_from::module, .inputs = {{"x1", 3}, {"x2", 4}, {"y", 1}}}) {}
+};
+static_assert(streams_gradients<two_input> && evaluates_loss<two_input>);
+static_assert(!classifier<two_input>, "a step of the module's own has no logits");
+
+/// LibTorch alone: the same module and loss, the columns sliced by hand; SGD over data's batches.
+std::vector<float> torch_mse_sgd(const data::dataset& data, float lr) {
+  auto m = two_input_net();
+  const auto params = test::distinct_trainable(*m);
+  auto s = data.stream();
+  while (auto b = s.next()) {
+    const auto n = std::int64_t(b->labels.size());
+    const auto x = ::torch::from_blob(const_cast<float*>(b->features.data()), {n, 8}).clone();
+    for (const auto& t : params) t.mutable_grad() = ::torch::Tensor();
+    ::torch::mse_loss(m->forward(x.slice(1, 0, 3), x.slice(1, 3, 7)), x.slice(1, 7, 8)).backward();
+    ::torch::NoGradGuard no_grad;
+    for (const auto& t : params) t.sub_(t.grad() * lr);
+  }
+  return test::flat(params);
+}
+
+}  // namespace
+
+TEST_CASE("torch: a two-input module with a float target (MSE) through a step of its own: ring-allreduce over 2 "
+          "ranks and SyncSGD through a ps train as LibTorch alone",
+          "[torch][step]") {
+  const std::size_t ranks = 2, batch = 8, steps = 4;
+  const auto rows = test::synthetic(ranks * batch * steps, 17, test::labels::random);
+  const auto data = rows.batch(ranks * batch);
+  const auto start = test::flat(test::distinct_trainable(*two_input_net()));
+  std::vector<std::vector<float>> by_overlap[2];
+  for (bool overlap : {false, true}) {
+    auto& result = by_overlap[overlap];
+    result.resize(ranks);
+    const auto failures = test::run_ranks_collect(ranks, {}, [&](communicator& c) {
+      two_input net;
+      strategies::ring_allreduce<two_input> r(c, net, {.rule = optim::sgd{0.1f}, .overlap = overlap, .bucket_bytes = 1});
+      RANK_CHECK(r.overlaps() == overlap, r.overlaps());
+      r.initialize(5);
+      auto stream = data.stream();
+      while (auto b = stream.next()) r.step(rows_of(*b, c.rank() * batch, batch));
+      result[c.rank()].assign(r.parameters().begin(), r.parameters().end());
+    });
+    for (std::size_t k = 0; k < ranks; ++k) {
+      INFO("rank " << k);
+      REQUIRE((failures[k] ? test::message_of(failures[k]) : std::string()) == "");
+    }
+  }
+  const auto reference = torch_mse_sgd(data, 0.1f);  // the combined batch of 16
+  INFO("ring: relative gap to LibTorch alone " << relative_gap(by_overlap[1][0], reference));
+  CHECK(by_overlap[1] == by_overlap[0]);
+  CHECK(by_overlap[1][1] == by_overlap[1][0]);
+  CHECK(relative_gap(by_overlap[1][0], reference) <= 1e-5);
+  CHECK(relative_gap(reference, start) > 1e-3);  // it moved
+
+  // SyncSGD, one worker against one ps (the ps applies SGD): LibTorch alone at the worker's batch.
+  const auto small = rows.batch(batch);
+  running_ps ps0(opts("ps.0"));
+  two_input net;
+  const auto layout = partitioners::greedy_load_balancing{}.place(net.variables(), 1);
+  ps_client client({ps0.address()}, layout, opts("worker.0"));
+  client.connect();
+  strategies::sync_worker<strategies::sync_sgd, two_input> w(
+      strategies::sync_sgd({.replicas_to_aggregate = 1, .rule = optim::sgd{0.1f}}), net, client, 0);
+  w.initialize_ps(3);
+  w.begin();
+  auto s = small.stream();
+  while (auto b = s.next()) w.step(*b);
+  w.end();
+  std::vector<float> centre(net.num_parameters());
+  client.pull(centre);
+  const auto ps_reference = torch_mse_sgd(small, 0.1f);
+  INFO("sync_sgd: relative gap to LibTorch alone " << relative_gap(centre, ps_reference));
+  CHECK(relative_gap(centre, ps_reference) <= 1e-6);
+  CHECK(relative_gap(ps_reference, start) > 1e-3);
+}
+
+namespace {
+
+/// Cross-entropy with label smoothing 0.2: not the softmax cross-entropy dtf computes itself.
+struct smoothed {
+  ::torch::Tensor operator()(const ::torch::Tensor& logits, const ::torch::Tensor& labels) const {
+    return ::torch::nn::functional::cross_entropy(
+        logits, labels, ::torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(0.2));
+  }
+};
+
+/// seeded_small_net() with its parameters times 5: confident logits, where smoothing matters.
+::torch::nn::Sequential sharp_net() {
+  auto m = seeded_small_net();
+  ::torch::NoGradGuard no_grad;
+  for (auto& t : m->parameters()) t.mul_(5.0f);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("torch: evaluation reports the model's own loss (label smoothing; a step's MSE), as LibTorch computes it",
+          "[torch][step][evaluate]") {
+  const auto test_set = test::synthetic(50, 23, test::labels::argmax);
+  const auto all = [&] {  // the whole set as LibTorch tensors
+    auto b = test_set.batch(50).stream().next();
+    const auto x = ::torch::from_blob(const_cast<float*>(b->features.data()), {50, 8}).clone();
+    const auto y = ::torch::from_blob(const_cast<std::int32_t*>(b->labels.data()), {50}, ::torch::kInt).to(::torch::kLong);
+    return std::pair{x, y};
+  }();
+  {
+    dtf::torch::module_model<::torch::nn::Sequential, smoothed> net(sharp_net(),
+                                                                    {.init = dtf::torch::init_from::module});
+    std::vector<float> p(net.num_parameters());
+    net.initialize(p, 1);
+    const auto e = dtf::evaluate_on(net, test_set.batch(16))(p);  // batches of 16, 16, 16 and 2
+    auto m = sharp_net();
+    ::torch::NoGradGuard no_grad;
+    const auto logits = m->forward(all.first);
+    const double expected = smoothed{}(logits, all.second).item<double>();
+    const double plain = ::torch::nn::functional::cross_entropy(logits, all.second).item<double>();
+    const double accuracy = (logits.argmax(1) == all.second).to(::torch::kDouble).mean().item<double>();
+    CHECK(e.examples == 50);
+    CHECK(e.loss == Approx(expected).epsilon(1e-5));
+    INFO("label-smoothed " << expected << ", plain cross-entropy " << plain);
+    CHECK(std::abs(expected - plain) > 1e-2);  // not cross-entropy's value
+    CHECK(e.accuracy == Approx(accuracy));
+  }
+  {
+    two_input net;
+    std::vector<float> p(net.num_parameters());
+    net.initialize(p, 1);
+    const auto e = dtf::evaluate_on(net, test_set.batch(16))(p);
+    auto m = two_input_net();
+    ::torch::NoGradGuard no_grad;
+    const auto err = m->forward(all.first.slice(1, 0, 3), all.first.slice(1, 3, 7)) - all.first.slice(1, 7, 8);
+    const auto errors = err.contiguous();
+    double sum = 0;  // by hand: the mean of the squared errors
+    for (std::int64_t i = 0; i < 50; ++i) sum += double(errors.data_ptr<float>()[i]) * double(errors.data_ptr<float>()[i]);
+    CHECK(e.examples == 50);
+    CHECK(e.loss == Approx(sum / 50).epsilon(1e-5));
+    CHECK(e.accuracy == 0);  // no logits
+  }
+}
+
+TEST_CASE("torch: a step's named inputs are checked: widths, names, and inputs without a step", "[torch][step]") {
+  using dtf::torch::module_model;
+  CHECK_THROWS_WITH((module_model<TwoInput, mse_step>(two_input_net(), {.inputs = {{"x1", 3}, {"x1", 4}}})),
+                    Catch::Contains("'x1' is named twice"));
+  CHECK_THROWS_WITH((module_model<TwoInput, mse_step>(two_input_net(), {.inputs = {{"x1", 0}}})),
+                    Catch::Contains("'x1' has width 0"));
+  CHECK_THROWS_WITH((module_model<::torch::nn::Sequential>(seeded_small_net(), {.inputs = {{"x", 8}}})),
+                    Catch::Contains("named inputs are for a step"));
+  module_model<TwoInput, mse_step> short_net(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}}});
+  std::vector<float> p(short_net.num_parameters()), g(p.size());
+  short_net.initialize(p, 1);
+  tensor x, y;
+  auto b = test::synthetic(4, 1, test::labels::argmax).batch(4).stream().next();
+  assign_from_host(x, b->features);
+  assign_from_host(y, b->labels);
+  CHECK_THROWS_WITH(short_net.loss_and_gradients(p, x, y, g), Catch::Contains("take 7 columns, the features have 8"));
+  // The guide's form: a lambda, the model's type deduced; the same loss as mse_step's.
+  auto lambda = [](TwoInput& m, const dtf::torch::batch& b) {
+    return ::torch::mse_loss(m->forward(b["x1"], b["x2"]), b["y"]);
+  };
+  dtf::torch::module_model deduced(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"y", 1}}}, lambda);
+  static_assert(std::is_same_v<decltype(deduced), module_model<TwoInput, decltype(lambda)>>);
+  two_input named;
+  std::vector<float> g2(g.size());
+  CHECK(deduced.loss_and_gradients(p, x, y, g) == named.loss_and_gradients(p, x, y, g2));
+  CHECK(g == g2);
+  module_model<TwoInput, decltype(lambda)> unnamed(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"target", 1}}});
+  CHECK_THROWS_WITH(unnamed.loss_and_gradients(p, x, y, g), Catch::Contains("no input 'y' (options.inputs: x1, x2, target)"));
 }

@@ -15,8 +15,8 @@ namespace dtf::nn {
 
 /// Loss and accuracy of a classifier over a dataset.
 struct evaluation {
-  double loss = 0.0;         ///< mean softmax cross-entropy
-  double accuracy = 0.0;     ///< fraction of examples whose top logit is the label
+  double loss = 0.0;         ///< mean softmax cross-entropy (a dtf::evaluates_loss model: its own loss)
+  double accuracy = 0.0;     ///< fraction of examples whose top logit is the label (0: no logits)
   /// The number of examples evaluated.
   std::size_t examples = 0;
   /// Further figures of an evaluation callback (name, value), appended to the RESULT line as
@@ -28,10 +28,12 @@ namespace detail {
 /// The loss and accuracy of a pass, summed batch by batch.
 class evaluation_sum {
  public:
-  void add(const tensor& logits, const tensor& labels) {
+  void add(const tensor& logits, const tensor& labels) { add(xent_(logits, labels, nullptr), &logits, labels); }
+  /// A batch whose mean loss is known; its logits (null or empty: none) give the correct ones.
+  void add(float mean_loss, const tensor* logits, const tensor& labels) {
     const std::size_t rows = labels.size();
-    loss_sum_ += double(xent_(logits, labels, nullptr)) * double(rows);
-    correct_ += count_correct(logits, labels);
+    loss_sum_ += double(mean_loss) * double(rows);
+    if (logits && logits->size() > 0) correct_ += count_correct(*logits, labels);
     examples_ += rows;
   }
   evaluation result() const {
@@ -52,8 +54,10 @@ class evaluation_sum {
 }  // namespace detail
 
 /// Evaluates parameters p of m over one pass of `ds` (its batch size is used; shuffle,
-/// repeat and prefetch settings are ignored: one ordered epoch).
-template <classifier M>
+/// repeat and prefetch settings are ignored: one ordered epoch). The loss is the model's own
+/// when it has one (dtf::evaluates_loss), else softmax cross-entropy of the logits.
+template <model M>
+  requires classifier<M> || evaluates_loss<M>
 evaluation evaluate(M& m, std::span<const float> p, const data::dataset& ds) {
   detail::evaluation_sum sum;
   tensor x, y, logits;
@@ -61,8 +65,13 @@ evaluation evaluate(M& m, std::span<const float> p, const data::dataset& ds) {
   while (auto b = stream.next()) {
     assign_from_host(x, b->features);
     assign_from_host(y, b->labels);
-    m.logits(p, x, logits);
-    sum.add(logits, y);
+    if constexpr (evaluates_loss<M>) {
+      const float loss = m.evaluation_loss(p, x, y, logits);
+      sum.add(loss, &logits, y);
+    } else {
+      m.logits(p, x, logits);
+      sum.add(logits, y);
+    }
   }
   return sum.result();
 }

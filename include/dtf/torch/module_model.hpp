@@ -44,7 +44,9 @@
 //                sequence-number order). A variable that received no gradient this step (an
 //                unused branch) is reported after backward with zeros. Every float exactly once.
 //   input        x viewed (no copy) as [batch, input_shape...], labels widened to int64 for
-//                loss(logits, labels) (cross-entropy by default): dtf/torch/options.hpp.
+//                loss(logits, labels) (cross-entropy by default): dtf/torch/options.hpp; or a
+//                step of the user's, loss(module, batch), with named inputs (dtf/torch/step.hpp:
+//                then no logits, no dtf::classifier). evaluation_loss: the loss's own value.
 //   modes        dtf never sets a mode the user set: loss_and_gradients runs the module in the
 //                modes it has (a module is constructed in train mode; a submodule the user put
 //                in eval(), e.g. a BatchNorm with frozen statistics, stays in eval); logits
@@ -96,6 +98,7 @@
 #include <dtf/torch/options.hpp>
 #include <dtf/torch/seeding.hpp>
 #include <dtf/torch/state.hpp>
+#include <dtf/torch/step.hpp>
 #include <dtf/variable.hpp>
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -126,6 +129,7 @@ class module_model {
   /// module with no trainable parameters.
   explicit module_model(Module module, module_options options = {}, Loss loss = {})
       : module_(std::move(module)), options_(std::move(options)), loss_(std::move(loss)) {
+    detail::check_inputs(options_, is_step);
     if (options_.threads > 0) {
       ::torch::set_num_threads(options_.threads);
       set_cpu_threads({.device = 0, .blas = options_.threads});
@@ -231,22 +235,32 @@ class module_model {
   }
 
   /// Logits [batch, classes] into out: the root in eval mode, without autograd; every
-  /// submodule's mode put back after (dtf::classifier).
-  void logits(std::span<const float> p, const tensor& x, tensor& out) {
+  /// submodule's mode put back after (dtf::classifier; not with a step of the module's own).
+  void logits(std::span<const float> p, const tensor& x, tensor& out)
+    requires(!module_step<Loss, Module>)
+  {
     check_size(p.size(), "parameter");
     copy_in(p);
     ::torch::NoGradGuard no_grad;
-    struct restore {
-      std::vector<std::pair<std::shared_ptr<::torch::nn::Module>, bool>> modes;
-      ~restore() { detail::restore_modes(modes); }
-    } modes{detail::modes_of(*module_)};
+    detail::mode_guard modes(*module_);
     module_->eval();
-    const ::torch::Tensor z = module_->forward(input_of(x)).contiguous();
-    if (z.dim() != 2)
-      throw error(errc::shape_mismatch, "dtf::torch::module_model: the module's output has " + std::to_string(z.dim()) +
-                                            " dimensions; logits are [batch, classes]");
-    out.resize({std::size_t(z.size(0)), std::size_t(z.size(1))}, dtype::float32);
-    std::memcpy(out.template data<float>(), z.data_ptr<float>(), out.size_bytes());
+    detail::logits_into(module_->forward(input_of(x)), out);
+  }
+
+  /// The loss callable's mean value over the batch (dtf::evaluates_loss), evaluated as logits is;
+  /// with a loss of logits and labels the logits go into out from the same forward, with a step
+  /// of the module's own out is left empty.
+  float evaluation_loss(std::span<const float> p, const tensor& x, const tensor& y, tensor& out) {
+    check_size(p.size(), "parameter");
+    copy_in(p);
+    ::torch::NoGradGuard no_grad;
+    detail::mode_guard modes(*module_);
+    module_->eval();
+    ::torch::Tensor z;
+    const float loss = detail::loss_of(loss_, module_, x, y, options_, &z).template item<float>();
+    if (z.defined()) detail::logits_into(z, out);
+    else out.resize({0}, dtype::float32);
+    return loss;
   }
 
  private:
@@ -255,17 +269,8 @@ class module_model {
   void bind_module(const module_model* source) {
     std::vector<std::pair<std::string, ::torch::Tensor>> named;
     for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-      const auto& t = item.value();
-      const std::string& name = item.key();
-      if (t.scalar_type() != ::torch::kFloat)
-        throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is " +
-                                                std::string(c10::toString(t.scalar_type())) +
-                                                "; dtf trains float32 parameters only");
-      if (t.layout() != ::torch::kStrided)
-        throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is not dense");
-      if (!t.device().is_cpu())
-        throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is not on the CPU");
-      named.emplace_back(name, t);
+      detail::check_parameter(item.key(), item.value());
+      named.emplace_back(item.key(), item.value());
     }
     params_ = detail::group_slots(named, source ? &source->params_ : nullptr, /*parameters=*/true);
     named.clear();
@@ -278,12 +283,7 @@ class module_model {
     random_ = options_.random_forward;
     for (const auto& m : module_->modules(/*include_self=*/true)) {
       random_ = random_ || detail::draws_random(*m);
-      if (auto* e = dynamic_cast<::torch::nn::EmbeddingImpl*>(m.get()); e && e->options.sparse())
-        throw error(errc::invalid_argument, "dtf::torch::module_model: an Embedding with sparse gradients (parameter "
-                                            "'weight' of " + e->name() + "); dtf takes dense float32 gradients");
-      if (auto* e = dynamic_cast<::torch::nn::EmbeddingBagImpl*>(m.get()); e && e->options.sparse())
-        throw error(errc::invalid_argument, "dtf::torch::module_model: an EmbeddingBag with sparse gradients; dtf takes "
-                                            "dense float32 gradients");
+      detail::check_dense_gradients(*m);
     }
     std::size_t offset = 0, buffer_offset = 0;
     auto add_buffer = [&](const detail::tensor_slot& s) {
@@ -394,8 +394,6 @@ class module_model {
       for (const auto& t : members(i)) t.mutable_grad() = slice;
     }
     std::fill(g.begin(), g.end(), 0.0f);  // autograd accumulates into the views
-    const auto input = input_of(x);
-    const auto labels = detail::labels_of(y, input.size(0));
     ::torch::Tensor loss;
     {
       std::unique_lock<std::mutex> lock;
@@ -405,7 +403,7 @@ class module_model {
                              forwards_);
       }
       ++forwards_;
-      loss = loss_(module_->forward(input), labels);
+      loss = detail::loss_of(loss_, module_, x, y, options_);
     }
     // The forward or the loss may have replaced or cleared .grad()s (zero_grad(set_to_none), a
     // backward of its own): taken in and lent again before backward, whose reports must find
@@ -423,6 +421,7 @@ class module_model {
     return loss.template item<float>();
   }
 
+  static constexpr bool is_step = module_step<Loss, Module>;
   Module module_;
   module_options options_;
   Loss loss_;
@@ -446,5 +445,6 @@ static_assert(classifier<module_model<::torch::nn::Sequential>>, "module_model m
 static_assert(streams_gradients<module_model<::torch::nn::Sequential>>,
               "module_model must model dtf::streams_gradients");
 static_assert(has_buffers<module_model<::torch::nn::Sequential>>, "module_model must model dtf::has_buffers");
+static_assert(evaluates_loss<module_model<::torch::nn::Sequential>>, "module_model must model dtf::evaluates_loss");
 
 }  // namespace dtf::torch

@@ -32,6 +32,13 @@ enum class init_from {
   module,  ///< the module's current values (fine-tuning a loaded model), bit for bit
 };
 
+/// Columns of the features that a step of the module's own (dtf/torch/step.hpp) takes as one
+/// named input: the next `width` columns after the previous input's.
+struct named_input {
+  std::string name;
+  std::int64_t width = 0;
+};
+
 /// How module_model feeds and runs the module.
 struct module_options {
   /// One example's shape as the module takes it, e.g. {1, 28, 28} for a convolutional network on
@@ -48,6 +55,10 @@ struct module_options {
   /// The forward draws random numbers in code of the module's own (torch::dropout in a custom
   /// forward), which dtf cannot see: reseed and lock for every forward as for dropout layers.
   bool random_forward = false;
+  /// A step of the module's own (a loss callable loss(module, batch), dtf/torch/step.hpp): the
+  /// features' columns split into named inputs, in order, e.g. {{"dense", 13}, {"ids", 26}};
+  /// the widths add up to the features' count. Empty: the step takes the whole rows.
+  std::vector<named_input> inputs;
 };
 
 namespace detail {

@@ -85,6 +85,28 @@ inline tensor_slots group_slots(const std::vector<std::pair<std::string, ::torch
   return out;
 }
 
+/// Errors: errc::invalid_argument naming a parameter that is not float32, dense and on the CPU.
+inline void check_parameter(const std::string& name, const ::torch::Tensor& t) {
+  if (t.scalar_type() != ::torch::kFloat)
+    throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is " +
+                                            std::string(c10::toString(t.scalar_type())) +
+                                            "; dtf trains float32 parameters only");
+  if (t.layout() != ::torch::kStrided)
+    throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is not dense");
+  if (!t.device().is_cpu())
+    throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is not on the CPU");
+}
+
+/// Errors: errc::invalid_argument for an Embedding or EmbeddingBag with sparse gradients.
+inline void check_dense_gradients(::torch::nn::Module& m) {
+  if (auto* e = dynamic_cast<::torch::nn::EmbeddingImpl*>(&m); e && e->options.sparse())
+    throw error(errc::invalid_argument, "dtf::torch::module_model: an Embedding with sparse gradients (parameter "
+                                        "'weight' of " + e->name() + "); dtf takes dense float32 gradients");
+  if (auto* e = dynamic_cast<::torch::nn::EmbeddingBagImpl*>(&m); e && e->options.sparse())
+    throw error(errc::invalid_argument, "dtf::torch::module_model: an EmbeddingBag with sparse gradients; dtf takes "
+                                        "dense float32 gradients");
+}
+
 /// Every submodule's train/eval flag, root first (pre-order).
 inline std::vector<std::pair<std::shared_ptr<::torch::nn::Module>, bool>> modes_of(const ::torch::nn::Module& root) {
   std::vector<std::pair<std::shared_ptr<::torch::nn::Module>, bool>> out;
@@ -97,6 +119,16 @@ inline std::vector<std::pair<std::shared_ptr<::torch::nn::Module>, bool>> modes_
 inline void restore_modes(const std::vector<std::pair<std::shared_ptr<::torch::nn::Module>, bool>>& modes) {
   for (const auto& [m, on] : modes) m->train(on);
 }
+
+/// Every submodule's flag, put back when the guard goes (thrown or not): evaluation switches the
+/// root to eval for its forward only.
+struct mode_guard {
+  explicit mode_guard(const ::torch::nn::Module& root) : modes(modes_of(root)) {}
+  mode_guard(const mode_guard&) = delete;
+  mode_guard& operator=(const mode_guard&) = delete;
+  ~mode_guard() { restore_modes(modes); }
+  std::vector<std::pair<std::shared_ptr<::torch::nn::Module>, bool>> modes;
+};
 
 /// A copy's modes set as its source's, submodule by submodule (by name).
 inline void copy_modes(const ::torch::nn::Module& source, ::torch::nn::Module& copy) {

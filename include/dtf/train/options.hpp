@@ -137,8 +137,10 @@ inline std::size_t trainer_index(const cluster& c) {
 }
 ///@}
 
-/// An evaluation callback for options.evaluate: nn::evaluate of `m` over `test`.
-template <classifier M>
+/// An evaluation callback for options.evaluate: nn::evaluate of `m` over `test` (the model's own
+/// loss where it has one: dtf::evaluates_loss).
+template <model M>
+  requires classifier<M> || evaluates_loss<M>
 std::function<nn::evaluation(std::span<const float>)> evaluate_on(M& m, data::dataset test) {
   return [&m, test = std::move(test)](std::span<const float> p) { return nn::evaluate(m, p, test); };
 }
