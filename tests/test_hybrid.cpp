@@ -20,6 +20,7 @@
 #include <xtensor/xview.hpp>
 
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <mutex>
 
@@ -40,6 +41,9 @@ data::dataset id_data(std::size_t n, std::uint64_t seed) {
   }
   return data::dataset(std::move(x), std::move(y), 0.0f, 1.0f);
 }
+
+// The checkpoint tests' data: 5 batches of 5 an epoch, the last of 3.
+data::dataset make_data() { return id_data(23, 9); }
 
 nn::embedding_sequential make_net(const embedding_spec& table) {
   return nn::embedding_sequential({.table = table, .ids_per_example = L, .combine = nn::embedding_combine::concat},
@@ -371,7 +375,99 @@ TEST_CASE("hybrid through dtf::train's phases on 2 ranks, synchronous tables: eq
   }
 }
 
-TEST_CASE("hybrid refuses a cluster without ps, checkpoints and recoveries (not built), by name",
+// A hybrid job through dtf::train on one worker and `num_ps` ps (fresh ones, serving `dir`),
+// resumed from dir's latest checkpoint when there is one, to `last_step` (0: the epochs' end).
+struct trained_state {
+  std::vector<float> dense, rows;  // the dense part and the whole table at the end
+  std::int64_t step = 0;
+};
+trained_state train_in(std::size_t num_ps, const std::string& dir, std::int64_t last_step,
+                       const strategies::hybrid& strategy, train_options o) {
+  std::deque<test::running_ps> servers;
+  cluster c;
+  c.source = "test";
+  for (std::size_t p = 0; p < num_ps; ++p) {
+    ps_options po{test::opts("ps." + std::to_string(p))};
+    po.transport.cluster_id.clear();
+    po.transport.log = [](const std::string&) {};
+    po.checkpoint_dir = dir;
+    c.spec.jobs["ps"][p] = servers.emplace_back(std::move(po)).address();
+  }
+  c.spec.jobs["worker"][0] = "127.0.0.1:0";
+  c.self = {"worker", 0};
+  auto net = make_net(table_spec(false));
+  trained_state t;
+  o.model_dir = dir;
+  o.last_step = last_step;
+  o.evaluate_rows = [&t](std::span<const float> p, const row_reader& read) {
+    t.dense = test::host_copy(p);
+    t.rows.assign(V * D, 0.0f);
+    read(0, std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6}, t.rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const auto r = train(c, net, make_data(), strategy, o);
+  CHECK(r.exit_code == 0);
+  t.step = r.global_step;
+  return t;
+}
+
+TEST_CASE("hybrid checkpoints: a job saved at step 4 and resumed equals the uninterrupted run bit for bit, restored "
+          "into another number of ps; every file of a checkpoint of one step",
+          "[hybrid][train][checkpoint]") {
+  const auto mode = GENERATE(strategies::table_updates::asynchronous, strategies::table_updates::synchronous);
+  // The ps of the run that saves (the restore at its step takes the other count, the resumed run 2).
+  const std::size_t saved_by = mode == strategies::table_updates::asynchronous ? 1 : 2;
+  CAPTURE(strategies::to_string(mode), saved_by);
+  // Adam's slots and update count on the dense side, Adagrad's accumulators on the rows: a
+  // restore that lost any of them would not reproduce the run.
+  const strategies::hybrid strategy({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}}, .tables = mode});
+  train_options o{.name = "hybrid-ckpt", .epochs = 2, .batch = 5, .seed = 11, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  o.embedding_rule = optim::adagrad{.learning_rate = 0.1f};
+  o.save_checkpoints_steps = 3;
+  o.save_checkpoints_secs = 0;
+  test::temp_dir whole("hybrid-whole"), parts("hybrid-parts");
+  const auto full = train_in(2, whole.path().string(), 0, strategy, o);  // the independent reference
+  REQUIRE(full.step == 10);
+
+  const auto first = train_in(saved_by, parts.path().string(), 4, strategy, o);
+  REQUIRE(first.step == 4);
+  // Saved at the start, every 3 steps and at the end; every file holds its checkpoint's step
+  // (verify_checkpoint checks each shard file's header) and the manifest names it.
+  const auto state = read_checkpoint_state(parts.path());
+  REQUIRE(state);
+  CHECK(state->all == std::vector<std::string>{"ckpt-0", "ckpt-3", "ckpt-4"});
+  for (const auto& name : state->all) {
+    CAPTURE(name);
+    const auto m = verify_checkpoint(parts.path(), name);
+    CHECK(name == "ckpt-" + std::to_string(m.global_step));
+    CHECK(m.num_ps == saved_by);
+    CHECK(m.synchronous == (mode == strategies::table_updates::synchronous));
+    CHECK(m.table_files.size() == saved_by);
+    CHECK(m.rule == "adam");
+  }
+  // The checkpoint holds the state the run ended with, both halves.
+  const auto saved = read_checkpoint(parts.path(), "ckpt-4");
+  CHECK(saved.values == first.dense);
+  const auto rows = read_checkpoint_table(checkpoint_reader::open(parts.path(), "ckpt-4"), "words");
+  CHECK(rows.ids == std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6});
+  CHECK(rows.rows == first.rows);
+
+  // Restored into the other number of ps at its own step: the same rows and dense values.
+  const auto again = train_in(3 - saved_by, parts.path().string(), 4, strategy, o);
+  CHECK(again.step == 4);
+  CHECK(again.dense == first.dense);
+  CHECK(again.rows == first.rows);
+
+  // Resumed into 2 ps to the end: the uninterrupted run's bits.
+  const auto resumed = train_in(2, parts.path().string(), 0, strategy, o);
+  CHECK(resumed.step == 10);
+  CHECK(resumed.dense == full.dense);
+  CHECK(resumed.rows == full.rows);
+  CHECK(resumed.rows != first.rows);
+}
+
+TEST_CASE("hybrid refuses a cluster without ps and recoveries (not built), by name",
           "[hybrid][train]") {
   auto net = make_net(table_spec(false));
   const auto data = id_data(10, 1);
@@ -392,9 +488,6 @@ TEST_CASE("hybrid refuses a cluster without ps, checkpoints and recoveries (not 
   c.spec.jobs["ps"][0] = "127.0.0.1:1";
   c.spec.jobs["worker"][0] = "127.0.0.1:2";
   c.self = {"worker", 0};
-  auto with_dir = o;
-  with_dir.model_dir = "/nonexistent/hybrid";
-  refused(c, strategies::hybrid(), with_dir, "model_dir: checkpoints of a hybrid job");
   auto with_recoveries = o;
   with_recoveries.max_recoveries = 1;
   refused(c, strategies::hybrid(), with_recoveries, "max_recoveries");

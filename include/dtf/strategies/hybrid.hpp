@@ -167,15 +167,17 @@ class hybrid_engine {
   /// ranks), and initialises the dense variables from `seed`; every rank receives them. The
   /// broadcast comes after the ps are ready, so no rank gathers from a table not created yet.
   void initialize(std::uint64_t seed) {
-    const optim::rule& rows_rule = rule_ ? *rule_ : config_.dense.rule;
     if (ring_.comm().rank() == 0) {
-      for (std::uint32_t t = 0; t < tables_.size(); ++t) tables_.create(t, rows_rule);
-      if (config_.tables == table_updates::synchronous) {
-        const std::size_t n = ring_.comm().size();
-        ps_.initialize({}, ps_config{.rule = rows_rule, .replicas_to_aggregate = n, .num_workers = n});
-      }
+      for (std::uint32_t t = 0; t < tables_.size(); ++t) tables_.create(t, ps_settings().rule);
+      if (config_.tables == table_updates::synchronous) ps_.initialize({}, ps_settings());
     }
     ring_.initialize(seed);
+  }
+  /// The ps's configuration: the rows' rule; synchronous tables: the protocol's N = the ranks
+  /// (what initialize and a restore of the ps give them).
+  ps_config ps_settings() {
+    const std::size_t n = config_.tables == table_updates::synchronous ? ring_.comm().size() : 0;
+    return {.rule = rule_ ? *rule_ : config_.dense.rule, .replicas_to_aggregate = n, .num_workers = n};
   }
 
   /// One step on this rank's batch (see the file comment); returns the loss averaged over the
