@@ -525,6 +525,24 @@ TEST_CASE("hybrid checkpoints: a job saved at step 4 and resumed equals the unin
   CHECK(resumed.rows != first.rows);
 }
 
+TEST_CASE("hybrid refuses to resume from a checkpoint without tables (a ring_allreduce job's), naming it",
+          "[hybrid][train][checkpoint]") {
+  test::temp_dir dir("hybrid-dense-only");
+  auto net = make_net(table_spec(false));
+  const auto values = test::initial_parameters(net, 1);
+  (void)write_checkpoint({.directory = dir.path().string()},
+                         {.variables = net.variables(), .values = values, .rule = "sgd", .global_step = 2});
+  train_options o{.name = "hybrid-refuse", .epochs = 1, .batch = 5, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  try {
+    (void)train_in(1, dir.path().string(), 0, strategies::hybrid(), o);
+    FAIL("a checkpoint without tables was restored");
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("checkpoint ckpt-2") && Catch::Contains("holds no embedding table"));
+  }
+}
+
 TEST_CASE("hybrid refuses a cluster without ps and recoveries (not built), by name",
           "[hybrid][train]") {
   auto net = make_net(table_spec(false));

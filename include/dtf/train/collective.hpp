@@ -136,7 +136,7 @@ struct collective_session {
   std::optional<monitored_training_session> session;
   std::optional<hooks::stop_on_signal> signals;
   std::shared_ptr<summary_writer> writer;
-  std::function<void(const checkpoint_manifest&)> restore_elsewhere;  ///< rank 0, before the broadcast (hybrid: the tables)
+  std::function<void(const checkpoint_manifest&)> restore_elsewhere;  ///< rank 0, before broadcasting (hybrid: tables)
   std::function<void(monitored_training_session&)> add_saver;  ///< in place of rank 0's saver (hybrid: every rank's)
 };
 

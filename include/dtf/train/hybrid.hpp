@@ -96,9 +96,8 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
     };
     s.add_saver = [&job, &ring, &engine, &o, &s](monitored_training_session& session) {
       const checkpoint_options ck{.directory = o.model_dir, .max_to_keep = std::size_t(o.keep_checkpoints)};
-      session.add_hook(hybrid_checkpoints(
-          ring.comm(), [&job, &engine, &s, ck](std::int64_t step) { return save_hybrid(job.ps, ck, s.vars, engine, step); },
-          o.save_checkpoints_steps, o.save_checkpoints_secs));
+      auto save = [&job, &engine, &s, ck](std::int64_t step) { return save_hybrid(job.ps, ck, s.vars, engine, step); };
+      session.add_hook(hybrid_checkpoints(ring.comm(), save, o.save_checkpoints_steps, o.save_checkpoints_secs));
     };
   }
   start_collective_session(s, ring, d, net, engine, ro, std::move(user_hooks)...);
