@@ -20,6 +20,7 @@
 #include <xtensor/xview.hpp>
 
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <mutex>
 
@@ -40,6 +41,9 @@ data::dataset id_data(std::size_t n, std::uint64_t seed) {
   }
   return data::dataset(std::move(x), std::move(y), 0.0f, 1.0f);
 }
+
+// The checkpoint tests' data: 5 batches of 5 an epoch, the last of 3.
+data::dataset make_data() { return id_data(23, 9); }
 
 nn::embedding_sequential make_net(const embedding_spec& table) {
   return nn::embedding_sequential({.table = table, .ids_per_example = L, .combine = nn::embedding_combine::concat},
@@ -290,20 +294,50 @@ TEST_CASE("hybrid engines on 2 ranks, synchronous tables, plain SGD: dense part 
 }
 
 // The phases dtf::train runs on each rank of a 2-worker hybrid job (run_hybrid_rank: engine,
-// session, agreed stop, evaluation, RESULT), over a ring the test builds on free ports (dtf::train
-// would listen on the cluster's addresses) and two ps; every rank reports done before the ring's
-// last barrier, and rank 0 then shuts the ps down, as train_hybrid does. Synchronous tables with plain SGD: the job equals one
-// process trained on both ranks' batches of each step.
+// session, agreed stop, checkpoints, evaluation, RESULT), over a ring the test builds on free
+// ports (dtf::train would listen on the cluster's addresses) and two fresh ps serving
+// o.model_dir; every rank reports done before the ring's last barrier, and rank 0 then shuts the
+// ps down, as train_hybrid does. Returns each rank's result; `ps_step`: ps 0's step at the end.
+std::vector<train_result> two_rank_job(const data::dataset& data, const strategies::hybrid& strategy,
+                                       const train_options& o, std::int64_t* ps_step = nullptr) {
+  std::deque<test::running_ps> servers;
+  cluster c;
+  c.source = "test";
+  for (std::size_t p = 0; p < 2; ++p) {
+    ps_options po{test::opts("ps." + std::to_string(p))};
+    po.transport.cluster_id.clear();
+    po.transport.log = [](const std::string&) {};
+    po.checkpoint_dir = o.model_dir;
+    c.spec.jobs["ps"][p] = servers.emplace_back(std::move(po)).address();
+  }
+  c.spec.jobs["worker"][0] = "127.0.0.1:1";  // the ring below is the test's own
+  c.spec.jobs["worker"][1] = "127.0.0.1:2";
+  test::ring_setup setup(2);
+  std::vector<train_result> results(2);
+  test::run_threads(2, [&](std::size_t k) {
+    cluster me = c;
+    me.self = {"worker", k};
+    auto net = make_net(table_spec(false));
+    dtf::detail::ps_job job(me, o, {}, placement{.shards = {}, .num_ps = 2}, dtf::detail::ps_transport(me, o),
+                            std::chrono::steady_clock::now());
+    dtf::detail::ring_job ring;
+    ring.me = me.self.str();
+    collective_options co;
+    co.timeout_ms = 10000;
+    ring.comm_holder.emplace(std::move(setup.listeners[k]), k, setup.addresses, std::vector<std::string>{}, co);
+    results[k] = dtf::detail::run_hybrid_rank(job, ring, data, strategy, net, o);  // reports done
+    if (job.is_chief) dtf::detail::shutdown_ps(job);  // the others may still be leaving
+  });
+  CHECK(servers[0].ps->shutdown_requested());
+  if (ps_step) *ps_step = servers[0].ps->global_step();
+  return results;
+}
+
+// Synchronous tables with plain SGD: the job equals one process trained on both ranks' batches
+// of each step.
 TEST_CASE("hybrid through dtf::train's phases on 2 ranks, synchronous tables: equals one process at the summed batch",
           "[hybrid][train]") {
   const auto spec = table_spec(false);
-  auto ps0 = any_cluster_ps("ps.0"), ps1 = any_cluster_ps("ps.1");
-  cluster c;
-  c.source = "test";
-  c.spec.jobs["ps"][0] = ps0.address();
-  c.spec.jobs["ps"][1] = ps1.address();
-  c.spec.jobs["worker"][0] = "127.0.0.1:1";  // the ring below is the test's own
-  c.spec.jobs["worker"][1] = "127.0.0.1:2";
   const auto data = id_data(20, 17);  // a shard of 10 per rank: 2 batches of 5 an epoch
   const float lr = 0.3f, table_lr = 0.5f;
   train_options o{.name = "hybrid-2", .epochs = 2, .batch = 5, .seed = 7, .summary_every = 0, .log_every = 0,
@@ -319,29 +353,13 @@ TEST_CASE("hybrid through dtf::train's phases on 2 ranks, synchronous tables: eq
   };
   const strategies::hybrid strategy({.dense = {.rule = optim::sgd{lr}, .bucket_bytes = 1},
                                      .tables = strategies::table_updates::synchronous});
-  test::ring_setup setup(2);
-  std::vector<train_result> results(2);
-  std::vector<std::vector<float>> replicas(2);
-  test::run_threads(2, [&](std::size_t k) {
-    cluster me = c;
-    me.self = {"worker", k};
-    auto net = make_net(spec);
-    dtf::detail::ps_job job(me, o, {}, placement{.shards = {}, .num_ps = 2}, dtf::detail::ps_transport(me, o),
-                            std::chrono::steady_clock::now());
-    dtf::detail::ring_job ring;
-    ring.me = me.self.str();
-    collective_options co;
-    co.timeout_ms = 10000;
-    ring.comm_holder.emplace(std::move(setup.listeners[k]), k, setup.addresses, std::vector<std::string>{}, co);
-    results[k] = dtf::detail::run_hybrid_rank(job, ring, data, strategy, net, o);  // reports done
-    if (job.is_chief) dtf::detail::shutdown_ps(job);  // the others may still be leaving
-  });
+  std::int64_t ps_step = -1;
+  const auto results = two_rank_job(data, strategy, o, &ps_step);
   for (const auto& r : results) {
     CHECK(r.exit_code == 0);
     CHECK(r.global_step == 4);
   }
-  CHECK(ps0.ps->shutdown_requested());
-  CHECK(ps0.ps->global_step() == 4);  // the ps's step is the ring's
+  CHECK(ps_step == 4);  // the ps's step is the ring's
 
   // The reference: each step, rank 0's and rank 1's batches (their shards, shuffled with seed + k)
   // as one batch of 10.
@@ -371,7 +389,161 @@ TEST_CASE("hybrid through dtf::train's phases on 2 ranks, synchronous tables: eq
   }
 }
 
-TEST_CASE("hybrid refuses a cluster without ps, checkpoints and recoveries (not built), by name",
+// A hybrid job through dtf::train on one worker and `num_ps` ps (fresh ones, serving `dir`),
+// resumed from dir's latest checkpoint when there is one, to `last_step` (0: the epochs' end).
+struct trained_state {
+  std::vector<float> dense, rows;  // the dense part and the whole table at the end
+  std::int64_t step = 0;
+};
+trained_state train_in(std::size_t num_ps, const std::string& dir, std::int64_t last_step,
+                       const strategies::hybrid& strategy, train_options o) {
+  std::deque<test::running_ps> servers;
+  cluster c;
+  c.source = "test";
+  for (std::size_t p = 0; p < num_ps; ++p) {
+    ps_options po{test::opts("ps." + std::to_string(p))};
+    po.transport.cluster_id.clear();
+    po.transport.log = [](const std::string&) {};
+    po.checkpoint_dir = dir;
+    c.spec.jobs["ps"][p] = servers.emplace_back(std::move(po)).address();
+  }
+  c.spec.jobs["worker"][0] = "127.0.0.1:0";
+  c.self = {"worker", 0};
+  auto net = make_net(table_spec(false));
+  trained_state t;
+  o.model_dir = dir;
+  o.last_step = last_step;
+  o.evaluate_rows = [&t](std::span<const float> p, const row_reader& read) {
+    t.dense = test::host_copy(p);
+    t.rows.assign(V * D, 0.0f);
+    read(0, std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6}, t.rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const auto r = train(c, net, make_data(), strategy, o);
+  CHECK(r.exit_code == 0);
+  t.step = r.global_step;
+  return t;
+}
+
+// Two ranks save together: every rank's pushes of a step acknowledged before rank 0 saves it,
+// the seconds cadence decided by rank 0 for both (here every step). Synchronous tables average
+// two contributions (a sum of two is exact in either order), so the job is deterministic.
+TEST_CASE("hybrid checkpoints on 2 ranks, synchronous tables: saved every step and resumed from step 2, the job "
+          "equals the uninterrupted one bit for bit",
+          "[hybrid][train][checkpoint]") {
+  const auto data = id_data(20, 17);  // 2 batches of 5 an epoch per rank
+  train_options o{.name = "hybrid-2-ckpt", .epochs = 2, .batch = 5, .seed = 7, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  o.embedding_rule = optim::adagrad{.learning_rate = 0.1f};
+  o.save_checkpoints_secs = 1e-9;  // due after every step, on rank 0's clock
+  trained_state at;
+  o.evaluate_rows = [&at](std::span<const float> p, const row_reader& read) {
+    at.dense = test::host_copy(p);
+    at.rows.assign(V * D, 0.0f);
+    read(0, std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6}, at.rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const strategies::hybrid strategy({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}, .bucket_bytes = 1},
+                                     .tables = strategies::table_updates::synchronous});
+  test::temp_dir whole("hybrid2-whole"), parts("hybrid2-parts");
+  auto run = [&](const test::temp_dir& dir, std::int64_t last_step) {
+    auto opts = o;
+    opts.model_dir = dir.path().string();
+    opts.last_step = last_step;
+    for (const auto& r : two_rank_job(data, strategy, opts)) CHECK(r.exit_code == 0);
+    return at;
+  };
+  const auto full = run(whole, 0);
+  const auto first = run(parts, 2);
+  const auto state = read_checkpoint_state(parts.path());
+  REQUIRE(state);
+  CHECK(state->all == std::vector<std::string>{"ckpt-0", "ckpt-1", "ckpt-2"});
+  for (const auto& name : state->all) {
+    CAPTURE(name);
+    CHECK(name == "ckpt-" + std::to_string(verify_checkpoint(parts.path(), name).global_step));
+  }
+  CHECK(read_checkpoint(parts.path(), "ckpt-2").values == first.dense);
+  const auto resumed = run(parts, 0);
+  CHECK(resumed.dense == full.dense);
+  CHECK(resumed.rows == full.rows);
+  CHECK(resumed.rows != first.rows);
+}
+
+TEST_CASE("hybrid checkpoints: a job saved at step 4 and resumed equals the uninterrupted run bit for bit, restored "
+          "into another number of ps; every file of a checkpoint of one step",
+          "[hybrid][train][checkpoint]") {
+  const auto mode = GENERATE(strategies::table_updates::asynchronous, strategies::table_updates::synchronous);
+  // The ps of the run that saves (the restore at its step takes the other count, the resumed run 2).
+  const std::size_t saved_by = mode == strategies::table_updates::asynchronous ? 1 : 2;
+  CAPTURE(strategies::to_string(mode), saved_by);
+  // Adam's slots and update count on the dense side, Adagrad's accumulators on the rows: a
+  // restore that lost any of them would not reproduce the run.
+  const strategies::hybrid strategy({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}}, .tables = mode});
+  train_options o{.name = "hybrid-ckpt", .epochs = 2, .batch = 5, .seed = 11, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  o.embedding_rule = optim::adagrad{.learning_rate = 0.1f};
+  o.save_checkpoints_steps = 3;
+  o.save_checkpoints_secs = 0;
+  test::temp_dir whole("hybrid-whole"), parts("hybrid-parts");
+  const auto full = train_in(2, whole.path().string(), 0, strategy, o);  // the independent reference
+  REQUIRE(full.step == 10);
+
+  const auto first = train_in(saved_by, parts.path().string(), 4, strategy, o);
+  REQUIRE(first.step == 4);
+  // Saved at the start, every 3 steps and at the end; every file holds its checkpoint's step
+  // (verify_checkpoint checks each shard file's header) and the manifest names it.
+  const auto state = read_checkpoint_state(parts.path());
+  REQUIRE(state);
+  CHECK(state->all == std::vector<std::string>{"ckpt-0", "ckpt-3", "ckpt-4"});
+  for (const auto& name : state->all) {
+    CAPTURE(name);
+    const auto m = verify_checkpoint(parts.path(), name);
+    CHECK(name == "ckpt-" + std::to_string(m.global_step));
+    CHECK(m.num_ps == saved_by);
+    CHECK(m.synchronous == (mode == strategies::table_updates::synchronous));
+    CHECK(m.table_files.size() == saved_by);
+    CHECK(m.rule == "adam");
+  }
+  // The checkpoint holds the state the run ended with, both halves.
+  const auto saved = read_checkpoint(parts.path(), "ckpt-4");
+  CHECK(saved.values == first.dense);
+  const auto rows = read_checkpoint_table(checkpoint_reader::open(parts.path(), "ckpt-4"), "words");
+  CHECK(rows.ids == std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6});
+  CHECK(rows.rows == first.rows);
+
+  // Restored into the other number of ps at its own step: the same rows and dense values.
+  const auto again = train_in(3 - saved_by, parts.path().string(), 4, strategy, o);
+  CHECK(again.step == 4);
+  CHECK(again.dense == first.dense);
+  CHECK(again.rows == first.rows);
+
+  // Resumed into 2 ps to the end: the uninterrupted run's bits.
+  const auto resumed = train_in(2, parts.path().string(), 0, strategy, o);
+  CHECK(resumed.step == 10);
+  CHECK(resumed.dense == full.dense);
+  CHECK(resumed.rows == full.rows);
+  CHECK(resumed.rows != first.rows);
+}
+
+TEST_CASE("hybrid refuses to resume from a checkpoint without tables (a ring_allreduce job's), naming it",
+          "[hybrid][train][checkpoint]") {
+  test::temp_dir dir("hybrid-dense-only");
+  auto net = make_net(table_spec(false));
+  const auto values = test::initial_parameters(net, 1);
+  (void)write_checkpoint({.directory = dir.path().string()},
+                         {.variables = net.variables(), .values = values, .rule = "sgd", .global_step = 2});
+  train_options o{.name = "hybrid-refuse", .epochs = 1, .batch = 5, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  try {
+    (void)train_in(1, dir.path().string(), 0, strategies::hybrid(), o);
+    FAIL("a checkpoint without tables was restored");
+  } catch (const dtf::error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK_THAT(e.what(), Catch::Contains("checkpoint ckpt-2") && Catch::Contains("holds no embedding table"));
+  }
+}
+
+TEST_CASE("hybrid refuses a cluster without ps and recoveries (not built), by name",
           "[hybrid][train]") {
   auto net = make_net(table_spec(false));
   const auto data = id_data(10, 1);
@@ -392,9 +564,6 @@ TEST_CASE("hybrid refuses a cluster without ps, checkpoints and recoveries (not 
   c.spec.jobs["ps"][0] = "127.0.0.1:1";
   c.spec.jobs["worker"][0] = "127.0.0.1:2";
   c.self = {"worker", 0};
-  auto with_dir = o;
-  with_dir.model_dir = "/nonexistent/hybrid";
-  refused(c, strategies::hybrid(), with_dir, "model_dir: checkpoints of a hybrid job");
   auto with_recoveries = o;
   with_recoveries.max_recoveries = 1;
   refused(c, strategies::hybrid(), with_recoveries, "max_recoveries");

@@ -237,14 +237,13 @@ struct host_checkpoint_state {
   std::int64_t global_step = 0;
 };
 
-/// Saves a checkpoint from one process's host buffers in the same format the ps tasks write
-/// (one shard file "NAME.ps-0-of-1.shard" holding every variable whole, then the manifest and
-/// the state file; crash-safe; max_to_keep pruning), so checkpoint_reader, restore and
-/// dtf-ckpt treat it like any other. NAME is "<prefix>-<global_step>". Returns the manifest
-/// written. Errors: errc::invalid_argument (a slot or variable that does not fit the values,
-/// a rule whose slot count differs), errc::io_error (a file cannot be written).
-inline checkpoint_manifest write_checkpoint(const checkpoint_options& options, const host_checkpoint_state& state,
-                                            const checkpoint_fault& fault = {}) {
+namespace detail::ckpt {
+
+/// The variables of `state`, each whole in one shard of ps 0's file: their entries in `m`
+/// (variables, shards, rule and slot count) and the file's records (pointing into `state`).
+/// Errors: errc::invalid_argument (a slot or variable that does not fit the values, a rule
+/// whose slot count differs).
+inline std::vector<shard_record> whole_variables(const host_checkpoint_state& state, checkpoint_manifest& m) {
   const std::string rule = state.rule.empty() ? "sgd" : state.rule;
   const int rule_slots = detail::ckpt::rule_slots(rule);
   if (rule_slots < 0 || std::size_t(rule_slots) != state.slots.size())
@@ -254,25 +253,40 @@ inline checkpoint_manifest write_checkpoint(const checkpoint_options& options, c
     if (s.size() != state.values.size())
       throw error(errc::invalid_argument, "write_checkpoint: a slot of " + std::to_string(s.size()) +
                                               " floats for " + std::to_string(state.values.size()) + " values");
-  checkpoint_manifest m;
-  m.name = options.prefix + "-" + std::to_string(state.global_step);
-  m.global_step = state.global_step;
-  m.num_ps = 1;
   m.rule = rule;
   m.num_slots = state.slots.size();
-  std::vector<detail::ckpt::shard_record> records;
+  std::vector<shard_record> records;
   for (std::size_t i = 0; i < state.variables.size(); ++i) {
     const auto& v = state.variables[i];
     if (v.offset > state.values.size() || v.size() > state.values.size() - v.offset)
       throw error(errc::invalid_argument, "write_checkpoint: variable '" + v.name + "' lies outside the " +
                                               std::to_string(state.values.size()) + " values");
+    const std::size_t index = m.variables.size();
     m.variables.push_back({v.name, v.shape, v.offset, state.iterations});
-    m.shards.push_back({std::uint32_t(i), i, 0, 0, 0, v.shape.empty() ? 1 : v.shape[0], v.offset, v.size()});
-    detail::ckpt::shard_record r{.id = std::uint32_t(i), .size = v.size(), .iterations = state.iterations, .tensors = {}};
+    m.shards.push_back({std::uint32_t(index), index, 0, 0, 0, v.shape.empty() ? 1 : v.shape[0], v.offset, v.size()});
+    shard_record r{.id = std::uint32_t(index), .size = v.size(), .iterations = state.iterations, .tensors = {}};
     r.tensors.push_back(state.values.data() + v.offset);
     for (const auto& s : state.slots) r.tensors.push_back(s.data() + v.offset);
     records.push_back(std::move(r));
   }
+  return records;
+}
+
+}  // namespace detail::ckpt
+
+/// Saves a checkpoint from one process's host buffers in the same format the ps tasks write
+/// (one shard file "NAME.ps-0-of-1.shard" holding every variable whole, then the manifest and
+/// the state file; crash-safe; max_to_keep pruning), so checkpoint_reader, restore and
+/// dtf-ckpt treat it like any other. NAME is "<prefix>-<global_step>". Returns the manifest
+/// written. Errors: errc::invalid_argument (a slot or variable that does not fit the values,
+/// a rule whose slot count differs), errc::io_error (a file cannot be written).
+inline checkpoint_manifest write_checkpoint(const checkpoint_options& options, const host_checkpoint_state& state,
+                                            const checkpoint_fault& fault = {}) {
+  checkpoint_manifest m;
+  m.name = options.prefix + "-" + std::to_string(state.global_step);
+  m.global_step = state.global_step;
+  m.num_ps = 1;
+  const auto records = detail::ckpt::whole_variables(state, m);
   m.files.push_back(detail::ckpt::write_shard_file(options.directory, m.name, 0, 1, state.global_step, m.num_slots,
                                                    records, fault));
   commit_checkpoint(options.directory, m, options.max_to_keep);

@@ -43,17 +43,19 @@ std::vector<float> host_parameters(const Engine& e) {
   return host;
 }
 
-/// Rank 0's checkpoint of the replicated state at `step`.
+/// Rank 0's checkpoint of the replicated state at `step`; `write`, when given, writes it in
+/// place of write_checkpoint (a hybrid job's, beside the tables the ps write).
 template <class Engine>
-checkpoint_manifest save_replicated(const checkpoint_options& ck, const std::vector<variable_spec>& variables,
-                                    const Engine& e, std::int64_t step) {
+checkpoint_manifest save_replicated(
+    const checkpoint_options& ck, const std::vector<variable_spec>& variables, const Engine& e, std::int64_t step,
+    const std::function<checkpoint_manifest(const host_checkpoint_state&)>& write = {}) {
   const auto values = host_parameters(e);
   const auto& opt = e.optimizer();
   const auto slots = opt.host_slots();
   host_checkpoint_state state{.variables = variables, .values = values, .rule = opt.rule_name(),
                               .slots = {}, .iterations = opt.iterations(), .global_step = step};
   for (const auto& s : slots) state.slots.emplace_back(s);
-  return write_checkpoint(ck, state);
+  return write ? write(state) : write_checkpoint(ck, state);
 }
 
 /// Every rank: rank 0 reads the latest checkpoint under `model_dir` (when there is one) and

@@ -179,11 +179,14 @@ inline std::int64_t restore_by_ps(ps_client& client, const checkpoint_manifest& 
 /// "<prefix>-<step>"; without `step`, the global step read from ps 0 first. Returns the
 /// manifest (its global_step: ps 0's at the time of the save; in synchronous training the step
 /// every ps saved, ps 0 holding its decisions meanwhile: sync_client::hold_steps).
+/// `complete`, when given, sees the manifest before it is committed (the steps still held): a
+/// hybrid job's rank 0 adds the dense variables it holds (dtf/train/hybrid_checkpoint.hpp).
 /// Errors: errc::io_error / peer_failure when a ps cannot write its file (the previous
 /// checkpoint stays the latest); errc::invalid_argument when vars do not match the placement.
 inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_options& options,
                                          const std::vector<variable_spec>& vars,
-                                         std::optional<std::int64_t> step = std::nullopt) {
+                                         std::optional<std::int64_t> step = std::nullopt,
+                                         const std::function<void(checkpoint_manifest&)>& complete = {}) {
   for (const auto& sh : client.layout().shards)
     if (sh.variable >= vars.size())
       throw error(errc::invalid_argument, "save_checkpoint: the placement names variable " +
@@ -252,6 +255,7 @@ inline checkpoint_manifest save_checkpoint(ps_client& client, const checkpoint_o
   // The positions reported by now: each at or past the work in the shards just saved (a task
   // restarted from this checkpoint may skip the few batches in between, never repeat one).
   m.positions = recorded_positions(client);
+  if (complete) complete(m);
   commit_checkpoint(options.directory, m, options.max_to_keep);
   return m;
 }

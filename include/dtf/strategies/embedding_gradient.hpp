@@ -39,48 +39,81 @@ void add_tables(const M& m, embedding_tables& tables, std::size_t num_ps) {
   }
 }
 
+/// A batch's rows, per table of an embedding model (a worker's and a hybrid rank's scratch,
+/// kept across batches): each table's ids of the batch, their lookup (distinct ids by ps), the
+/// rows gathered, the rows' gradients, and the model's view of them.
+class batch_rows {
+ public:
+  /// Plans batch `b`'s lookups in every table of `tables` (m's, in order); gathers nothing yet.
+  template <embedding_model M>
+  void plan(M& m, embedding_tables& tables, const data::host_batch& b) {
+    const std::size_t n = tables.size();
+    ids_.resize(n);
+    lookups_.resize(n);
+    values_.resize(n);
+    grads_.resize(n);
+    rows_.resize(n);
+    for (std::size_t t = 0; t < n; ++t) {
+      m.embedding_ids(b, t, ids_[t]);
+      tables.plan(std::uint32_t(t), ids_[t], lookups_[t]);
+      const std::size_t floats = lookups_[t].rows() * lookups_[t].dim;
+      values_[t].resize(floats);
+      grads_[t].resize(floats);
+    }
+  }
+  /// Gathers the planned rows; returns the model's view of them, their gradients to fill
+  /// (valid until the next plan).
+  std::span<const embedding_rows> gather(embedding_tables& tables) {
+    for (std::size_t t = 0; t < lookups_.size(); ++t) {
+      tables.gather(lookups_[t], values_[t]);
+      rows_[t] = {lookups_[t].dim, lookups_[t].index, values_[t], grads_[t]};
+    }
+    return rows_;
+  }
+  /// Pushes the rows' gradients, each ps applying them on arrival (asynchronous).
+  void push(embedding_tables& tables) {
+    for (std::size_t t = 0; t < lookups_.size(); ++t) tables.push(lookups_[t], grads_[t]);
+  }
+  /// Keeps the rows' gradients as a synchronous contribution (contribution()) instead.
+  void keep() {
+    contribution_.clear();
+    for (std::size_t t = 0; t < lookups_.size(); ++t)
+      contribution_.push_back({lookups_[t].table, lookups_[t].dim, lookups_[t].unique, lookups_[t].ps_begin, grads_[t]});
+  }
+  /// The rows' gradients kept, one entry per table (valid until the next plan).
+  std::span<const sync_rows> contribution() const noexcept { return contribution_; }
+
+ private:
+  std::vector<std::vector<std::uint64_t>> ids_;
+  std::vector<lookup> lookups_;
+  std::vector<std::vector<float>> values_, grads_;
+  std::vector<embedding_rows> rows_;
+  std::vector<sync_rows> contribution_;
+};
+
 template <embedding_model M>
 class embedding_gradient {
  public:
   embedding_gradient(M& m, std::size_t n, ps_client& ps) : model_(m), tables_(ps), staging_(n) {
     add_tables(m, tables_, ps.layout().num_ps);
-    const std::size_t t = tables_.size();
-    ids_.resize(t);
-    lookups_.resize(t);
-    values_.resize(t);
-    grads_.resize(t);
-    rows_.resize(t);
   }
 
   /// Plans the current batch's lookups (distinct ids by ps); gathers nothing yet.
   void set_batch(const data::host_batch& b) {
     assign_from_host(x_, b.features);
     assign_from_host(y_, b.labels);
-    for (std::size_t t = 0; t < tables_.size(); ++t) {
-      model_.embedding_ids(b, t, ids_[t]);
-      tables_.plan(std::uint32_t(t), ids_[t], lookups_[t]);
-      const std::size_t floats = lookups_[t].rows() * lookups_[t].dim;
-      values_[t].resize(floats);
-      grads_[t].resize(floats);
-    }
+    batch_.plan(model_, tables_, b);
   }
 
   float operator()(std::span<const float> at, std::span<float> g) {
-    for (std::size_t t = 0; t < tables_.size(); ++t) {
-      tables_.gather(lookups_[t], values_[t]);
-      rows_[t] = {lookups_[t].dim, lookups_[t].index, values_[t], grads_[t]};
-    }
-    const std::span<const embedding_rows> rows(rows_);
+    const std::span<const embedding_rows> rows = batch_.gather(tables_);
     const float loss = staging_(at, g, [&](std::span<const float> p, std::span<float> dg) {
       return model_.loss_and_gradients(p, rows, x_, y_, dg);
     });
-    if (keep_rows_) {
-      contribution_.clear();
-      for (std::size_t t = 0; t < tables_.size(); ++t)
-        contribution_.push_back({lookups_[t].table, lookups_[t].dim, lookups_[t].unique, lookups_[t].ps_begin, grads_[t]});
-    } else {
-      for (std::size_t t = 0; t < tables_.size(); ++t) tables_.push(lookups_[t], grads_[t]);
-    }
+    if (keep_rows_)
+      batch_.keep();
+    else
+      batch_.push(tables_);
     return loss;
   }
 
@@ -88,7 +121,7 @@ class embedding_gradient {
   /// (contribution(), sent with the dense gradient by ps_client::push_sync) instead of pushing.
   void keep_rows() noexcept { keep_rows_ = true; }
   /// The last call's rows' gradients, one entry per table (valid until the next set_batch).
-  std::span<const sync_rows> contribution() const noexcept { return contribution_; }
+  std::span<const sync_rows> contribution() const noexcept { return batch_.contribution(); }
 
   /// The rule the ps apply to the rows (set_rule; create_tables' fallback otherwise).
   void set_rule(optim::rule r) { rule_ = std::move(r); }
@@ -102,13 +135,9 @@ class embedding_gradient {
  private:
   M& model_;
   embedding_tables tables_;
-  std::vector<std::vector<std::uint64_t>> ids_;
-  std::vector<lookup> lookups_;
-  std::vector<std::vector<float>> values_, grads_;
-  std::vector<embedding_rows> rows_;
+  batch_rows batch_;
   bool keep_rows_ = false;
   std::optional<optim::rule> rule_;
-  std::vector<sync_rows> contribution_;
   dense_staging staging_;
   tensor x_, y_;
 };

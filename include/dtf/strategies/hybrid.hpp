@@ -148,12 +148,6 @@ class hybrid_engine {
   hybrid_engine(communicator& comm, ps_client& ps, M& net, hybrid_config config)
       : config_(config), net_(net), ps_(ps), tables_(ps), tower_(net), ring_(comm, tower_, config.dense) {
     detail::add_tables(net, tables_, ps.layout().num_ps);
-    const std::size_t t = tables_.size();
-    ids_.resize(t);
-    lookups_.resize(t);
-    values_.resize(t);
-    grads_.resize(t);
-    rows_.resize(t);
   }
   hybrid_engine(const hybrid_engine&) = delete;  // the ring engine refers to tower_
   hybrid_engine& operator=(const hybrid_engine&) = delete;
@@ -167,30 +161,24 @@ class hybrid_engine {
   /// ranks), and initialises the dense variables from `seed`; every rank receives them. The
   /// broadcast comes after the ps are ready, so no rank gathers from a table not created yet.
   void initialize(std::uint64_t seed) {
-    const optim::rule& rows_rule = rule_ ? *rule_ : config_.dense.rule;
     if (ring_.comm().rank() == 0) {
-      for (std::uint32_t t = 0; t < tables_.size(); ++t) tables_.create(t, rows_rule);
-      if (config_.tables == table_updates::synchronous) {
-        const std::size_t n = ring_.comm().size();
-        ps_.initialize({}, ps_config{.rule = rows_rule, .replicas_to_aggregate = n, .num_workers = n});
-      }
+      for (std::uint32_t t = 0; t < tables_.size(); ++t) tables_.create(t, ps_settings().rule);
+      if (config_.tables == table_updates::synchronous) ps_.initialize({}, ps_settings());
     }
     ring_.initialize(seed);
+  }
+  /// The ps's configuration: the rows' rule; synchronous tables: the protocol's N = the ranks
+  /// (what initialize and a restore of the ps give them).
+  ps_config ps_settings() {
+    const std::size_t n = config_.tables == table_updates::synchronous ? ring_.comm().size() : 0;
+    return {.rule = rule_ ? *rule_ : config_.dense.rule, .replicas_to_aggregate = n, .num_workers = n};
   }
 
   /// One step on this rank's batch (see the file comment); returns the loss averaged over the
   /// ranks' batches.
   float step(const data::host_batch& b) {
-    for (std::size_t t = 0; t < tables_.size(); ++t) {
-      net_.embedding_ids(b, t, ids_[t]);
-      tables_.plan(std::uint32_t(t), ids_[t], lookups_[t]);
-      const std::size_t floats = lookups_[t].rows() * lookups_[t].dim;
-      values_[t].resize(floats);
-      grads_[t].resize(floats);
-      tables_.gather(lookups_[t], values_[t]);
-      rows_[t] = {lookups_[t].dim, lookups_[t].index, values_[t], grads_[t]};
-    }
-    tower_.set_rows(rows_, [this] { push_rows(); });
+    batch_.plan(net_, tables_, b);
+    tower_.set_rows(batch_.gather(tables_), [this] { push_rows(); });
     return ring_.step(b);
   }
   /// dtf::train's form: this rank's one batch (errc::invalid_argument for any other count).
@@ -228,15 +216,10 @@ class hybrid_engine {
  private:
   // Step 3 of the file comment: the rows' gradients to the ps (global_step(): the step running).
   void push_rows() {
-    if (config_.tables == table_updates::asynchronous) {
-      for (std::size_t t = 0; t < tables_.size(); ++t) tables_.push(lookups_[t], grads_[t]);
-      return;
-    }
-    contribution_.clear();
-    for (std::size_t t = 0; t < tables_.size(); ++t)
-      contribution_.push_back({lookups_[t].table, lookups_[t].dim, lookups_[t].unique, lookups_[t].ps_begin, grads_[t]});
+    if (config_.tables == table_updates::asynchronous) return batch_.push(tables_);
+    batch_.keep();
     const std::int64_t step = ring_.global_step();
-    const auto r = ps_.push_sync({}, step, std::nullopt, false, contribution_);
+    const auto r = ps_.push_sync({}, step, std::nullopt, false, batch_.contribution());
     if (r.dropped || r.global_step != step + 1)
       throw error(errc::invalid_argument, "hybrid: the ring is at step " + std::to_string(step) +
                                               ", the parameter servers " + (r.dropped ? "had finished it (at step " : "at step ") +
@@ -248,11 +231,7 @@ class hybrid_engine {
   ps_client& ps_;
   embedding_tables tables_;
   std::optional<optim::rule> rule_;
-  std::vector<std::vector<std::uint64_t>> ids_;
-  std::vector<lookup> lookups_;
-  std::vector<std::vector<float>> values_, grads_;
-  std::vector<embedding_rows> rows_;
-  std::vector<sync_rows> contribution_;  // synchronous tables: the step's rows
+  detail::batch_rows batch_;  // the step's rows, per table
   detail::dense_tower<M> tower_;
   ring_allreduce<detail::dense_tower<M>> ring_;  // last: its communication thread stops first
 };

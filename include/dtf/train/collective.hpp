@@ -136,6 +136,8 @@ struct collective_session {
   std::optional<monitored_training_session> session;
   std::optional<hooks::stop_on_signal> signals;
   std::shared_ptr<summary_writer> writer;
+  std::function<void(const checkpoint_manifest&)> restore_elsewhere;  ///< rank 0, before broadcasting (hybrid: tables)
+  std::function<void(monitored_training_session&)> add_saver;  ///< in place of rank 0's saver (hybrid: every rank's)
 };
 
 /// The scaffold of a collective session: rank 0 restores and broadcasts (buffers included).
@@ -146,6 +148,7 @@ session_scaffold collective_session_scaffold(collective_session& s, ring_job& ri
   auto check = [&s, &o](const checkpoint_manifest& man) {
     s.restored = "checkpoint " + man.name + " of " + o.model_dir;
     (void)check_start_step(man.global_step, s.end, s.restored);
+    if (s.restore_elsewhere) s.restore_elsewhere(man);
   };
   session_scaffold scaffold = hooks::collective_scaffold(ring.comm(), o.model_dir, s.vars, engine, me, check);
   if constexpr (has_buffers<M>) {
@@ -207,7 +210,9 @@ void start_collective_session(collective_session& s, ring_job& ring, const repli
   // num_steps: N more steps from wherever this run starts (a resumed run included).
   s.writer = add_standard_hooks(session, o, o.num_steps > 0 ? std::nullopt : std::optional(d.epochs_last_step), me,
                                 is_chief);
-  if (!o.model_dir.empty()) {
+  if (s.add_saver) {
+    s.add_saver(session);
+  } else if (!o.model_dir.empty()) {
     const checkpoint_options ck{.directory = o.model_dir, .max_to_keep = std::size_t(o.keep_checkpoints)};
     session.add_chief_hook(hooks::checkpoint_saver(
         [&s, &net, &engine, ck](std::int64_t step) {

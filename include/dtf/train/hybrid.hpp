@@ -3,9 +3,9 @@
 // tasks. See dtf/train.hpp for the whole picture.
 //
 // train_hybrid reuses the phases of the other two paths, in order, with what each guarantees:
-//   refusals          a cluster without ps tasks, model_dir (checkpoints of both halves are not
-//                     built yet) and max_recoveries (nor is the recovery of a lost ps) are
-//                     errc::invalid_config naming the strategy, before anything connects.
+//   refusals          a cluster without ps tasks and max_recoveries (the recovery of a lost ps
+//                     is not built) are errc::invalid_config naming the strategy, before
+//                     anything connects.
 //   ps role           serve_ps (ps_job.hpp) with a placement of no dense shard: the ps holds the
 //                     tables only; served until rank 0's shutdown.
 //   connect           the ps_job constructor (ps_job.hpp): connected to every ps; then
@@ -16,8 +16,12 @@
 //                     rule: options.embedding_rule, else the dense rule) and, with synchronous
 //                     tables, initialises the ps for the sync protocol (no dense shard), then
 //                     broadcasts the dense variables initialised from the seed; then start_collective_session:
-//                     the session with the collective path's hooks (the agreed stop last).
-//   resume, run       replica_positions (the start: no restore yet), run_replicas: one host
+//                     the session with the collective path's hooks (the agreed stop last), with
+//                     model_dir the checkpoints of both halves (dtf/train/hybrid_checkpoint.hpp:
+//                     hybrid_checkpoints on every rank in place of rank 0's saver) and the restore
+//                     of the latest: rank 0 restores the tables into the ps (restore_hybrid) before
+//                     it broadcasts the dense part.
+//   resume, run       replica_positions (where the global step puts each rank), run_replicas: one host
 //                     batch per rank and step until the ranks agree to stop; rank 0 evaluates
 //                     after each epoch through options.evaluate_rows (the dense replica and a
 //                     reader of the rows on the ps).
@@ -36,6 +40,7 @@
 #include <dtf/partitioners.hpp>
 #include <dtf/strategies/hybrid.hpp>
 #include <dtf/train/collective.hpp>
+#include <dtf/train/hybrid_checkpoint.hpp>
 #include <dtf/train/options.hpp>
 #include <dtf/train/ps_job.hpp>
 
@@ -52,9 +57,6 @@ inline void check_hybrid_job(const cluster& c, const strategies::hybrid& strateg
   if (c.num_ps() == 0)
     throw error(errc::invalid_config, who + ": the cluster has no ps tasks to hold the embedding tables "
                                             "(a model without tables trains with dtf::strategies::ring_allreduce)");
-  if (!o.model_dir.empty())
-    throw error(errc::invalid_config, who + ": model_dir: checkpoints of a hybrid job (tables and dense part) are "
-                                            "not built yet (docs/design/hybrid.md section 3)");
   if (o.max_recoveries > 0)
     throw error(errc::invalid_config, who + ": max_recoveries: a hybrid job does not recover a lost ps yet "
                                             "(docs/design/hybrid.md section 4)");
@@ -88,6 +90,16 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
   engine.initialize(o.seed);
   const train_options ro = hybrid_ring_options(o, engine, job.c.num_ps());
   collective_session s;
+  if (!o.model_dir.empty()) {  // both halves in every checkpoint, restored together
+    s.restore_elsewhere = [&job, &engine, &o](const checkpoint_manifest& man) {
+      restore_hybrid(job.ps, o.model_dir, man, engine.tables(), engine.ps_settings());
+    };
+    s.add_saver = [&job, &ring, &engine, &o, &s](monitored_training_session& session) {
+      const checkpoint_options ck{.directory = o.model_dir, .max_to_keep = std::size_t(o.keep_checkpoints)};
+      auto save = [&job, &engine, &s, ck](std::int64_t step) { return save_hybrid(job.ps, ck, s.vars, engine, step); };
+      session.add_hook(hybrid_checkpoints(ring.comm(), save, o.save_checkpoints_steps, o.save_checkpoints_secs));
+    };
+  }
   start_collective_session(s, ring, d, net, engine, ro, std::move(user_hooks)...);
   if (ring.is_chief()) {  // the job is not mistaken for a plain ring job
     std::printf("%s: hybrid: %zu embedding tables on %zu ps (%s updates), the dense part by ring-allreduce over "
