@@ -93,7 +93,10 @@ run() {
     tail -n 20 "$log" | sed 's/^/    /'
     return 1
   fi
-  echo "run=$name round=$r load1=$(cut -d' ' -f1 /proc/loadavg) ${line#RESULT }" >>"$OUT"
+  # The dtf chief's last line: the untrained model's and the uniform perplexity.
+  local against
+  against=$(grep -o "[0-9.]* untrained, [0-9]* uniform" "$log" | head -n1 | awk '{print "untrained=" $1, "uniform=" $3}')
+  echo "run=$name round=$r load1=$(cut -d' ' -f1 /proc/loadavg) ${line#RESULT } $against" >>"$OUT"
   echo "  $name: ${line#RESULT }"
 }
 
@@ -115,7 +118,7 @@ for line in open(out):
     kv = dict(re.findall(r"(\w+)=(\S+)", line))
     runs.setdefault(kv["run"], []).append(
         (examples / float(kv["wall_s"]), float(kv["perplexity"]), float(kv["accuracy"]), float(kv["load1"])))
-    for k in ("uniform_perplexity", "untrained_perplexity"):
+    for k in ("uniform", "untrained"):
         if k in kv: reference[k] = float(kv[k])
 med = statistics.median
 labels = [("ring", "dtf ring-allreduce, 2 processes"), ("downpour", "dtf DOWNPOUR, 1 ps + 2 workers"),
@@ -130,8 +133,8 @@ for key, label in labels:
     else:
         print(f"  {label:34} {'(no result)':>10}")
 if reference:
-    print(f"  untrained model's test perplexity {reference.get('untrained_perplexity', float('nan')):.1f}, "
-          f"uniform over the vocabulary {reference.get('uniform_perplexity', float('nan')):.0f}")
+    print(f"  untrained model's test perplexity {reference.get('untrained', float('nan')):.1f}, "
+          f"uniform over the vocabulary {reference.get('uniform', float('nan')):.0f}")
 print(f"load averages (1, 5, 15 min): start {start_load}; end {end_load}")
 PY
 echo "uptime after: $(uptime)"

@@ -1,8 +1,8 @@
 // torch_transformer — a small Transformer language model written with LibTorch's modules (word
 // and position embeddings, TransformerEncoder, a linear head; model.hpp) made a dtf model by
 // dtf::torch::module_model, trained to predict the next word of next_word's King James text by
-// a dtf strategy. The chief prints the untrained model's test perplexity first and the trained
-// one's on its RESULT line (perplexity=...):
+// a dtf strategy. The chief prints the test perplexity on its RESULT line (perplexity=...), then
+// beside the untrained model's and the uniform distribution's:
 //   apt-get install bible-kjv bible-kjv-text
 //   dtfrun --workers 2 -- build/examples/torch_transformer --strategy ring_allreduce
 //   dtfrun --ps 1 --workers 2 -- build/examples/torch_transformer --strategy downpour
@@ -51,15 +51,16 @@ int main(int argc, char** argv) try {
   dtf::torch::module_model<examples::TransformerLm> net(
       examples::TransformerLm(sizes), {.threads = tf.blas_threads, .seed = tf.train.seed,
                                        .task = dtf::trainer_index(cluster)});
+  const auto test = corpus::examples(kjv.test, std::size_t(sizes.context), kjv.vocabulary.size()).batch(1000);
   auto options = tf.options(cluster, "torch_transformer_" + strategy);
-  options.evaluate = examples::with_perplexity(dtf::evaluate_on(
-      net, corpus::examples(kjv.test, std::size_t(sizes.context), kjv.vocabulary.size()).batch(1000)));
-  if (cluster.is_chief()) options.result_extra = examples::report_untrained(net, tf.train.seed, options.evaluate);
+  options.evaluate = examples::with_perplexity(dtf::evaluate_on(net, test));
 
   namespace s = dtf::strategies;  // the strategy line: Adam on the ps (DOWNPOUR: a push and a pull every step)
   auto run = [&](auto strategy) { return dtf::train(cluster, net, train, std::move(strategy), options, tf.partitioner()); };
-  return (collective ? run(s::ring_allreduce<>({.rule = dtf::optim::adam{lr}}))
-                     : run(s::downpour({1, 1, dtf::optim::sgd{lr}, dtf::optim::adam{lr}}))).exit_code;
+  const auto r = collective ? run(s::ring_allreduce<>({.rule = dtf::optim::adam{lr}}))
+                            : run(s::downpour({1, 1, dtf::optim::sgd{lr}, dtf::optim::adam{lr}}));
+  if (r.evaluation) examples::report_against_untrained(sizes, tf.train.seed, test, *r.evaluation);
+  return r.exit_code;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "torch_transformer: %s\n", e.what());
   return 2;

@@ -9,7 +9,9 @@
 // all from the job's seed.
 #pragma once
 
+#include <dtf/data/dataset.hpp>
 #include <dtf/nn/evaluate.hpp>
+#include <dtf/torch/module_model.hpp>
 
 #include <torch/torch.h>
 
@@ -69,20 +71,17 @@ inline std::function<dtf::nn::evaluation(std::span<const float>)> with_perplexit
   };
 }
 
-/// The chief's first line: the test perplexity of the untrained model (the parameters
-/// dtf::train starts from: initialize with the job's seed) beside the uniform distribution's,
-/// the vocabulary's size. Returns the RESULT line's tokens for both.
-template <class Model>
-std::string report_untrained(Model& net, std::uint64_t seed,
-                             const std::function<dtf::nn::evaluation(std::span<const float>)>& evaluate) {
-  std::vector<float> p(net.num_parameters());
-  net.initialize(p, seed);
-  const double untrained = std::exp(evaluate(p).loss);
-  const auto uniform = double(net.module()->sizes.vocabulary);
-  std::printf("torch_transformer: %zu parameters; test perplexity untrained %.1f, uniform %.0f\n",
-              net.num_parameters(), untrained, uniform);
-  std::fflush(stdout);
-  return "uniform_perplexity=" + std::to_string(uniform) + " untrained_perplexity=" + std::to_string(untrained);
+/// The chief's last line: the trained model's test perplexity beside the untrained model's
+/// (the parameters dtf::train started from: a fresh network initialised with the job's seed) and
+/// the uniform distribution's (the vocabulary's size).
+inline void report_against_untrained(const transformer_sizes& sizes, std::uint64_t seed, const dtf::data::dataset& test,
+                                     const dtf::nn::evaluation& trained) {
+  dtf::torch::module_model<TransformerLm> fresh(TransformerLm(sizes), {.seed = seed});
+  std::vector<float> p(fresh.num_parameters());
+  fresh.initialize(p, seed);
+  std::printf("torch_transformer: test perplexity %.1f trained, %.1f untrained, %lld uniform (%zu parameters)\n",
+              std::exp(trained.loss), std::exp(dtf::nn::evaluate(fresh, p, test).loss),
+              static_cast<long long>(sizes.vocabulary), fresh.num_parameters());
 }
 
 }  // namespace examples
