@@ -3,31 +3,32 @@
 # (word and position embeddings of 64, 2 post-norm encoder layers of 2 heads and feed-forward
 # 128, a linear head over the vocabulary; 583,456 parameters with 4,000 words) predicting the
 # next word of the King James text from the previous 8 (next_word's corpus: every tenth verse
-# held out), trained three ways on the same examples, one after the other:
+# held out), trained four ways on the same examples, one after the other:
 #   ring      dtf ring-allreduce, 2 processes (Adam 1e-3 on the averaged gradient of 2 x 64)
 #   downpour  dtf DOWNPOUR through 1 ps, 2 workers (a push and a pull every step, Adam 1e-3 on
 #             the ps, each worker's batch of 64)
 #   alone     LibTorch alone, one process (bench_torch_transformer_alone: torch::optim::Adam
 #             1e-3, batch 64), from the dtf jobs' starting weights
+#   alone128  the same at batch 128: the ring's step (2 x 64), so half the updates of batch 64
 # each over the same --train_examples first training examples of the first --max_verses verses
 # (the dtf jobs: each worker its half), one epoch, one thread per process. Reports the test
 # perplexity (exp of the mean test cross-entropy over the held-out verses of those verses) and
 # examples/s = examples / wall_s of the RESULT line (wall_s: from the start of training,
-# connections included, to the end of the final test evaluation; the same for all three),
+# connections included, to the end of the final test evaluation; the same for all four),
 # beside the untrained model's perplexity and the uniform distribution's (the vocabulary's
-# size). With --rounds N the three run N times, the order rotated each round, and the medians
+# size). With --rounds N the four run N times, the order rotated each round, and the medians
 # are reported. The output goes also to benchmarks/results/torch_transformer_<date>.txt.
 #
 # Builds what it needs in the build directory (configured with LibTorch, i.e. dtf::torch
 # defined; turns DTF_BUILD_BENCHMARKS on there if it is off). Installs the text itself if it is
 # missing (never the tests): Debian's bible-kjv with apt (needs root).
 #
-#   benchmarks/torch_transformer.sh [build-dir] [--rounds 1] [--train_examples 100000] [--max_verses 10000]
+#   benchmarks/torch_transformer.sh [build-dir] [--rounds 1] [--train_examples 64000] [--max_verses 10000]
 #   e.g. benchmarks/torch_transformer.sh build-torch
 set -u
 BUILD=${1:-build-torch}
 [[ $# -gt 0 ]] && shift
-ROUNDS=1 EXAMPLES=100000 VERSES=10000
+ROUNDS=1 EXAMPLES=64000 VERSES=10000
 while [[ $# -gt 0 ]]; do
   case $1 in
     --rounds) ROUNDS=$2; shift 2 ;;
@@ -84,6 +85,7 @@ run() {
     ring) cmd=("$DTFRUN" --workers 2 --no-live -- "$MODEL" --strategy ring_allreduce --blas_threads 1) ;;
     downpour) cmd=("$DTFRUN" --ps 1 --workers 2 --no-live -- "$MODEL" --strategy downpour --blas_threads 1) ;;
     alone) cmd=("$ALONE" --threads 1) ;;
+    alone128) cmd=("$ALONE" --threads 1 --batch 128) ;;
   esac
   OMP_NUM_THREADS=1 timeout 1800 "${cmd[@]}" "${DATA[@]}" >"$log" 2>&1
   local rc=$? line
@@ -100,7 +102,7 @@ run() {
   echo "  $name: ${line#RESULT }"
 }
 
-NAMES=(ring downpour alone)
+NAMES=(ring downpour alone alone128)
 for ((r = 1; r <= ROUNDS; r++)); do
   echo "round $r/$ROUNDS (load $(load))"
   for ((i = 0; i < ${#NAMES[@]}; i++)); do  # rotated: round r starts with the r-th contestant
@@ -122,7 +124,7 @@ for line in open(out):
         if k in kv: reference[k] = float(kv[k])
 med = statistics.median
 labels = [("ring", "dtf ring-allreduce, 2 processes"), ("downpour", "dtf DOWNPOUR, 1 ps + 2 workers"),
-          ("alone", "LibTorch alone, 1 process")]
+          ("alone", "LibTorch alone, 1 process"), ("alone128", "LibTorch alone, batch 128")]
 print(f"{examples} training examples, 1 epoch; examples/s = {examples} / wall_s")
 print(f"  {'':34} {'perplexity':>10} {'accuracy':>9} {'examples/s':>11} {'runs':>5} {'load1':>6}")
 for key, label in labels:
