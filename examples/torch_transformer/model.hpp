@@ -1,0 +1,87 @@
+// torch_transformer's network and its helpers. The network: a small Transformer encoder over
+// the previous `context` words of next_word's King James text (word embedding plus a learned
+// position embedding, LibTorch's TransformerEncoder of post-norm layers, no dropout), whose
+// last position's output a linear layer maps to logits over the vocabulary. Also
+// benchmarks/torch_transformer_alone.cpp's (the same network trained by LibTorch alone).
+//
+// Token ids travel as floats (dtf's features are float32; ids below 2^24 are exact) and become
+// int64 in forward. Every layer is a LibTorch built-in, so dtf::torch::module_model draws them
+// all from the job's seed.
+#pragma once
+
+#include <dtf/data/dataset.hpp>
+#include <dtf/nn/evaluate.hpp>
+#include <dtf/torch/module_model.hpp>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace examples {
+
+/// The network's sizes.
+struct transformer_sizes {
+  std::int64_t vocabulary = 4000, context = 8, d_model = 64, heads = 2, layers = 2, feedforward = 128;
+};
+
+struct TransformerLmImpl : torch::nn::Cloneable<TransformerLmImpl> {  // Cloneable: mirrored copies it
+  explicit TransformerLmImpl(transformer_sizes s) : sizes(s) { reset(); }
+  void reset() override {
+    namespace tnn = torch::nn;
+    words = register_module("words", tnn::Embedding(sizes.vocabulary, sizes.d_model));
+    positions = register_module("positions", tnn::Embedding(sizes.context, sizes.d_model));
+    encoder = register_module(
+        "encoder", tnn::TransformerEncoder(tnn::TransformerEncoderOptions(
+                       tnn::TransformerEncoderLayerOptions(sizes.d_model, sizes.heads)
+                           .dim_feedforward(sizes.feedforward)
+                           .dropout(0.0),
+                       sizes.layers)));
+    head = register_module("head", tnn::Linear(sizes.d_model, sizes.vocabulary));
+  }
+  /// x: [batch, context] word ids as floats (the last column the previous word). Returns
+  /// [batch, vocabulary] logits of the next word.
+  torch::Tensor forward(torch::Tensor x) {
+    const auto ids = x.to(torch::kLong);
+    const auto at = torch::arange(sizes.context, torch::TensorOptions().dtype(torch::kLong));
+    auto h = words->forward(ids) + positions->forward(at);  // [batch, context, d_model]
+    h = encoder->forward(h.transpose(0, 1));                // LibTorch 1.13's layers take [seq, batch, d]
+    return head->forward(h[sizes.context - 1]);             // the last position: the next word
+  }
+  transformer_sizes sizes;
+  torch::nn::Embedding words{nullptr}, positions{nullptr};
+  torch::nn::TransformerEncoder encoder{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(TransformerLm);
+
+/// The test perplexity, exp of the mean test cross-entropy, added to an evaluation's figures
+/// (so that the RESULT line ends in perplexity=...).
+inline std::function<dtf::nn::evaluation(std::span<const float>)> with_perplexity(
+    std::function<dtf::nn::evaluation(std::span<const float>)> evaluate) {
+  return [evaluate = std::move(evaluate)](std::span<const float> p) {
+    auto e = evaluate(p);
+    e.metrics.emplace_back("perplexity", std::exp(e.loss));
+    return e;
+  };
+}
+
+/// The chief's last line: the trained model's test perplexity beside the untrained model's
+/// (the parameters dtf::train started from: a fresh network initialised with the job's seed) and
+/// the uniform distribution's (the vocabulary's size).
+inline void report_against_untrained(const transformer_sizes& sizes, std::uint64_t seed, const dtf::data::dataset& test,
+                                     const dtf::nn::evaluation& trained) {
+  dtf::torch::module_model<TransformerLm> fresh(TransformerLm(sizes), {.seed = seed});
+  std::vector<float> p(fresh.num_parameters());
+  fresh.initialize(p, seed);
+  std::printf("torch_transformer: test perplexity %.1f trained, %.1f untrained, %lld uniform (%zu parameters)\n",
+              std::exp(trained.loss), std::exp(dtf::nn::evaluate(fresh, p, test).loss),
+              static_cast<long long>(sizes.vocabulary), fresh.num_parameters());
+}
+
+}  // namespace examples
