@@ -1,4 +1,4 @@
-// bench_torch_overhead — what dtf::torch::module_model (include/dtf/torch/module_model.hpp) adds
+// bench_torch_overhead — what dtf::libtorch::module_model (include/dtf/torch/module_model.hpp) adds
 // to a training step of plain LibTorch, in one process on one thread.
 //
 // The CNN of examples/torch_cnn (conv 32 / BN / ReLU / pool, conv 64 / BN / ReLU / pool, dropout,
@@ -49,7 +49,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) try {
   int rounds = 7, steps = 30, warmup = 10, batch = 64;
   std::string dir = dtf::data::fashion_mnist_default_dir;
-  dtf::flag_parser flags("Per-step cost of dtf::torch::module_model against plain LibTorch (the torch_cnn CNN, one thread).");
+  dtf::flag_parser flags("Per-step cost of dtf::libtorch::module_model against plain LibTorch (the torch_cnn CNN, one thread).");
   flags.add("rounds", rounds, "rounds, each timing --steps steps of plain LibTorch and of the adapter")
       .add("steps", steps, "timed steps of each per round")
       .add("warmup", warmup, "untimed steps of each before the rounds")
@@ -76,7 +76,7 @@ int main(int argc, char** argv) try {
   const auto ty = torch::from_blob(first.labels.data(), {batch}, torch::kInt).to(torch::kLong);
 
   // The adapter, its buffers filled from seed 1; the plain module gets the same weights.
-  dtf::torch::module_model<Cnn> net(Cnn(), {.input_shape = {1, 28, 28}, .threads = 1, .seed = 1});
+  dtf::libtorch::module_model<Cnn> net(Cnn(), {.input_shape = {1, 28, 28}, .threads = 1, .seed = 1});
   std::vector<float> p(net.num_parameters()), g(net.num_parameters());
   net.initialize(p, 1);
   Cnn plain;
@@ -148,7 +148,7 @@ int main(int argc, char** argv) try {
   const double a = median(plain_ms), b = median(adapter_ms);
   const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
   std::printf("plain LibTorch (zero_grad, forward, cross_entropy, backward): median %.3f ms/step\n", a);
-  std::printf("dtf::torch::module_model::loss_and_gradients:                   median %.3f ms/step\n", b);
+  std::printf("dtf::libtorch::module_model::loss_and_gradients:                   median %.3f ms/step\n", b);
   std::printf("overhead: %+.2f%% (rounds' own: median %+.2f%%, %+.2f%% to %+.2f%%); %d rounds x %d steps, batch %d, "
               "1 thread\n",
               100 * (b / a - 1), 100 * (median(ratios) - 1), 100 * (*lo - 1), 100 * (*hi - 1), rounds, steps, batch);

@@ -3,7 +3,7 @@
 // process, on the same examples of the same text (next_word's corpus.hpp, the same flags and
 // defaults), for the same number of examples as the dtf jobs: --epochs passes over the first
 // --train_examples, shuffled with --seed, in batches of --batch, torch::optim::Adam at --lr.
-// The starting weights are the dtf job's (dtf::torch::module_model's initialize with --seed, the
+// The starting weights are the dtf job's (dtf::libtorch::module_model's initialize with --seed, the
 // parameters dtf::train starts from), so the three runs differ only in how they train. Then the
 // test perplexity (exp of the mean cross-entropy over the held-out verses, the module in eval
 // mode) and the time: wall_s from the first step to the end of that evaluation, as the dtf
@@ -67,7 +67,7 @@ int main(int argc, char** argv) try {
   // and the adapter goes (its hooks with it) before LibTorch trains the module alone.
   examples::TransformerLm net(sizes);
   {
-    dtf::torch::module_model<examples::TransformerLm> start(net, {.threads = threads});
+    dtf::libtorch::module_model<examples::TransformerLm> start(net, {.threads = threads});
     std::vector<float> p(start.num_parameters());
     start.initialize(p, seed);
   }

@@ -1,5 +1,5 @@
 // examples/recommender/torch_model.hpp — model.hpp's DLRM-style click model with its dense tower
-// written in LibTorch (dtf::torch::embedding_tower, dtf/torch/embedding_tower.hpp): the same
+// written in LibTorch (dtf::libtorch::embedding_tower, dtf/torch/embedding_tower.hpp): the same
 // hashed table on the ps, the same ids (dlrm's embedding_ids reads them), the same z and top MLP,
 // as a torch::nn module. The program recommender_torch (main.cpp built with RECOMMENDER_TORCH,
 // only where LibTorch is found) trains it with any of the example's strategies.
@@ -45,11 +45,11 @@ struct torch_topImpl : torch::nn::Cloneable<torch_topImpl> {
 };
 TORCH_MODULE(torch_top);
 
-using torch_dlrm = dtf::torch::embedding_tower<torch_top>;
+using torch_dlrm = dtf::libtorch::embedding_tower<torch_top>;
 
 /// dlrm's table and ids for the tower: the 13 numeric columns first, the ids read by dlrm (four
 /// 16-bit pieces each). Errors: dlrm's for a bad config.
-inline dtf::torch::tower_input torch_dlrm_input(const dlrm_config& c) {
+inline dtf::libtorch::tower_input torch_dlrm_input(const dlrm_config& c) {
   auto ids = std::make_shared<const dlrm>(c);  // shared by the tower's copies: read only
   return {.numeric = criteo_dense_columns,
           .tables = {{.table = ids->embeddings().front(), .lookups = criteo_categorical_columns}},

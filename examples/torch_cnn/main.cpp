@@ -1,5 +1,5 @@
 // torch_cnn — a convolutional network written with LibTorch's modules (convolution, BatchNorm,
-// ReLU, pooling, dropout, linear; cnn.hpp) made a dtf model by dtf::torch::module_model, trained
+// ReLU, pooling, dropout, linear; cnn.hpp) made a dtf model by dtf::libtorch::module_model, trained
 // on Fashion-MNIST by a dtf strategy:
 //   dtfrun --ps 1 --workers 2 -- build/examples/torch_cnn --strategy downpour   (or sync_sgd)
 //   dtfrun --workers 2 -- build/examples/torch_cnn --strategy ring_allreduce
@@ -15,7 +15,7 @@
 template <class MakeStrategy>  // strategy = make(cluster)
 int run(dtf::train_flags& tf, const examples::fashion_mnist& data, MakeStrategy make, const std::string& name) {
   const dtf::cluster cluster = tf.resolve_cluster();
-  dtf::torch::module_model<examples::Cnn> net(
+  dtf::libtorch::module_model<examples::Cnn> net(
       examples::Cnn(), {.input_shape = {1, 28, 28}, .threads = tf.blas_threads, .seed = tf.train.seed,
                         .task = dtf::trainer_index(cluster)});
   auto options = tf.options(cluster, name);

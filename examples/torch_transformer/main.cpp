@@ -1,6 +1,6 @@
 // torch_transformer — a small Transformer language model written with LibTorch's modules (word
 // and position embeddings, TransformerEncoder, a linear head; model.hpp) made a dtf model by
-// dtf::torch::module_model, trained to predict the next word of next_word's King James text by
+// dtf::libtorch::module_model, trained to predict the next word of next_word's King James text by
 // a dtf strategy. The chief prints the test perplexity on its RESULT line (perplexity=...), then
 // beside the untrained model's and the uniform distribution's:
 //   apt-get install bible-kjv bible-kjv-text
@@ -48,7 +48,7 @@ int main(int argc, char** argv) try {
   using examples::corpus;
   auto train = corpus::examples(kjv.train, std::size_t(sizes.context), kjv.vocabulary.size());
   if (train_examples > 0) train = train.take(std::size_t(train_examples));
-  dtf::torch::module_model<examples::TransformerLm> net(
+  dtf::libtorch::module_model<examples::TransformerLm> net(
       examples::TransformerLm(sizes), {.threads = tf.blas_threads, .seed = tf.train.seed,
                                        .task = dtf::trainer_index(cluster)});
   const auto test = corpus::examples(kjv.test, std::size_t(sizes.context), kjv.vocabulary.size()).batch(1000);

@@ -5,7 +5,7 @@
 // benchmarks/torch_transformer_alone.cpp's (the same network trained by LibTorch alone).
 //
 // Token ids travel as floats (dtf's features are float32; ids below 2^24 are exact) and become
-// int64 in forward. Every layer is a LibTorch built-in, so dtf::torch::module_model draws them
+// int64 in forward. Every layer is a LibTorch built-in, so dtf::libtorch::module_model draws them
 // all from the job's seed.
 #pragma once
 
@@ -76,7 +76,7 @@ inline std::function<dtf::nn::evaluation(std::span<const float>)> with_perplexit
 /// the uniform distribution's (the vocabulary's size).
 inline void report_against_untrained(const transformer_sizes& sizes, std::uint64_t seed, const dtf::data::dataset& test,
                                      const dtf::nn::evaluation& trained) {
-  dtf::torch::module_model<TransformerLm> fresh(TransformerLm(sizes), {.seed = seed});
+  dtf::libtorch::module_model<TransformerLm> fresh(TransformerLm(sizes), {.seed = seed});
   std::vector<float> p(fresh.num_parameters());
   fresh.initialize(p, seed);
   std::printf("torch_transformer: test perplexity %.1f trained, %.1f untrained, %lld uniform (%zu parameters)\n",

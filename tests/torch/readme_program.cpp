@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
   const dtf::cluster cluster = tf.resolve_cluster();
 
   namespace nn = torch::nn;  // any torch::nn::Module with float32 parameters
-  dtf::torch::module_model<nn::Sequential> net(
+  dtf::libtorch::module_model<nn::Sequential> net(
       nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 8, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
                      nn::Flatten(), nn::Linear(8 * 14 * 14, 10)),
       {.input_shape = {1, 28, 28}});

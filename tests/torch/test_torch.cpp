@@ -1,4 +1,4 @@
-// dtf::torch::module_model (include/dtf/torch/module_model.hpp) against independent references:
+// dtf::libtorch::module_model (include/dtf/torch/module_model.hpp) against independent references:
 // dtf::nn::sequential's hand-written backprop with the same weights (loss, gradients, and the
 // same training under every strategy), one process at the combined batch for ring-allreduce,
 // and the streaming contract counted float by float. Built only where LibTorch is found.
@@ -21,7 +21,7 @@
 namespace {
 
 using dtf::tensor;
-using dtf::torch::module_model;
+using dtf::libtorch::module_model;
 using dtf::test::distinct_trainable;
 using dtf::test::flat;
 using dtf::test::relayout;
@@ -101,8 +101,8 @@ struct LockProbeImpl : tnn::Cloneable<LockProbeImpl> {
   }
   torch::Tensor forward(torch::Tensor x) {
     locked = !std::async(std::launch::async, [] {
-                if (!dtf::torch::detail::generator_mutex().try_lock()) return false;
-                dtf::torch::detail::generator_mutex().unlock();
+                if (!dtf::libtorch::detail::generator_mutex().try_lock()) return false;
+                dtf::libtorch::detail::generator_mutex().unlock();
                 return true;
               }).get();
     return with_dropout ? drop(fc(x)) : fc(x);
@@ -297,7 +297,7 @@ TEST_CASE("torch: non-float32 parameters, no parameters, sparse gradients and wr
 }
 
 TEST_CASE("torch: a tied layer is one variable, and trains as LibTorch trains the tied module", "[torch][state]") {
-  module_model<tnn::Sequential> net(tied_net(), {.init = dtf::torch::init_from::module});
+  module_model<tnn::Sequential> net(tied_net(), {.init = dtf::libtorch::init_from::module});
   CHECK(net.num_parameters() == 99);  // 64 + 8 + 24 + 3, not LibTorch's 171
   const auto vars = net.variables();
   REQUIRE(vars.size() == 4);
@@ -382,7 +382,7 @@ TEST_CASE("torch: a submodule the user put in eval stays in eval through trainin
     bn->eval();  // frozen statistics: the usual fine-tuning recipe
     return m;
   };
-  module_model<tnn::Sequential> net(build(), {.init = dtf::torch::init_from::module});
+  module_model<tnn::Sequential> net(build(), {.init = dtf::libtorch::init_from::module});
   auto bn = net.module()[0]->as<tnn::BatchNorm1d>();
   std::vector<float> p(net.num_parameters()), g(p.size());
   net.initialize(p, 0);
@@ -417,7 +417,7 @@ TEST_CASE("torch: init_from::module gives the module's values bit for bit, and a
   torch::save(trained, file);
   auto loaded = torch_small_net();
   torch::load(loaded, file);
-  module_model<tnn::Sequential> tuned(loaded, {.init = dtf::torch::init_from::module});
+  module_model<tnn::Sequential> tuned(loaded, {.init = dtf::libtorch::init_from::module});
   std::vector<float> p(tuned.num_parameters());
   tuned.initialize(p, 9);
   CHECK(p == flat(distinct_trainable(*trained)));

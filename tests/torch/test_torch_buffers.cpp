@@ -26,7 +26,7 @@
 
 namespace {
 
-using bn_model = dtf::torch::module_model<torch::nn::Sequential>;
+using bn_model = dtf::libtorch::module_model<torch::nn::Sequential>;
 
 /// BatchNorm1d(8) straight on the features (its statistics are the batch's own), then Linear(8, 3).
 bn_model bn_net() {

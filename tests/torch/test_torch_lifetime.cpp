@@ -14,11 +14,16 @@
 
 #include <memory>
 #include <sstream>
+#include <type_traits>
 #include <vector>
+
+// The former namespace name stays an alias for a release (this target does not define
+// DTF_NO_LEGACY_TORCH_NAMESPACE).
+static_assert(std::is_same_v<dtf::torch::module_options, dtf::libtorch::module_options>);
 
 namespace {
 
-using dtf::torch::module_model;
+using dtf::libtorch::module_model;
 namespace tnn = torch::nn;
 
 /// The module's parameters, flattened in named_parameters() order (LibTorch alone).

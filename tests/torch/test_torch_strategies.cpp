@@ -35,14 +35,14 @@
 #include <type_traits>
 #include <vector>
 
-using namespace dtf;
+using namespace dtf;  // with DTF_NO_LEGACY_TORCH_NAMESPACE (tests/torch/CMakeLists.txt): torch:: is LibTorch's
 using dtf::test::opts;
 using dtf::test::running_ps;
 
 namespace {
 
 /// The twin, initialised as small_net() is from the same seed (relaid out), so both start equal.
-struct torch_twin : dtf::torch::module_model<::torch::nn::Sequential> {
+struct torch_twin : dtf::libtorch::module_model<::torch::nn::Sequential> {
   torch_twin() : module_model(test::torch_small_net()) {}
   void initialize(std::span<float> p, std::uint64_t seed) {
     const auto q = test::relayout(test::small_net_init(seed), /*to_torch=*/true);
@@ -149,8 +149,8 @@ data::host_batch rows_of(const data::host_batch& b, std::size_t begin, std::size
 }
 
 /// frozen_tied_net() as a dtf model that starts from the module's values.
-struct frozen_tied : dtf::torch::module_model<::torch::nn::Sequential> {
-  frozen_tied() : module_model(frozen_tied_net(), {.init = dtf::torch::init_from::module}) {}
+struct frozen_tied : dtf::libtorch::module_model<::torch::nn::Sequential> {
+  frozen_tied() : module_model(frozen_tied_net(), {.init = dtf::libtorch::init_from::module}) {}
 };
 
 /// LibTorch alone: SGD (p - lr g, the same float arithmetic) on frozen_tied_net() over data's
@@ -329,8 +329,8 @@ TEST_CASE("torch: init_from::module gives a loaded module's values back bit for 
     return m;
   };
   const auto values = test::flat(test::distinct_trainable(*loaded()));
-  struct tuned : dtf::torch::module_model<::torch::nn::Sequential> {
-    explicit tuned(::torch::nn::Sequential m) : module_model(std::move(m), {.init = dtf::torch::init_from::module}) {}
+  struct tuned : dtf::libtorch::module_model<::torch::nn::Sequential> {
+    explicit tuned(::torch::nn::Sequential m) : module_model(std::move(m), {.init = dtf::libtorch::init_from::module}) {}
   };
   // Through a ps: the chief initialises it, no step is taken, the ps holds the loaded values.
   {
@@ -393,9 +393,9 @@ struct backward_with_graph {
 };
 
 template <class Loss>
-struct replacing : dtf::torch::module_model<::torch::nn::Sequential, Loss> {
-  using base = dtf::torch::module_model<::torch::nn::Sequential, Loss>;
-  explicit replacing(::torch::nn::Sequential m) : base(m, {.init = dtf::torch::init_from::module}, loss_for(m)) {}
+struct replacing : dtf::libtorch::module_model<::torch::nn::Sequential, Loss> {
+  using base = dtf::libtorch::module_model<::torch::nn::Sequential, Loss>;
+  explicit replacing(::torch::nn::Sequential m) : base(m, {.init = dtf::libtorch::init_from::module}, loss_for(m)) {}
   static Loss loss_for(const ::torch::nn::Sequential& m) {
     if constexpr (std::is_same_v<Loss, clears_grads>)
       return {m};
@@ -496,14 +496,14 @@ TwoInput two_input_net() {
 
 /// Mean squared error of the prediction from columns 0-2 and 3-6 against column 7.
 struct mse_step {
-  ::torch::Tensor operator()(TwoInput& m, const dtf::torch::batch& b) const {
+  ::torch::Tensor operator()(TwoInput& m, const dtf::libtorch::batch& b) const {
     return ::torch::mse_loss(m->forward(b["x1"], b["x2"]), b["y"]);
   }
 };
 
-struct two_input : dtf::torch::module_model<TwoInput, mse_step> {
+struct two_input : dtf::libtorch::module_model<TwoInput, mse_step> {
   two_input()
-      : module_model(two_input_net(), {.init = dtf::torch::init_from::module, .inputs = {{"x1", 3}, {"x2", 4}, {"y", 1}}}) {}
+      : module_model(two_input_net(), {.init = dtf::libtorch::init_from::module, .inputs = {{"x1", 3}, {"x2", 4}, {"y", 1}}}) {}
 };
 static_assert(streams_gradients<two_input> && evaluates_loss<two_input>);
 static_assert(!classifier<two_input>, "a step of the module's own has no logits");
@@ -610,8 +610,8 @@ TEST_CASE("torch: evaluation reports the model's own loss (label smoothing; a st
     return std::pair{x, y};
   }();
   {
-    dtf::torch::module_model<::torch::nn::Sequential, smoothed> net(sharp_net(),
-                                                                    {.init = dtf::torch::init_from::module});
+    dtf::libtorch::module_model<::torch::nn::Sequential, smoothed> net(sharp_net(),
+                                                                    {.init = dtf::libtorch::init_from::module});
     std::vector<float> p(net.num_parameters());
     net.initialize(p, 1);
     const auto e = dtf::evaluate_on(net, test_set.batch(16))(p);  // batches of 16, 16, 16 and 2
@@ -645,7 +645,7 @@ TEST_CASE("torch: evaluation reports the model's own loss (label smoothing; a st
 }
 
 TEST_CASE("torch: a step's named inputs are checked: widths, names, and inputs without a step", "[torch][step]") {
-  using dtf::torch::module_model;
+  using dtf::libtorch::module_model;
   CHECK_THROWS_WITH((module_model<TwoInput, mse_step>(two_input_net(), {.inputs = {{"x1", 3}, {"x1", 4}}})),
                     Catch::Contains("'x1' is named twice"));
   CHECK_THROWS_WITH((module_model<TwoInput, mse_step>(two_input_net(), {.inputs = {{"x1", 0}}})),
@@ -661,10 +661,10 @@ TEST_CASE("torch: a step's named inputs are checked: widths, names, and inputs w
   assign_from_host(y, b->labels);
   CHECK_THROWS_WITH(short_net.loss_and_gradients(p, x, y, g), Catch::Contains("take 7 columns, the features have 8"));
   // The guide's form: a lambda, the model's type deduced; the same loss as mse_step's.
-  auto lambda = [](TwoInput& m, const dtf::torch::batch& b) {
+  auto lambda = [](TwoInput& m, const dtf::libtorch::batch& b) {
     return ::torch::mse_loss(m->forward(b["x1"], b["x2"]), b["y"]);
   };
-  dtf::torch::module_model deduced(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"y", 1}}}, lambda);
+  dtf::libtorch::module_model deduced(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"y", 1}}}, lambda);
   static_assert(std::is_same_v<decltype(deduced), module_model<TwoInput, decltype(lambda)>>);
   two_input named;
   std::vector<float> g2(g.size());
@@ -673,3 +673,12 @@ TEST_CASE("torch: a step's named inputs are checked: widths, names, and inputs w
   module_model<TwoInput, decltype(lambda)> unnamed(two_input_net(), {.inputs = {{"x1", 3}, {"x2", 4}, {"target", 1}}});
   CHECK_THROWS_WITH(unnamed.loss_and_gradients(p, x, y, g), Catch::Contains("no input 'y' (options.inputs: x1, x2, target)"));
 }
+
+TEST_CASE("libtorch namespace: after `using namespace dtf`, torch:: names LibTorch", "[torch][namespace]") {
+  // Without DTF_NO_LEGACY_TORCH_NAMESPACE the alias dtf::torch would make this ambiguous.
+  const torch::Tensor t = torch::ones({2, 3});
+  const libtorch::module_options o{};
+  CHECK(t.sum().item<float>() == 6.0f);
+  CHECK(o.threads == 0);
+}
+

@@ -1,4 +1,4 @@
-// dtf::torch::embedding_tower: a LibTorch module as the dense part of an embedding model. The
+// dtf::libtorch::embedding_tower: a LibTorch module as the dense part of an embedding model. The
 // reference is LibTorch alone: the same module over embeddings looked up by hand (index_select
 // from two leaf weight tensors, TorchRec's "sparse arch" in its simplest form), plain SGD on the
 // module's parameters and on the whole weights. One process (the tower's gradients and a few
@@ -48,7 +48,7 @@ struct TopImpl : ::torch::nn::Cloneable<TopImpl> {
 };
 TORCH_MODULE(Top);
 
-using tower = dtf::torch::embedding_tower<Top>;
+using tower = dtf::libtorch::embedding_tower<Top>;
 static_assert(dtf::embedding_classifier<tower>);
 static_assert(dtf::streams_row_gradients<tower>);
 
@@ -66,7 +66,7 @@ dtf::embedding_spec spec_b() { return {.name = "b", .rows = 0, .dim = D, .init =
 
 tower make_tower() {
   return tower(make_top(), {.numeric = N, .tables = {{.table = spec_a(), .lookups = La}, {.table = spec_b()}}},
-               {.init = dtf::torch::init_from::module});
+               {.init = dtf::libtorch::init_from::module});
 }
 
 // A table's first `rows` rows as its initialiser fills them, [rows, D].

@@ -1,5 +1,5 @@
 // The LibTorch twin of dtf::test::small_net() (Linear(8, 16), ReLU, Linear(16, 3)) and the map
-// between the two parameter layouts, for tests that compare dtf::torch::module_model with
+// between the two parameter layouts, for tests that compare dtf::libtorch::module_model with
 // dtf::nn::sequential; a module's distinct trainable values as LibTorch alone reads them.
 #pragma once
 

@@ -10,7 +10,7 @@
 //     ...
 //   };
 //   TORCH_MODULE(Top);
-//   dtf::torch::embedding_tower<Top> net(Top(), {.numeric = 13, .tables = {{.table = {.name = "categorical",
+//   dtf::libtorch::embedding_tower<Top> net(Top(), {.numeric = 13, .tables = {{.table = {.name = "categorical",
 //                                                                                     .rows = 0, .dim = 16},
 //                                                                           .lookups = 26}}});
 //   dtf::train(cluster, net, data, dtf::strategies::hybrid({}), options);
@@ -27,7 +27,7 @@
 // in table order, each an id stored as a float (an integer in [0, 2^24)); tower_input::read_ids
 // replaces this for any other layout (ids hashed into several columns, say).
 // Gradients: the module's parameters are the embedding model's dense variables, handled by
-// dtf::torch::module_model (the names the module gives them, ties, frozen parameters, seeding,
+// dtf::libtorch::module_model (the names the module gives them, ties, frozen parameters, seeding,
 // copies, modes, dropout masks and streaming as there: dtf/torch/module_model.hpp), and rows is
 // an autograd leaf: after backward its gradient is summed over each row's uses into
 // embedding_rows::grads, which the strategy pushes to the ps. Streaming (streams_row_gradients):
@@ -59,7 +59,7 @@
 #include <utility>
 #include <vector>
 
-namespace dtf::torch {
+namespace dtf::libtorch {
 
 /// One table of an embedding_tower and how many of its rows each example looks up.
 struct tower_table {
@@ -164,20 +164,20 @@ class embedding_tower {
   /// naming the example and column for a value that is not an id.
   void embedding_ids(const data::host_batch& b, std::size_t t, std::vector<std::uint64_t>& ids) const {
     if (t >= in_.tables.size())
-      throw error(errc::out_of_range, "dtf::torch::embedding_tower: table " + std::to_string(t) + " of " +
+      throw error(errc::out_of_range, "dtf::libtorch::embedding_tower: table " + std::to_string(t) + " of " +
                                           std::to_string(in_.tables.size()));
     const std::size_t n = b.features.shape(0), k = in_.tables[t].lookups;
     if (in_.read_ids) {
       in_.read_ids(b, t, ids);
       if (ids.size() != n * k)
-        throw error(errc::shape_mismatch, "dtf::torch::embedding_tower: read_ids gave " + std::to_string(ids.size()) +
+        throw error(errc::shape_mismatch, "dtf::libtorch::embedding_tower: read_ids gave " + std::to_string(ids.size()) +
                                               " ids of table '" + in_.tables[t].table.name + "' for " +
                                               std::to_string(n) + " examples of " + std::to_string(k) + " lookups");
       return;
     }
     const std::size_t cols = b.features.dimension() == 2 ? b.features.shape(1) : 0;
     if (cols < in_.numeric + lookups_)
-      throw error(errc::shape_mismatch, "dtf::torch::embedding_tower: a batch of " + std::to_string(cols) +
+      throw error(errc::shape_mismatch, "dtf::libtorch::embedding_tower: a batch of " + std::to_string(cols) +
                                             " feature columns; the tower reads " + std::to_string(in_.numeric) +
                                             " numeric and " + std::to_string(lookups_) + " id columns");
     std::size_t first = in_.numeric;
@@ -187,7 +187,7 @@ class embedding_tower {
       for (std::size_t c = first; c < first + k; ++c) {
         const float v = b.features(r, c);
         if (!(v >= 0.0f) || v >= 16777216.0f || std::floor(v) != v)
-          throw error(errc::invalid_argument, "dtf::torch::embedding_tower: feature (" + std::to_string(r) + ", " +
+          throw error(errc::invalid_argument, "dtf::libtorch::embedding_tower: feature (" + std::to_string(r) + ", " +
                                                   std::to_string(c) + ") = " + std::to_string(v) +
                                                   " is not an id (an integer in [0, 2^24))");
         ids[r * k + (c - first)] = std::uint64_t(v);
@@ -224,7 +224,7 @@ class embedding_tower {
 
  private:
   static tower_input checked(tower_input in, const module_options& options) {
-    const std::string me = "dtf::torch::embedding_tower: ";
+    const std::string me = "dtf::libtorch::embedding_tower: ";
     if (in.tables.empty()) throw error(errc::invalid_argument, me + "no tables (an embedding model has one at least)");
     if (!options.input_shape.empty())
       throw error(errc::invalid_argument, me + "module_options::input_shape must be empty: the module takes "
@@ -246,7 +246,7 @@ class embedding_tower {
   // The rows of the batch x as [batch, F, D] (a new tensor: autograd may keep it). Errors:
   // errc::shape_mismatch for rows of another count, dim or batch, or x with too few columns.
   ::torch::Tensor gather(std::span<const embedding_rows> rows, const tensor& x) const {
-    const std::string me = "dtf::torch::embedding_tower: ";
+    const std::string me = "dtf::libtorch::embedding_tower: ";
     if (x.rank() != 2 || x.dim(1) < in_.numeric)
       throw error(errc::shape_mismatch, me + "features must be [batch, columns] with " +
                                             std::to_string(in_.numeric) + " numeric columns at least");
@@ -287,7 +287,7 @@ class embedding_tower {
       std::fill(r.grads.begin(), r.grads.end(), 0.0f);
       if (g.defined() && !r.grads.empty()) {
         if (r.grads.size() != r.values.size())
-          throw error(errc::shape_mismatch, "dtf::torch::embedding_tower: table '" + in_.tables[t].table.name +
+          throw error(errc::shape_mismatch, "dtf::libtorch::embedding_tower: table '" + in_.tables[t].table.name +
                                                 "': grads of " + std::to_string(r.grads.size()) + " floats for " +
                                                 std::to_string(r.values.size()) + " of rows");
         const float* d = g.data_ptr<float>();
@@ -320,4 +320,4 @@ class embedding_tower {
   module_model<detail::tower_root<Module>, Loss> model_;
 };
 
-}  // namespace dtf::torch
+}  // namespace dtf::libtorch

@@ -2,7 +2,7 @@
 // written with LibTorch's modules trains with every dtf strategy through dtf::train.
 //
 //   struct NetImpl : torch::nn::Cloneable<NetImpl> { ... };   TORCH_MODULE(Net);
-//   dtf::torch::module_model<Net> net(Net(), {.input_shape = {1, 28, 28}});
+//   dtf::libtorch::module_model<Net> net(Net(), {.input_shape = {1, 28, 28}});
 //   dtf::train(cluster, net, data, dtf::strategies::downpour({}), options);
 //
 // Ownership and lifetime (the rule): the module owns its parameters, buffers and gradients, as
@@ -117,7 +117,7 @@
 #include <utility>
 #include <vector>
 
-namespace dtf::torch {
+namespace dtf::libtorch {
 
 /// A torch::nn::Module (held by its ModuleHolder, e.g. torch::nn::Sequential or a
 /// TORCH_MODULE type) as a dtf model. See the file comment for the contract.
@@ -306,7 +306,7 @@ class module_model {
     if (random_) buffer_specs_.push_back({detail::forward_count_name, {3}, buffer_offset});  // after a resume, no mask replays
     if (variables_.empty())
       throw error(errc::invalid_argument,
-                  "dtf::torch::module_model: the module '" + module_->name() + "' has no trainable parameters");
+                  "dtf::libtorch::module_model: the module '" + module_->name() + "' has no trainable parameters");
     num_parameters_ = offset;
     fired_.assign(variables_.size(), 0);
     for (std::size_t i = 0; i < variables_.size(); ++i)
@@ -447,4 +447,4 @@ static_assert(streams_gradients<module_model<::torch::nn::Sequential>>,
 static_assert(has_buffers<module_model<::torch::nn::Sequential>>, "module_model must model dtf::has_buffers");
 static_assert(evaluates_loss<module_model<::torch::nn::Sequential>>, "module_model must model dtf::evaluates_loss");
 
-}  // namespace dtf::torch
+}  // namespace dtf::libtorch

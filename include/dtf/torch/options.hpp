@@ -1,6 +1,11 @@
 // dtf/torch/options.hpp — how the LibTorch adapter (dtf/torch/module_model.hpp) feeds and runs
 // a module: its options, its default loss, and dtf's features and labels as the tensors the
 // module and the loss take.
+//
+// Namespace: dtf::libtorch (it was dtf::torch, which shadowed ::torch in code that says
+// `using namespace dtf;`, making `torch::Tensor` ambiguous). dtf::torch stays an alias of it for
+// this release; define DTF_NO_LEGACY_TORCH_NAMESPACE before including dtf/torch/ headers (or
+// on the compile line) to drop it, so that `using namespace dtf;` leaves `torch::` to LibTorch.
 #pragma once
 
 #if DTF_CUDA
@@ -16,7 +21,7 @@
 #include <string>
 #include <vector>
 
-namespace dtf::torch {
+namespace dtf::libtorch {
 
 /// The default loss: mean softmax cross-entropy of logits [batch, classes] against int64 labels.
 struct cross_entropy {
@@ -68,7 +73,7 @@ namespace detail {
 /// feature count is not the product of input_shape.
 inline ::torch::Tensor input_of(const tensor& x, const std::vector<std::int64_t>& input_shape) {
   if (x.type() != dtype::float32 || x.rank() < 1)
-    throw error(errc::invalid_argument, "dtf::torch::module_model: features must be float32 [batch, ...]");
+    throw error(errc::invalid_argument, "dtf::libtorch::module_model: features must be float32 [batch, ...]");
   const std::int64_t batch = std::int64_t(x.dim(0));
   std::vector<std::int64_t> sizes{batch};
   if (input_shape.empty()) {
@@ -80,7 +85,7 @@ inline ::torch::Tensor input_of(const tensor& x, const std::vector<std::int64_t>
     if (per_example <= 0 || std::size_t(per_example) != features) {
       std::string shape;
       for (auto d : input_shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
-      throw error(errc::shape_mismatch, "dtf::torch::module_model: an example has " + std::to_string(features) +
+      throw error(errc::shape_mismatch, "dtf::libtorch::module_model: an example has " + std::to_string(features) +
                                             " features, the input shape [" + shape + "] takes " +
                                             std::to_string(per_example));
     }
@@ -93,7 +98,7 @@ inline ::torch::Tensor input_of(const tensor& x, const std::vector<std::int64_t>
 /// Labels int32 [batch] widened to int64 for the loss. Errors: errc::shape_mismatch otherwise.
 inline ::torch::Tensor labels_of(const tensor& y, std::int64_t batch) {
   if (y.type() != dtype::int32 || y.rank() != 1 || std::int64_t(y.dim(0)) != batch)
-    throw error(errc::shape_mismatch, "dtf::torch::module_model: labels must be int32 [batch] with batch " +
+    throw error(errc::shape_mismatch, "dtf::libtorch::module_model: labels must be int32 [batch] with batch " +
                                           std::to_string(batch));
   return ::torch::from_blob(const_cast<std::int32_t*>(y.template data<std::int32_t>()), {batch},
                             ::torch::TensorOptions().dtype(::torch::kInt))
@@ -102,4 +107,11 @@ inline ::torch::Tensor labels_of(const tensor& y, std::int64_t batch) {
 
 }  // namespace detail
 
-}  // namespace dtf::torch
+}  // namespace dtf::libtorch
+
+#ifndef DTF_NO_LEGACY_TORCH_NAMESPACE
+namespace dtf {
+/// The adapter's former namespace name, kept for one release (see the file comment).
+namespace torch = libtorch;
+}  // namespace dtf
+#endif

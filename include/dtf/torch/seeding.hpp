@@ -21,7 +21,7 @@
 #include <span>
 #include <string>
 
-namespace dtf::torch {
+namespace dtf::libtorch {
 
 namespace detail {
 /// Process-wide: LibTorch's default generator is shared, so a reseed and the forward that draws
@@ -49,7 +49,7 @@ inline std::uint64_t get_count(std::span<const float> in) {
   std::uint64_t n = 0;
   for (std::size_t k = 0; k < 3; ++k) {
     if (!(in[k] >= 0.0f && in[k] < float(1 << 21) && in[k] == std::floor(in[k])))
-      throw error(errc::corrupt_data, std::string("dtf::torch::module_model: buffer '") + forward_count_name +
+      throw error(errc::corrupt_data, std::string("dtf::libtorch::module_model: buffer '") + forward_count_name +
                                           "' holds " + std::to_string(in[k]) + ", not a count");
     n |= std::uint64_t(in[k]) << (21 * k);
   }
@@ -119,4 +119,4 @@ void reset_from_seed(::torch::nn::Module& root, std::uint64_t seed, Drawn&& draw
 }
 }  // namespace detail
 
-}  // namespace dtf::torch
+}  // namespace dtf::libtorch

@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-namespace dtf::torch::detail {
+namespace dtf::libtorch::detail {
 
 /// One state of a module: a parameter or buffer, reachable under one or more names.
 struct tensor_slot {
@@ -66,7 +66,7 @@ inline tensor_slots group_slots(const std::vector<std::pair<std::string, ::torch
   for (const auto& [name, t] : named) {
     const auto it = source->index.find(name);
     if (it == source->index.end())
-      throw error(errc::invalid_argument, "dtf::torch::module_model: the copy of the module (clone()) has '" + name +
+      throw error(errc::invalid_argument, "dtf::libtorch::module_model: the copy of the module (clone()) has '" + name +
                                               "', which the module has not");
     auto& slot = out.list[it->second];
     out.index.emplace(name, it->second);
@@ -80,7 +80,7 @@ inline tensor_slots group_slots(const std::vector<std::pair<std::string, ::torch
   }
   for (const auto& s : out.list)
     if (s.members.empty())
-      throw error(errc::invalid_argument, "dtf::torch::module_model: the copy of the module (clone()) has no '" + s.name +
+      throw error(errc::invalid_argument, "dtf::libtorch::module_model: the copy of the module (clone()) has no '" + s.name +
                                               "', which the module has");
   return out;
 }
@@ -88,22 +88,22 @@ inline tensor_slots group_slots(const std::vector<std::pair<std::string, ::torch
 /// Errors: errc::invalid_argument naming a parameter that is not float32, dense and on the CPU.
 inline void check_parameter(const std::string& name, const ::torch::Tensor& t) {
   if (t.scalar_type() != ::torch::kFloat)
-    throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is " +
+    throw error(errc::invalid_argument, "dtf::libtorch::module_model: parameter '" + name + "' is " +
                                             std::string(c10::toString(t.scalar_type())) +
                                             "; dtf trains float32 parameters only");
   if (t.layout() != ::torch::kStrided)
-    throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is not dense");
+    throw error(errc::invalid_argument, "dtf::libtorch::module_model: parameter '" + name + "' is not dense");
   if (!t.device().is_cpu())
-    throw error(errc::invalid_argument, "dtf::torch::module_model: parameter '" + name + "' is not on the CPU");
+    throw error(errc::invalid_argument, "dtf::libtorch::module_model: parameter '" + name + "' is not on the CPU");
 }
 
 /// Errors: errc::invalid_argument for an Embedding or EmbeddingBag with sparse gradients.
 inline void check_dense_gradients(::torch::nn::Module& m) {
   if (auto* e = dynamic_cast<::torch::nn::EmbeddingImpl*>(&m); e && e->options.sparse())
-    throw error(errc::invalid_argument, "dtf::torch::module_model: an Embedding with sparse gradients (parameter "
+    throw error(errc::invalid_argument, "dtf::libtorch::module_model: an Embedding with sparse gradients (parameter "
                                         "'weight' of " + e->name() + "); dtf takes dense float32 gradients");
   if (auto* e = dynamic_cast<::torch::nn::EmbeddingBagImpl*>(&m); e && e->options.sparse())
-    throw error(errc::invalid_argument, "dtf::torch::module_model: an EmbeddingBag with sparse gradients; dtf takes "
+    throw error(errc::invalid_argument, "dtf::libtorch::module_model: an EmbeddingBag with sparse gradients; dtf takes "
                                         "dense float32 gradients");
 }
 
@@ -145,12 +145,12 @@ Holder clone_module(const Holder& m) {
   try {
     copy = m->clone();
   } catch (const c10::Error& e) {
-    throw error(errc::invalid_argument, std::string("dtf::torch::module_model: a copy of the model (mirrored makes one "
+    throw error(errc::invalid_argument, std::string("dtf::libtorch::module_model: a copy of the model (mirrored makes one "
                                                     "per replica) needs module->clone(): ") +
                                             e.what_without_backtrace());
   }
   auto typed = std::dynamic_pointer_cast<typename Holder::ContainedType>(copy);
-  if (!typed) throw error(errc::internal, "dtf::torch::module_model: clone() returned another module type");
+  if (!typed) throw error(errc::internal, "dtf::libtorch::module_model: clone() returned another module type");
   return Holder(std::move(typed));
 }
 
@@ -164,7 +164,7 @@ inline ::torch::Tensor view(const std::vector<variable_spec>& specs, float* base
 /// Errors: errc::shape_mismatch when a span has n floats where `expected` belong.
 inline void check_floats(std::size_t n, std::size_t expected, const std::string& what, const char* theirs) {
   if (n != expected)
-    throw error(errc::shape_mismatch, "dtf::torch::module_model: " + what + " has " + std::to_string(n) + " floats, " +
+    throw error(errc::shape_mismatch, "dtf::libtorch::module_model: " + what + " has " + std::to_string(n) + " floats, " +
                                           theirs + " " + std::to_string(expected));
 }
 
@@ -175,4 +175,4 @@ inline dims shape_of(const ::torch::Tensor& t) {
   return shape;
 }
 
-}  // namespace dtf::torch::detail
+}  // namespace dtf::libtorch::detail

@@ -3,10 +3,10 @@
 // loss callable of the user's, loss(module, batch) -> scalar tensor, in place of the default
 // loss(module->forward(features), labels).
 //
-//   auto step = [](Net& m, const dtf::torch::batch& b) {
+//   auto step = [](Net& m, const dtf::libtorch::batch& b) {
 //     return torch::mse_loss(m->forward(b["dense"], b["ids"]).squeeze(1), b["target"].squeeze(1));
 //   };
-//   dtf::torch::module_model net(Net(), {.inputs = {{"dense", 13}, {"ids", 26}, {"target", 1}}}, step);
+//   dtf::libtorch::module_model net(Net(), {.inputs = {{"dense", 13}, {"ids", 26}, {"target", 1}}}, step);
 //
 // Which form a loss callable is: one invocable as loss(Module&, const batch&) returning a tensor
 // is a step (module_step); any other is loss(logits, int64 labels). A step's model trains and
@@ -38,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-namespace dtf::torch {
+namespace dtf::libtorch {
 
 /// One batch as a step of the module's own takes it (views over dtf's memory, valid during the
 /// call that hands it).
@@ -58,7 +58,7 @@ struct batch {
       if (n == name) return t;
       known += (known.empty() ? "" : ", ") + n;
     }
-    throw error(errc::invalid_argument, "dtf::torch::batch: no input '" + std::string(name) + "' (options.inputs: " +
+    throw error(errc::invalid_argument, "dtf::libtorch::batch: no input '" + std::string(name) + "' (options.inputs: " +
                                             (known.empty() ? std::string("none") : known) + ")");
   }
 };
@@ -73,7 +73,7 @@ namespace detail {
 /// options.inputs checked once, when the model is built. Errors: errc::invalid_config for an
 /// empty or repeated name, a width below 1, or inputs given to a loss of logits and labels.
 inline void check_inputs(const module_options& o, bool step) {
-  auto bad = [](const std::string& why) { throw error(errc::invalid_config, "dtf::torch::module_options.inputs: " + why); };
+  auto bad = [](const std::string& why) { throw error(errc::invalid_config, "dtf::libtorch::module_options.inputs: " + why); };
   if (!step && !o.inputs.empty())
     bad("named inputs are for a step of the module's own, loss(module, batch) (dtf/torch/step.hpp)");
   for (std::size_t i = 0; i < o.inputs.size(); ++i) {
@@ -97,7 +97,7 @@ inline batch batch_of(const tensor& x, const tensor& y, const module_options& o)
   std::int64_t total = 0;
   for (const auto& in : o.inputs) total += in.width;
   if (rows > 0 && total != columns)
-    throw error(errc::shape_mismatch, "dtf::torch::module_model: options.inputs take " + std::to_string(total) +
+    throw error(errc::shape_mismatch, "dtf::libtorch::module_model: options.inputs take " + std::to_string(total) +
                                           " columns, the features have " + std::to_string(columns));
   float* base = const_cast<float*>(x.template data<float>());
   std::int64_t at = 0;
@@ -114,7 +114,7 @@ inline batch batch_of(const tensor& x, const tensor& y, const module_options& o)
 inline void logits_into(const ::torch::Tensor& logits, tensor& out) {
   const ::torch::Tensor z = logits.contiguous();
   if (z.dim() != 2)
-    throw error(errc::shape_mismatch, "dtf::torch::module_model: the module's output has " + std::to_string(z.dim()) +
+    throw error(errc::shape_mismatch, "dtf::libtorch::module_model: the module's output has " + std::to_string(z.dim()) +
                                           " dimensions; logits are [batch, classes]");
   out.resize({std::size_t(z.size(0)), std::size_t(z.size(1))}, dtype::float32);
   std::memcpy(out.template data<float>(), z.data_ptr<float>(), out.size_bytes());
@@ -129,7 +129,7 @@ template <class Loss, class Module>
   if constexpr (module_step<Loss, Module>) {
     ::torch::Tensor l = std::invoke(loss, module, batch_of(x, y, o));
     if (!l.defined() || l.numel() != 1)
-      throw error(errc::invalid_argument, "dtf::torch::module_model: the step loss(module, batch) returned " +
+      throw error(errc::invalid_argument, "dtf::libtorch::module_model: the step loss(module, batch) returned " +
                                               (l.defined() ? std::to_string(l.numel()) + " values" : std::string("none")) +
                                               "; it must return the batch's mean loss, a scalar");
     return l;
@@ -143,4 +143,4 @@ template <class Loss, class Module>
 
 }  // namespace detail
 
-}  // namespace dtf::torch
+}  // namespace dtf::libtorch
