@@ -5,6 +5,7 @@
 // the update) on the same compute stream, so a step is ordered on one stream.
 //
 //   detail::engine_context<M> ctx(net);        // net.set_context(ctx.get()) when M takes one
+//   ctx.bind();                                 // each step: still bound (another engine may have taken it)
 //   optimizer.set_stream(ctx.stream());         // the update on the compute stream
 //   ctx.write_prefix(g, 16, net.device_loss(), 0.0f);  // [loss, 15 zeros] on the compute stream
 //   ctx.settle();                               // the host waits (a read at a hook's cadence)
@@ -65,6 +66,13 @@ class engine_context {
   ~engine_context() {
     if constexpr (takes_context<M>)
       if (ctx_ && net_->context() == ctx_.get()) net_->clear_context();
+  }
+
+  /// Binds the model again if something else bound it since (another engine over the same model,
+  /// which unbinds it when it goes): the model's work must be on the stream the update follows.
+  void bind() const {
+    if constexpr (takes_context<M>)
+      if (net_->context() != ctx_.get()) net_->set_context(*ctx_);
   }
 
   /// The context.

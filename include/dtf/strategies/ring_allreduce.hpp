@@ -234,6 +234,7 @@ class ring_allreduce<M> {
     constexpr std::size_t pre = detail::exchange_prefix;
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
+    device_.bind();
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
     bool loss_on_device = false;  // the model left its loss at device_loss() (defer, one pass)
