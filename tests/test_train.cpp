@@ -1,6 +1,7 @@
 // The strategy contract (dtf::strategy: archetypes, every built-in, what a type lacks) and
 // dtf::train in one process (a collective strategy on a cluster of this process alone),
 // compared with an independent training loop.
+#include <dtf/device/loss_ring.hpp>
 #include <dtf/strategies/aeasgd.hpp>
 #include <dtf/strategies/agn.hpp>
 #include <dtf/strategies/downpour.hpp>
@@ -14,6 +15,13 @@
 #include <dtf/train_flags.hpp>
 
 #include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <span>
+#include <vector>
 
 #include "helpers.hpp"
 #include "train_helpers.hpp"
@@ -207,6 +215,82 @@ TEST_CASE("train: losses read through the ring still stop a diverged run at the 
   CHECK(stopped.global_step == bad);
 #endif
   CHECK_FALSE(std::isfinite(stopped.loss));
+}
+
+TEST_CASE("train: the update at a diverged step applies nothing, so the parameters are the step before's", "[train][nan]") {
+  // The run above with log_every large and the stop policy; the reference is the same run stopped
+  // by last_step before the bad step (an independent run, not a copy taken during this one).
+  const auto data = dtf::test::synthetic(320, 3, dtf::test::labels::argmax);
+  const float lr = 1e12f;
+  const std::int64_t bad = first_diverged_step(data, 32, 5, lr, 30);
+  REQUIRE(bad > 1);
+  auto run = [&](std::int64_t last_step, std::vector<float>& params) {
+    auto net = dtf::test::small_net();
+    dtf::train_options o{.epochs = 5, .batch = 32, .seed = 5, .log_every = 100};
+    o.nan_policy = dtf::hooks::nan_policy::stop;
+    o.last_step = last_step;
+    o.evaluate = [&params](std::span<const float> p) {  // at the stop: the parameters trained
+      params = dtf::test::host_copy(p);
+      return dtf::nn::evaluation{};
+    };
+    return dtf::train(dtf::local_cluster(), net, data, ring_allreduce<>({.rule = dtf::optim::sgd{lr}}), o);
+  };
+  std::vector<float> diverged, before;
+  const auto stopped = run(0, diverged);
+  const auto reference = run(bad - 1, before);
+  CHECK(reference.global_step == bad - 1);
+  CHECK(std::isfinite(reference.loss));
+  CHECK_FALSE(std::isfinite(stopped.loss));  // still reported: the stop policy ended the run
+  CHECK(stopped.global_step >= bad);
+#if !DTF_CUDA
+  CHECK(stopped.global_step == bad);
+#endif
+  REQUIRE(diverged.size() == before.size());
+  CHECK(diverged == before);  // bit for bit: the bad step's update applied nothing
+}
+
+TEST_CASE("ring_allreduce: once the watched ring's flag is raised, no update applies (no host read)", "[train][nan]") {
+  // A NaN in step `bad`'s batch; the ring is never polled during the steps, as on a GPU where
+  // the host reads it only every log_every steps. The later batches are finite, so only the
+  // device flag can keep their updates out.
+  const auto data = dtf::test::synthetic(320, 3, dtf::test::labels::argmax);
+  constexpr std::int64_t bad = 4;
+  auto run = [&](std::int64_t steps, bool watch, std::vector<dtf::device::step_loss>* landed) {
+    dtf::nn::sequential net{dtf::nn::dense(8, 3)};  // no ReLU to turn the NaN into 0: the loss sees it
+    std::vector<float> params;
+    {
+      auto comm = dtf::communicator::single();
+      ring_allreduce<dtf::nn::sequential> engine(comm, net, {.rule = dtf::optim::adam{.learning_rate = 0.01f}});
+      CHECK(net.context() == &engine.context());  // the model's step runs on the engine's context
+      engine.initialize(5);
+      dtf::device::loss_ring ring(16);
+      if (watch) engine.watch_losses(&ring);
+      auto stream = data.shuffle(5).batch(32).repeat(-1).stream();
+      for (std::int64_t s = 1; s <= steps; ++s) {
+        dtf::data::host_batch b = *stream.next();
+        if (s == bad) b.features(0, 0) = std::numeric_limits<float>::quiet_NaN();
+        engine.step_deferred(std::span<const dtf::data::host_batch>(&b, 1));
+      }
+      if (landed) {
+        *landed = ring.drain();
+        CHECK(ring.first_nonfinite() == std::optional<std::int64_t>(bad));
+      }
+      params = dtf::test::host_copy(engine.parameters());
+    }
+    CHECK(net.context() == nullptr);  // the engine took its context back
+    return params;
+  };
+  std::vector<dtf::device::step_loss> landed;
+  const auto reference = run(bad - 1, false, nullptr);
+  const auto skipped = run(bad + 3, true, &landed);
+  CHECK(skipped == reference);  // bit for bit: steps bad .. bad + 3 applied nothing
+  REQUIRE(landed.size() == std::size_t(bad + 3));  // every step pushed by the engine, in order
+  for (std::size_t i = 0; i < landed.size(); ++i) {
+    CHECK(landed[i].step == std::int64_t(i) + 1);
+    CHECK(std::isfinite(landed[i].loss) == (landed[i].step != bad));
+  }
+  const auto unwatched = run(bad + 3, false, nullptr);  // without the flag the NaN reaches the parameters
+  CHECK(std::any_of(unwatched.begin(), unwatched.end(), [](float v) { return std::isnan(v); }));
 }
 
 TEST_CASE("train: num_steps and last_step end a collective run at that step", "[train]") {

@@ -15,23 +15,25 @@
 // float32, which no compiler contracts into a fused multiply-add), so its batch equals the
 // stream's bit for bit, and positions and resumption are those of the host pipeline.
 //
-// Work per call: the features' and labels' gather, one Thrust transform each over device memory
-// (on CUDA builds a kernel each; on CPU builds Thrust's OMP system). An epoch's order is uploaded
-// once, at its first batch (on CUDA builds a synchronous copy of 4 bytes per example, once per
-// epoch). Not used by dtf::train yet: the strategies still take host batches.
+// Work per call: the features' and labels' gather, one device::for_each_index each over device
+// memory, issued on stream() (set_stream(), e.g. a training engine's compute stream, where
+// dtf::train puts them; the legacy default stream otherwise); on CPU builds a loop on the calling
+// thread (each element is computed alone, so the bits are those of any order). An epoch's order
+// is uploaded once, at its first batch: on CUDA builds a copy of 4 bytes per example from
+// pageable memory, ordered on stream() after the gathers that read the last epoch's order (the
+// host waits for the stream there, once per epoch; not yet through pinned memory).
 // Memory: the examples of the dataset's source (after shard(), the shard alone; after take() of an
 // unsharded set, the whole source) and one epoch's order.
 // Thread safety: one device_shard serves one thread at a time.
 #pragma once
 
 #include <dtf/data/dataset.hpp>
+#include <dtf/device/kernels.hpp>
 #include <dtf/error.hpp>
 #include <dtf/tensor.hpp>
 
 #include <thrust/copy.h>
 #include <thrust/device_vector.h>
-#include <thrust/for_each.h>
-#include <thrust/iterator/counting_iterator.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -108,8 +110,8 @@ class device_shard {
       throw error(errc::out_of_range, "data::device_shard: epoch " + std::to_string(epoch) + " is past the dataset's " +
                                           std::to_string(d_.epochs_));
     if (epoch_ != epoch || order_.empty()) {
-      const std::vector<std::uint32_t> order = d_.epoch_order(epoch);
-      order_.assign(order.begin(), order.end());
+      host_order_ = d_.epoch_order(epoch);
+      upload_order();
       epoch_ = epoch;
     }
     const std::size_t begin = index * d_.batch_size_;
@@ -118,18 +120,26 @@ class device_shard {
     x.resize(dims{rows, width}, dtype::float32);
     y.resize(dims{rows}, dtype::int32);
     const std::uint32_t* order = thrust::raw_pointer_cast(order_.data()) + begin;
-    const auto first = thrust::counting_iterator<std::size_t>(0);
     if (!bytes_.empty())
-      thrust::for_each(first, first + rows * width,
-                       detail::gather_features<std::uint8_t>{thrust::raw_pointer_cast(bytes_.data()), order,
-                                                             x.data<float>(), width, lo_, inv_});
+      device::for_each_index(stream_, rows * width,
+                             detail::gather_features<std::uint8_t>{thrust::raw_pointer_cast(bytes_.data()), order,
+                                                                   x.data<float>(), width, lo_, inv_},
+                             "data::device_shard (features)");
     else
-      thrust::for_each(first, first + rows * width,
-                       detail::gather_features<float>{thrust::raw_pointer_cast(floats_.data()), order, x.data<float>(),
-                                                      width, lo_, inv_});
-    thrust::for_each(first, first + rows,
-                     detail::gather_labels{thrust::raw_pointer_cast(labels_.data()), order, y.data<std::int32_t>()});
+      device::for_each_index(stream_, rows * width,
+                             detail::gather_features<float>{thrust::raw_pointer_cast(floats_.data()), order,
+                                                            x.data<float>(), width, lo_, inv_},
+                             "data::device_shard (features)");
+    device::for_each_index(stream_, rows,
+                           detail::gather_labels{thrust::raw_pointer_cast(labels_.data()), order, y.data<std::int32_t>()},
+                           "data::device_shard (labels)");
   }
+
+  /// The stream the gathers are issued on (CUDA builds; null, the legacy default stream, unless set).
+  device::stream_t stream() const noexcept { return stream_; }
+  /// Issues later gathers (and order uploads) on s; whoever reads a batch orders its reads after
+  /// them (the same stream, or an event). No effect on CPU builds.
+  void set_stream(device::stream_t s) noexcept { stream_ = s; }
 
   /// Device bytes held: the examples, their labels and one epoch's order.
   std::size_t memory_bytes() const noexcept {
@@ -138,13 +148,36 @@ class device_shard {
   }
 
  private:
+  // The epoch's order (host_order_) into order_, after the gathers issued so far on stream_.
+  void upload_order() {
+#if DTF_CUDA
+    if (stream_ != nullptr && stream_ != cudaStreamLegacy) {
+      const std::size_t n = host_order_.size();
+      cudaError_t rc = cudaSuccess;
+      if (order_.size() != n) {  // the first epoch (a resize on the legacy stream: nothing may read it)
+        rc = cudaStreamSynchronize(stream_);
+        if (rc == cudaSuccess) order_.resize(n);
+      }
+      if (rc == cudaSuccess && n > 0)
+        rc = cudaMemcpyAsync(thrust::raw_pointer_cast(order_.data()), host_order_.data(), n * sizeof(std::uint32_t),
+                             cudaMemcpyHostToDevice, stream_);
+      if (rc != cudaSuccess)
+        throw error(errc::internal, std::string("data::device_shard: uploading an epoch's order: ") + cudaGetErrorString(rc));
+      return;
+    }
+#endif
+    order_.assign(host_order_.begin(), host_order_.end());
+  }
+
   dataset d_;
   thrust::device_vector<std::uint8_t> bytes_;  // an IDX file's bytes, or
   thrust::device_vector<float> floats_;        // float32 rows
   thrust::device_vector<std::int32_t> labels_;
   thrust::device_vector<std::uint32_t> order_;  // epoch_'s order
+  std::vector<std::uint32_t> host_order_;       // its source (read by an asynchronous copy)
   std::size_t epoch_ = 0;
   float lo_ = 0.0f, inv_ = 1.0f;
+  device::stream_t stream_{};
 };
 
 }  // namespace dtf::data

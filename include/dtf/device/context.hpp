@@ -20,8 +20,9 @@
 // On both, the pool counts the requests it served and the allocations it made from the system
 // (the CUDA driver, or the C++ heap): in a steady state the second count does not move.
 // nn::sequential::set_context(ctx) runs a model's step on the compute stream with the cuBLAS
-// handle; dtf::train and the strategies create no context yet (docs/design/gpu-execution.md says
-// what is built).
+// handle; ring_allreduce's engine (so dtf::train's collective and single-process runs) creates
+// one context and runs its step there (dtf/strategies/engine_context.hpp); mirrored and the ps
+// strategies create none yet (docs/design/gpu-execution.md says what is built).
 // Thread safety: none; a context serves one engine (one thread) at a time.
 #pragma once
 

@@ -17,8 +17,9 @@
 // reader falls `slots` steps behind) and keeps its entry for the next poll().
 // CPU builds: the same type; the copies are immediate (the loss is in host memory), so poll()
 // returns every step pushed since the last poll.
-// device_flag() is what update kernels will read to apply nothing from the bad step on (not yet
-// wired: docs/design/gpu-execution.md says what is built).
+// device_flag() is what update kernels read to apply nothing from the bad step on
+// (optim::optimizer::set_skip_flag; ring_allreduce::watch_losses pushes before its update, so the
+// bad step's own update is skipped too).
 // Errors: errc::invalid_argument for a ring of 0 slots; errc::internal naming the CUDA call that
 // failed. Thread safety: none; one thread pushes and polls.
 #pragma once

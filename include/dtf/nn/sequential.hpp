@@ -187,15 +187,29 @@ class sequential {
 #endif
     context_ = &ctx;
   }
+  /// Goes back to the defaults (the legacy default stream, this thread's cuBLAS handle): a
+  /// strategy that bound its context unbinds it before the context goes.
+  void clear_context() {
+#if DTF_CUDA
+    set_stream(nullptr, nullptr);
+#endif
+    context_ = nullptr;
+  }
   /// The context set by set_context (null by default).
   device::context* context() const noexcept { return context_; }
   /// The stream the step's kernels are issued on (null: the legacy default stream).
   device::stream_t stream() const noexcept { return stream_; }
 
-  /// Logits [batch, classes] of the batch into out.
+  /// Logits [batch, classes] of the batch into out. On a context's stream the host waits for
+  /// them (evaluation, not the training step): callers read them from any stream.
   void logits(std::span<const float> p, const tensor& x, tensor& out) {
     check_size(p, "parameter");
     forward(p.data(), x, out);
+#if DTF_CUDA
+    if (stream_ != nullptr && stream_ != cudaStreamLegacy)
+      if (const cudaError_t rc = cudaStreamSynchronize(stream_); rc != cudaSuccess)
+        throw error(errc::internal, std::string("nn::sequential: logits: ") + cudaGetErrorString(rc));
+#endif
   }
 
   /// How the loss checks the labels (label_check::verify unless set). label_check::trusted is

@@ -18,6 +18,11 @@
 // read the parameters from other streams); on a stream of the caller's it returns at once.
 // iterations() is a host mirror of the count: apply() never reads it back. The rate `lr` is a
 // kernel argument: a captured update replays the rate it was captured with.
+// set_skip_flag(flag): a device flag (host memory on CPU builds), e.g. a device::loss_ring's,
+// read by the update kernels themselves: once it is non-zero they apply nothing (Adam's count on
+// the device stays put too), so the steps between a non-finite loss and its read on the host
+// leave the parameters and slots as they were, with no host read (docs/design/gpu-execution.md,
+// section 5). iterations() still counts those updates (the host does not read the flag).
 // Thread safety: none; one apply at a time per optimizer.
 #pragma once
 
@@ -71,6 +76,9 @@ struct host_space {
 };
 
 namespace detail {
+// Whether the updates are off: the skip flag is set and non-zero (null: never).
+DTF_HD inline bool skipped(const std::int64_t* flag) { return flag && *flag != 0; }
+
 template <class Kernel>
 struct apply_at {
   Kernel k;
@@ -78,7 +86,10 @@ struct apply_at {
   const float* g;
   float* s0;
   float* s1;
-  DTF_HD void operator()(std::size_t i) const { k(p[i], g[i], s0, s1, i); }
+  const std::int64_t* skip;
+  DTF_HD void operator()(std::size_t i) const {
+    if (!skipped(skip)) k(p[i], g[i], s0, s1, i);
+  }
 };
 
 // Adam's rate at update t: lr sqrt(1 - b2^t) / (1 - b1^t) in double, rounded once to float
@@ -95,7 +106,10 @@ struct adam_count {
   std::int64_t* t;
   float* lr_t;
   float lr, b1, b2;
-  DTF_HD void operator()(std::size_t) const { *lr_t = adam_rate(lr, b1, b2, ++*t); }
+  const std::int64_t* skip;
+  DTF_HD void operator()(std::size_t) const {
+    if (!skipped(skip)) *lr_t = adam_rate(lr, b1, b2, ++*t);
+  }
 };
 
 // Adam's element update with the rate read from where adam_count wrote it.
@@ -106,7 +120,10 @@ struct adam_at {
   const float* g;
   float* m;
   float* v;
-  DTF_HD void operator()(std::size_t i) const { adam_kernel{*lr_t, b1, b2, eps, wd, keep}(p[i], g[i], m, v, i); }
+  const std::int64_t* skip;
+  DTF_HD void operator()(std::size_t i) const {
+    if (!skipped(skip)) adam_kernel{*lr_t, b1, b2, eps, wd, keep}(p[i], g[i], m, v, i);
+  }
 };
 
 // The update in one pass over host memory (the buffers never overlap). GCC does not
@@ -184,6 +201,8 @@ class optimizer {
     if constexpr (on_device) sync_counter();
 #endif
     ++iterations_;
+    if constexpr (!on_device)
+      if (detail::skipped(skip_)) return;  // host memory: the flag is read here, as the kernels would
     float* s0 = slot0_.empty() ? nullptr : thrust::raw_pointer_cast(slot0_.data());
     float* s1 = slot1_.empty() ? nullptr : thrust::raw_pointer_cast(slot1_.data());
     std::visit(
@@ -199,10 +218,10 @@ class optimizer {
 #if DTF_CUDA
             float* rate = thrust::raw_pointer_cast(rate_.data());
             device::for_each_index(stream_, 1,
-                                   detail::adam_count{thrust::raw_pointer_cast(counter_.data()), rate, lr, r.beta1, r.beta2},
+                                   detail::adam_count{thrust::raw_pointer_cast(counter_.data()), rate, lr, r.beta1, r.beta2, skip_},
                                    "optim::optimizer (adam's count)");
             launch(detail::adam_at{rate, r.beta1, r.beta2, r.epsilon, detail::adam_l2(r), detail::adam_keep(r, lr),
-                                   params.data(), grads.data(), s0, s1});
+                                   params.data(), grads.data(), s0, s1, skip_});
 #endif
           } else {  // adam, adamw
             const float lr_t = detail::adam_rate(lr, r.beta1, r.beta2, iterations_);
@@ -221,6 +240,13 @@ class optimizer {
   /// The first update after a restore copies the count to the device from pageable memory, so
   /// it is not one to capture in a CUDA graph.
   void set_stream(device::stream_t s) noexcept { stream_ = s; }
+
+  /// Later updates apply nothing while *flag is non-zero, read by the update kernels (see the
+  /// file comment); `flag` is device memory (host memory on CPU builds, or host_space) and must
+  /// outlive the updates. Null (the default): every update applies.
+  void set_skip_flag(const std::int64_t* flag) noexcept { skip_ = flag; }
+  /// The flag set by set_skip_flag (null by default).
+  const std::int64_t* skip_flag() const noexcept { return skip_; }
 
   /// The slots, for checkpoints: slot(0) and slot(1) hold num_slots buffers of size().
   std::span<float> slot(std::size_t i) {
@@ -274,7 +300,7 @@ class optimizer {
       // Host memory: one fused pass in a plain loop (no Thrust dispatch per call).
       detail::host_apply(k, params.data(), grads.data(), s0, s1, size_);
     } else {
-      launch(detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1});
+      launch(detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1, skip_});
     }
   }
 
@@ -313,6 +339,7 @@ class optimizer {
   std::int64_t iterations_ = 0;
   bool counter_stale_ = false;  // set_iterations() since the device's count was last written
   device::stream_t stream_{};
+  const std::int64_t* skip_ = nullptr;  // set_skip_flag's
   typename Space::template vector<float> slot0_, slot1_;
 };
 

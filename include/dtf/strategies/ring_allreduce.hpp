@@ -29,6 +29,15 @@
 // the reduce (`clip_norm`: every rank clips the same averaged gradient, so the replicas stay
 // equal), micro-batch accumulation (`backward_passes_per_step`, dtf/strategies/micro_batches.hpp:
 // the passes' gradients are summed locally and reduced once per step; no overlap then).
+// The device (dtf/strategies/engine_context.hpp): the engine owns a device::context (CUDA builds;
+// its CPU twin otherwise) and runs its step on the compute stream: the model's (when it takes a
+// context, nn::sequential), the loss's slot, the update (optim::optimizer::set_stream); one rank
+// exchanges nothing on CUDA builds (its gradient never leaves the device) and passes no ready
+// callback (no host wait per layer); several ranks stage the buckets through host memory, so the
+// host waits for the compute stream before the last bucket (section 6 of
+// docs/design/gpu-execution.md: not yet from the device). watch_losses(ring): each deferred step
+// pushes its averaged loss into a device::loss_ring before its update, and the update kernels
+// read the ring's flag: from a non-finite loss on, the parameters stay those of the step before.
 // Errors: those of dtf::communicator (a dead or mismatched rank fails every rank).
 // Thread safety: one thread per instance.
 #pragma once
@@ -37,12 +46,14 @@
 #include <dtf/concepts.hpp>
 #include <dtf/config.hpp>
 #include <dtf/data/dataset.hpp>
+#include <dtf/device/loss_ring.hpp>
 #include <dtf/error.hpp>
 #include <dtf/host.hpp>
 #include <dtf/optim/clip.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
+#include <dtf/strategies/engine_context.hpp>
 #include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/strategies/micro_batches.hpp>
 #include <dtf/strategies/nccl_exchange.hpp>
@@ -53,7 +64,6 @@
 #endif
 
 #include <thrust/copy.h>
-#include <thrust/fill.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -146,6 +156,7 @@ class ring_allreduce<M> {
     exchange_ = detail::select_exchange(config.backend, comm, grads_, net, "ring_allreduce");
     reducer_ = std::make_unique<detail::bucket_reducer>(
         detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, current_device_setter());
+    optimizer_.set_stream(device_.stream());
   }
 
   /// Rank 0 initialises the parameters from `seed`; every rank receives them.
@@ -158,8 +169,7 @@ class ring_allreduce<M> {
   /// overlapping backprop where the model streams its gradients), update. Returns the loss
   /// averaged over the ranks' batches.
   float step(const data::host_batch& b) {
-    assign_from_host(x_, b.features);
-    assign_from_host(y_, b.labels);
+    stage(b);
     return step_on(x_, y_);
   }
 
@@ -185,18 +195,40 @@ class ring_allreduce<M> {
   void step_deferred(std::span<const data::host_batch> batches)
     requires defers_loss<M>
   {
-    const data::host_batch& b = one_batch(batches);
-    assign_from_host(x_, b.features);
-    assign_from_host(y_, b.labels);
+    stage(one_batch(batches));
     step_on(x_, y_, true);
   }
   ///@}
   /// The loss of the last step averaged over the ranks, in device memory (host memory on CPU
-  /// builds): written by the step's work on the legacy default stream, which has completed for
-  /// every rank's share when step_deferred returns but for the copies a CUDA build issues there.
+  /// builds), written by the step's work on stream().
   const float* device_loss() const { return grads_.template data<float>(); }
 
+  /// The engine's execution context, and its compute stream (CUDA builds; a placeholder on CPU
+  /// builds): the step's work is ordered there; a batch gathered on the device for the step
+  /// (data::device_shard::set_stream) belongs there too.
+  ///@{
+  device::context& context() const noexcept { return device_.get(); }
+  device::stream_t stream() const noexcept { return device_.stream(); }
+  ///@}
+
+  /// From now on each step_deferred pushes its averaged loss into `ring` (as global step
+  /// global_step() + 1, on stream()) before its update, and the update applies nothing once the
+  /// ring's flag says a loss was NaN or infinite (read on the device: the parameters stay those
+  /// of the step before the first bad loss). Null: neither. `ring` must outlive the steps.
+  void watch_losses(device::loss_ring* ring) noexcept {
+    ring_ = ring;
+    optimizer_.set_skip_flag(ring ? ring->device_flag() : nullptr);
+  }
+
  private:
+  // A host batch into x_, y_ once the last step's work no longer reads them (CUDA builds: the
+  // copies are synchronous, on the legacy stream; the host waits for the compute stream).
+  void stage(const data::host_batch& b) {
+    device_.settle();
+    assign_from_host(x_, b.features);
+    assign_from_host(y_, b.labels);
+  }
+
   static const data::host_batch& one_batch(std::span<const data::host_batch> batches) {
     if (batches.size() != 1)
       throw error(errc::invalid_argument, "ring_allreduce: one batch per step, got " + std::to_string(batches.size()));
@@ -209,22 +241,28 @@ class ring_allreduce<M> {
     constexpr std::size_t pre = detail::exchange_prefix;
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
+    device_.bind();
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
     bool loss_on_device = false;  // the model left its loss at device_loss() (defer, one pass)
-    auto ready = [this](std::size_t first, std::size_t count) { reducer_->report(detail::exchange_prefix + first, count); };
+    auto report = [this](std::size_t first, std::size_t count) { reducer_->report(detail::exchange_prefix + first, count); };
+    // CUDA builds: a ready callback costs a host wait per layer (the model's contract); only an
+    // exchange that overlaps backprop needs it.
+    const bool reports = device_memory_is_host_accessible || reducer_->overlapping();
+    const gradient_ready_fn ready = reports ? gradient_ready_fn(report) : gradient_ready_fn();
     try {
       if (micro_.passes() > 1) {
+        device_.settle();  // the passes slice the batch with Thrust's blocking policy
         loss = micro_.loss_and_gradients(net_, params, x, y, grads);
       } else if constexpr (defers_loss<M>) {
         if (defer) {
-          net_.enqueue_loss_and_gradients(params, x, y, grads, gradient_ready_fn(ready));
+          net_.enqueue_loss_and_gradients(params, x, y, grads, ready);
           loss_on_device = true;
         } else {
-          loss = net_.loss_and_gradients(params, x, y, grads, gradient_ready_fn(ready));
+          loss = net_.loss_and_gradients(params, x, y, grads, ready);
         }
       } else if constexpr (streams_gradients<M>) {
-        loss = net_.loss_and_gradients(params, x, y, grads, gradient_ready_fn(ready));
+        loss = net_.loss_and_gradients(params, x, y, grads, ready);
       } else {
         (void)ready;
         loss = net_.loss_and_gradients(params, x, y, grads);
@@ -234,23 +272,24 @@ class ring_allreduce<M> {
       if (exchange_) exchange_->abort();  // the other ranks' NCCL waits end at their bound
       throw;
     }
-    auto g = grads_.template device_ptr<float>();
-    thrust::fill(g, g + std::ptrdiff_t(pre), 0.0f);
-    if constexpr (defers_loss<M>) {
-      if (loss_on_device) copy_model_loss();
-      else thrust::fill(g, g + 1, loss);
-    } else {
-      thrust::fill(g, g + 1, loss);
-    }
+    const float* model_loss = nullptr;
+    if constexpr (defers_loss<M>)
+      if (loss_on_device) model_loss = net_.device_loss();
+    device_.write_prefix(grads_.template data<float>(), pre, model_loss, loss);
+    // The exchange stages the buckets through host memory from the legacy stream (CUDA builds,
+    // several ranks): the last bucket holds the loss's slot.
+    if (!device_memory_is_host_accessible && comm_.size() > 1) device_.settle();
     reducer_->finish();
     if (exchange_) exchange_->finish();
-    if (config_.clip_norm > 0.0f) last_norm_ = float(optim::clip_by_global_norm(grads, config_.clip_norm));
+    if (config_.clip_norm > 0.0f) {
+      device_.settle();  // the clip reads the gradient with Thrust's blocking policy
+      last_norm_ = float(optim::clip_by_global_norm(grads, config_.clip_norm));
+    }
+    if (defer && ring_) ring_->push(step_ + 1, device_loss(), device_.stream());  // before the update: its flag
     optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), learning_rate());
     ++step_;
     if (defer) return 0;
-    float mean_loss = 0;
-    thrust::copy(g, g + 1, &mean_loss);
-    return mean_loss;
+    return device_.read(device_loss());
   }
 
  public:
@@ -264,10 +303,17 @@ class ring_allreduce<M> {
                                         .warmup_steps = std::max<std::int64_t>(0, config_.warmup_steps)}(step_);
   }
 
-  /// This rank's parameters (every rank holds the same values).
+  /// This rank's parameters (every rank holds the same values), once the steps issued so far
+  /// have written them (CUDA builds: the host waits for the compute stream).
   ///@{
-  std::span<const float> parameters() const { return params_.template span<const float>(); }
-  std::span<float> parameters() { return params_.template span<float>(); }
+  std::span<const float> parameters() const {
+    device_.settle();
+    return params_.template span<const float>();
+  }
+  std::span<float> parameters() {
+    device_.settle();
+    return params_.template span<float>();
+  }
   ///@}
   /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
@@ -285,37 +331,24 @@ class ring_allreduce<M> {
   /// in the order they are reduced.
   const std::vector<detail::gradient_bucket>& buckets() const noexcept { return reducer_->buckets(); }
 
-  /// The update rule's state, for checkpoints (every rank holds the same).
-  const optim::optimizer<>& optimizer() const noexcept { return optimizer_; }
+  /// The update rule's state, for checkpoints (every rank holds the same), once the steps issued
+  /// so far have written it.
+  const optim::optimizer<>& optimizer() const {
+    device_.settle();
+    return optimizer_;
+  }
   /// Restores a saved state on this rank: the parameters, the rule's slots and update count
   /// (host buffers) and the global step (which drives the warm-up). Every rank must restore the
   /// same state (e.g. rank 0 reads a checkpoint and broadcasts it). Errors: errc::shape_mismatch.
   void restore(std::span<const float> values, std::span<const std::vector<float>> slots, std::int64_t iterations,
                std::int64_t global_step) {
+    device_.settle();  // no step's work still reads what is overwritten
     params_.template copy_from_host<float>(values);
     optimizer_.load_host_slots(slots, iterations);
     step_ = global_step;
   }
 
  private:
-  // The model's loss into the exchange buffer's first float, on the device. CUDA builds copy it
-  // on the model's stream and, when that is not the legacy default stream (a model bound to a
-  // device::context), wait for it: the exchange stages its buckets on the legacy stream from
-  // another thread (docs/design/gpu-execution.md, section 6: not yet from the device).
-  void copy_model_loss() {
-    float* g = grads_.template data<float>();
-#if DTF_CUDA
-    cudaStream_t s = cudaStreamLegacy;
-    if constexpr (requires { net_.stream(); })
-      if (net_.stream()) s = net_.stream();
-    cudaError_t rc = cudaMemcpyAsync(g, net_.device_loss(), sizeof(float), cudaMemcpyDeviceToDevice, s);
-    if (rc == cudaSuccess && s != cudaStreamLegacy) rc = cudaStreamSynchronize(s);
-    if (rc != cudaSuccess) throw error(errc::internal, std::string("ring_allreduce: the loss: ") + cudaGetErrorString(rc));
-#else
-    *g = *net_.device_loss();
-#endif
-  }
-
   // Bucket k's allreduce (average), in place; CUDA builds stage it through host memory.
   void reduce_bucket(std::size_t k, const detail::gradient_bucket& b) {
     if (exchange_) return exchange_->reduce(k, b);  // on the device (NCCL)
@@ -323,6 +356,7 @@ class ring_allreduce<M> {
     if constexpr (device_memory_is_host_accessible) {
       comm_.allreduce<float>(name, grads_.template span<float>().subspan(b.begin, b.size()), reduce_op::average);
     } else {
+      if (comm_.size() == 1) return;  // one rank: the average is its gradient, left on the device
       auto g = grads_.template device_ptr<float>();
       thrust::copy(g + std::ptrdiff_t(b.begin), g + std::ptrdiff_t(b.end), host_.begin() + std::ptrdiff_t(b.begin));
       comm_.allreduce<float>(name, std::span<float>(host_).subspan(b.begin, b.size()), reduce_op::average);
@@ -353,7 +387,9 @@ class ring_allreduce<M> {
   std::int64_t step_ = 0;
   float last_norm_ = 0;
   std::unique_ptr<detail::device_exchange> exchange_;  // null: the TCP ring
-  std::unique_ptr<detail::bucket_reducer> reducer_;  // last: its thread stops first
+  device::loss_ring* ring_ = nullptr;  // watch_losses'
+  std::unique_ptr<detail::bucket_reducer> reducer_;  // its thread stops before the buffers go
+  detail::engine_context<M> device_{net_};  // last: destroyed first, its streams drained
 };
 
 }  // namespace dtf::strategies

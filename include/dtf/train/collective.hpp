@@ -22,7 +22,9 @@
 //                     the device (device_batches, train_options::device_data); the losses read
 //                     through a ring at the hooks' cadence where the engine and model allow it
 //                     (train_options::loss_ring, dtf/train/loss_reads.hpp); rank 0 evaluates
-//                     after each epoch.
+//                     after each epoch. The engine's device::context orders the step on its
+//                     compute stream (ring_allreduce), the device gather included
+//                     (dtf/train/ring_batches.hpp).
 //   finish            close_ring: the session closed (rank 0's final checkpoint), every rank past
 //                     the barrier (no rank leaves while another needs its connections); then
 //                     report_ring: rank 0 evaluated what was trained and printed the RESULT
@@ -32,7 +34,6 @@
 #include <dtf/cluster.hpp>
 #include <dtf/collectives.hpp>
 #include <dtf/data/dataset.hpp>
-#include <dtf/data/device_shard.hpp>
 #include <dtf/data/position.hpp>
 #include <dtf/hooks/agreed_stop.hpp>
 #include <dtf/hooks/checkpoint_saver.hpp>
@@ -42,6 +43,7 @@
 #include <dtf/train/buffers.hpp>
 #include <dtf/train/loss_reads.hpp>
 #include <dtf/train/report.hpp>
+#include <dtf/train/ring_batches.hpp>
 #include <dtf/train/resume.hpp>
 #include <dtf/train/trusted_labels.hpp>
 #include <dtf/transport/credentials.hpp>
@@ -89,17 +91,6 @@ inline ring_job connect_ring(cluster& c, const train_options& o) {
   }
   return ring;
 }
-
-/// The job's replicas and their data: `r` replicas per process over the ranks (global), each
-/// replica's own shard as a data position (its layout, the start), and this rank's streams.
-struct replica_data {
-  std::size_t r = 0, global = 0;
-  std::size_t per_epoch = SIZE_MAX;  ///< the smallest shard's batches per epoch: every rank's steps per epoch
-  std::vector<data::position> starts;
-  std::vector<std::uint64_t> batches_per_epoch;
-  std::int64_t epochs_last_step = 0;  ///< the step that ends --epochs
-  std::vector<data::dataset> shards;  ///< this rank's replicas': shuffled, batched, endless, prefetched
-};
 
 /// Replicas (see the file comment). Errors: errc::invalid_config for 0 replicas per process.
 inline replica_data shard_replicas(communicator& comm, std::size_t r, const data::dataset& train_set,
@@ -228,12 +219,6 @@ void start_collective_session(collective_session& s, ring_job& ring, const repli
   announce_collective_start(s, ring, d, engine.global_step(), o);
 }
 
-/// A replica's batch stream (they neither copy nor move: built in place).
-struct replica_stream {
-  replica_stream(const data::dataset& d, const data::position& from) : s(d.stream(from)) {}
-  data::batch_stream s;
-};
-
 /// Resume, first (see the file comment): where this rank's replicas resume. Restarts redo no
 /// work: every replica trains exactly one batch of its endless stream per global step, so after
 /// a restore to step S replica g is S batches into its shard, at epoch S / its own batches per
@@ -248,71 +233,6 @@ inline std::vector<data::position> replica_positions(ring_job& ring, const repli
   }
   return {at.begin() + std::ptrdiff_t(ring.comm().rank() * d.r), at.begin() + std::ptrdiff_t((ring.comm().rank() + 1) * d.r)};
 }
-
-/// The replicas' batches from their host streams (built on a background thread each), copied to
-/// the engine's tensors by its step.
-struct host_batches {
-  host_batches(const replica_data& d, const std::vector<data::position>& at) : batches(d.r) {
-    for (std::size_t k = 0; k < d.r; ++k) streams.emplace_back(d.shards[k], at[k]);
-  }
-  /// The next step's batches; returns their examples.
-  std::size_t next() {
-    std::size_t examples = 0;
-    for (std::size_t k = 0; k < batches.size(); ++k) {
-      batches[k] = *streams[k].s.next();
-      examples += batches[k].labels.size();
-    }
-    return examples;
-  }
-  template <class Engine>
-  float step(Engine& engine) {
-    return engine.step(std::span<const data::host_batch>(batches));
-  }
-  template <class Engine>
-    requires requires(Engine& e, std::span<const data::host_batch> b) { e.step_deferred(b); }
-  void step_deferred(Engine& engine) {
-    engine.step_deferred(std::span<const data::host_batch>(batches));
-  }
-  std::deque<replica_stream> streams;
-  std::vector<data::host_batch> batches;
-};
-
-/// One replica's batches gathered on the device from its shard, uploaded once
-/// (train_options::device_data): the host streams' batches, bit for bit, with no copy per step.
-struct device_batches {
-  /// `classes` > 0: every label is checked once, at upload (data::device_shard).
-  device_batches(const replica_data& d, const data::position& from, std::size_t classes = 0)
-      : shard(d.shards.front(), classes), at(from), per_epoch(shard.batches_per_epoch()) {}
-  /// Gathers the next step's batch; returns its examples.
-  std::size_t next() {
-    shard.gather(std::size_t(at.epoch), std::size_t(at.batch), x, y);
-    if (++at.batch == per_epoch) {
-      at.batch = 0;
-      ++at.epoch;
-    }
-    return y.size();
-  }
-  template <class Engine>
-  float step(Engine& engine) {
-    return engine.step(std::as_const(x), std::as_const(y));
-  }
-  template <class Engine>
-    requires requires(Engine& e, const tensor& t) { e.step_deferred(t, t); }
-  void step_deferred(Engine& engine) {
-    engine.step_deferred(std::as_const(x), std::as_const(y));
-  }
-  data::device_shard shard;
-  data::position at;
-  std::uint64_t per_epoch;
-  tensor x, y;
-};
-
-/// Whether an engine takes a batch already in device memory (ring_allreduce; not mirrored,
-/// whose replicas each take a batch).
-template <class Engine>
-concept takes_device_batches = requires(Engine& e, const tensor& t) {
-  { e.step(t, t) } -> std::convertible_to<float>;
-};
 
 /// What the run leaves to the finish: when its steps began, rank 0's last evaluation; then
 /// what close_ring measured.
@@ -381,6 +301,7 @@ ring_run run_replicas(collective_session& s, ring_job& ring, const replica_data&
   if constexpr (takes_device_batches<Engine>) {
     if (o.device_data && d.r == 1) {
       device_batches batches(d, at.front(), labels_checked_at_upload<M>::classes(net));
+      if constexpr (requires { engine.stream(); }) batches.shard.set_stream(engine.stream());  // the step's stream
       labels_checked_at_upload<M> trusted(net);
       return run_ring(*s.session, s.vars, ring, d, batches, net, engine, o, result);
     }

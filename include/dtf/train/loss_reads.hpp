@@ -15,9 +15,12 @@
 // The ring has max(log_every, summary_every) slots (at least 1), so with a drain every log_every
 // steps a push never waits. A NaN or infinite loss reaches the NaN hook at the step itself with
 // log_every = 1, else within log_every steps (by its next drain); the hook names the step whose
-// loss it was. The steps between run on with the diverged values (the update kernels do not read
-// the ring's flag yet). CPU builds: the ring's copies are immediate, so every poll returns the
-// step just pushed and a NaN is caught at its own step whatever log_every is.
+// loss it was. An engine that watches the ring (ring_allreduce::watch_losses) pushes each loss
+// itself, on its compute stream, before its update, and its update kernels read the ring's flag:
+// the bad step and those between it and its read apply nothing, so the parameters stay those of
+// the step before. Other engines' losses are pushed here, after the step, from the legacy stream.
+// CPU builds: the ring's copies are immediate, so every poll returns the step just pushed and a
+// NaN is caught at its own step whatever log_every is.
 // A stop that comes otherwise (a signal, another rank, a hook) can leave up to log_every - 1
 // losses that no hook sees; train_result::loss still gets the last one.
 #pragma once
@@ -30,6 +33,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 namespace dtf::detail {
@@ -41,6 +45,10 @@ concept defers_step_loss = requires(Engine& e, Batches& b) {
   b.step_deferred(e);
   { e.device_loss() } -> std::convertible_to<const float*>;
 };
+
+/// Whether `Engine` pushes its losses into a ring itself, before its update (watch_losses).
+template <class Engine>
+concept watches_losses = requires(Engine& e, device::loss_ring* r) { e.watch_losses(r); };
 
 /// The ring of a run's losses and when it is read (see the file comment).
 class step_losses {
@@ -61,6 +69,7 @@ class step_losses {
                    run_values& v, train_result& result) {
     if constexpr (defers_step_loss<Engine, Batches>) {
       if (losses) {
+        if constexpr (watches_losses<Engine>) losses->watch(engine);
         batches.step_deferred(engine);
         losses->after_step(ctx, engine.global_step(), engine.device_loss(), v, result);
         return;
@@ -74,13 +83,27 @@ class step_losses {
   step_losses(const train_options& o, std::int64_t last_step)
       : ring_(std::size_t(std::max({o.log_every, o.summary_every, 1}))), log_every_(o.log_every),
         last_step_(last_step) {}
+  step_losses(const step_losses&) = delete;
+  step_losses& operator=(const step_losses&) = delete;
+  /// The engine that watched the ring stops (it must outlive this).
+  ~step_losses() {
+    if (unwatch_) unwatch_();
+  }
 
-  /// After a step that left its loss at `device_loss` (written by work on the legacy default
-  /// stream) and reached global step `step`: pushes it, reads what the cadence asks for into
-  /// v.landed_losses, and keeps the latest in result.loss.
+  /// From the next step on, `engine` pushes the losses into the ring and reads its flag (once).
+  template <class Engine>
+  void watch(Engine& engine) {
+    if (unwatch_) return;
+    engine.watch_losses(&ring_);
+    unwatch_ = [&engine] { engine.watch_losses(nullptr); };
+  }
+
+  /// After a step that left its loss at `device_loss` and reached global step `step`: pushes it
+  /// (unless the engine did: watch(); else it was written by work on the legacy default stream),
+  /// reads what the cadence asks for into v.landed_losses, and keeps the latest in result.loss.
   void after_step(const run_context& ctx, std::int64_t step, const float* device_loss, run_values& v,
                   train_result& result) {
-    ring_.push(step, device_loss);
+    if (!unwatch_) ring_.push(step, device_loss);
     const std::int64_t iteration = ctx.local_step() + 1;  // as the logging hook counts
     const bool drain = ctx.summaries_requested() || (log_every_ > 0 && iteration % log_every_ == 0) ||
                        step >= last_step_;
@@ -99,6 +122,7 @@ class step_losses {
 
   device::loss_ring ring_;
   std::int64_t log_every_, last_step_;
+  std::function<void()> unwatch_;  // set by watch()
 };
 
 }  // namespace dtf::detail
