@@ -14,10 +14,12 @@
 // The NCCL exchange (nccl_bucket_exchange): reduce(k, bucket) is called by the bucket reducer
 // (dtf/strategies/gradient_buckets.hpp) when bucket k's gradients are complete, on its
 // communication thread with overlap. It records an event on the stream that wrote them (the
-// model's, and the legacy stream where the loss slot is filled), makes the communication stream
+// engine's compute stream: the model's when bound, and the loss's slot; and the legacy stream,
+// where a model not bound to the context writes), makes the communication stream
 // wait for it and enqueues ncclAllReduce with ncclAvg there: no host copy. finish() makes the
-// legacy stream (where the update runs) wait for the communication stream and waits on the host,
-// bounded, polling NCCL's errors (dtf/collectives/nccl.hpp). The averages equal the ring's
+// legacy stream wait for the communication stream and waits on the host, bounded, polling
+// NCCL's errors (dtf/collectives/nccl.hpp), so the update, enqueued after it on the compute
+// stream, reads the averages. The averages equal the ring's
 // within float rounding (NCCL's order of summation is its own); every rank gets the same bits.
 #pragma once
 
@@ -172,10 +174,12 @@ inline std::string nccl_refusal(communicator& ring, const void* buffer) {
 #endif
 
 /// The exchange of an engine's buckets (null: the TCP ring), chosen as the file comment says;
-/// `strategy` names the engine in errors.
-template <class M>
+/// `strategy` names the engine in errors; `writer()` gives the stream the engine writes the
+/// buffer on (its compute stream: the model's when bound to the engine's context, and the loss's
+/// slot), waited for besides the legacy stream (a model not bound writes there).
+template <class M, class Writer>
 std::unique_ptr<device_exchange> select_exchange(exchange_backend backend, communicator& ring, tensor& buffer, M& net,
-                                                 std::string_view strategy) {
+                                                 std::string_view strategy, Writer writer) {
   const std::string who(strategy);
   if (backend == exchange_backend::nccl && !nccl_exchange_built)
     throw error(errc::invalid_config,
@@ -189,15 +193,16 @@ std::unique_ptr<device_exchange> select_exchange(exchange_backend backend, commu
     if (backend == exchange_backend::nccl) throw error(errc::invalid_config, who + ": the nccl backend: " + why);
     return nullptr;
   }
-  auto producer = [&net]() -> cudaStream_t {
-    if constexpr (requires { net.stream(); })
-      if (net.stream()) return net.stream();
-    return cudaStreamLegacy;
+  (void)net;
+  auto producer = [writer]() -> cudaStream_t {
+    const cudaStream_t s = writer();
+    return s ? s : cudaStreamLegacy;
   };
   return std::make_unique<nccl_bucket_exchange>(ring, buffer.data<float>(), producer);
 #else
   (void)buffer;
   (void)net;
+  (void)writer;
   return nullptr;
 #endif
 }

@@ -153,7 +153,8 @@ class ring_allreduce<M> {
         host_(device_memory_is_host_accessible ? 0 : detail::exchange_prefix + n_),
         micro_((detail::check_loop_config(config, "ring_allreduce"), config.backward_passes_per_step)) {
     const bool streams = streams_gradients<M> && config.backward_passes_per_step == 1;
-    exchange_ = detail::select_exchange(config.backend, comm, grads_, net, "ring_allreduce");
+    exchange_ = detail::select_exchange(config.backend, comm, grads_, net, "ring_allreduce",
+                                        [this] { return device_.stream(); });
     reducer_ = std::make_unique<detail::bucket_reducer>(
         detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, current_device_setter());
     optimizer_.set_stream(device_.stream());
