@@ -12,8 +12,8 @@
 // Streams: by default every kernel runs on the legacy default stream (GEMMs through this thread's
 // cuBLAS handle). set_context(ctx) puts the whole step (layers, loss, the gradient events) on
 // ctx's compute stream, GEMMs through its handle: no call of a steady step waits on the host
-// except the ready callback's event (see loss_and_gradients) and the loss's read, which
-// enqueue_loss_and_gradients() leaves out. CPU builds: the same calls, no effect.
+// except the ready callback's event (see loss_and_gradients; set_ready_on_device leaves that wait
+// to the callee) and the loss's read, which enqueue_loss_and_gradients() leaves out. CPU builds: the same calls, no effect.
 // Thread safety: an instance keeps activations between forward and backward; use one instance
 // per thread (copies are cheap before the first step).
 #pragma once
@@ -42,7 +42,7 @@ namespace dtf::nn {
 #if DTF_CUDA
 namespace detail {
 // One event per layer, created at its first use and kept: a ready callback costs an event
-// record and a wait for it, no creation per step. A copy starts with none of its own (events
+// record and a wait for it (none with set_ready_on_device), no creation per step. A copy starts with none of its own (events
 // are not shared between instances).
 struct layer_events {
   std::vector<cudaEvent_t> events;
