@@ -8,7 +8,10 @@
 #   device      first, the cases of the GPU execution contract (docs/design/gpu-execution.md):
 #               dtf_tests "[device],[step],[loss],[fused],[optim],[nan]" in one process (the
 #               context's pool, the kernels, the loss ring, the steady step captured in a CUDA
-#               graph, the fused loss and optimizer, a diverged run stopped at its step)
+#               graph, the fused loss and optimizer, a diverged run stopped at its step), then
+#               ring_allreduce with 2 and 3 ranks on the TCP ring (threads sharing the GPU: the
+#               buckets through pinned memory on the communication stream, section 6.0),
+#               dtf_tests "[staging]" under compute-sanitizer's racecheck and synccheck
 #   tests       dtf_tests (the whole unit suite on the GPU), each case in a process of its own
 #   ctest       the other ctest entries that make sense on one GPU (the launcher's; the NCCL
 #               check skips itself below 2 GPUs)
@@ -336,6 +339,15 @@ device_tests='[device],[step],[loss],[fused],[optim],[nan]'
 note_device() { grep -E "test cases|passed|failed" "$1" | tail -2 | cut -c1-160; grep -m3 -E "FAILED:|REQUIRE|CHECK" "$1" | cut -c1-120; }
 if want device && has "$t" device; then
   part device 90 "$t" "$device_tests" --durations yes
+  # The TCP ring's pinned staging (section 6.0): its cases plain, then under racecheck (shared
+  # memory hazards in the step's kernels) and synccheck (invalid barriers) while the copies run.
+  san=$(command -v compute-sanitizer || echo "$cuda_root/bin/compute-sanitizer")
+  note_staging() { grep -E "test cases|passed|failed" "$1" | tail -2 | cut -c1-160; }
+  note_staging_racecheck() { grep -E "ERROR SUMMARY|RACECHECK SUMMARY|All tests passed|test cases:" "$1" | tail -2; }
+  note_staging_synccheck() { grep -E "ERROR SUMMARY|All tests passed|test cases:" "$1" | tail -2; }
+  part staging 30 "$t" "[staging]"
+  part staging_racecheck 60 "$san" --tool racecheck --error-exitcode 9 "$t" "[staging]"
+  part staging_synccheck 60 "$san" --tool synccheck --error-exitcode 9 "$t" "[staging]"
 fi
 note_ctest() { grep -E "tests passed|Not Run|\*\*\*Skipped|Failed " "$1" | head -6 | cut -c1-160; }
 note_sanitizer() { grep -E "ERROR SUMMARY|All tests passed|test cases:" "$1" | tail -2; }

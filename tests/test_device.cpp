@@ -7,6 +7,7 @@
 #include <dtf/device/select.hpp>
 #include <dtf/nn/sequential.hpp>
 #include <dtf/optim/optimizer.hpp>
+#include <dtf/strategies/pinned_staging.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -322,6 +323,39 @@ TEST_CASE("the loss ring returns each step once, in order, and the first non-fin
   CHECK(flag() == 17);
 
   CHECK_THROWS_WITH(dtf::device::loss_ring(0), Catch::Contains("at least one slot"));
+}
+
+// The TCP ring's pinned staging (section 6.0 of docs/design/gpu-execution.md, rule 1): which
+// event each bucket's device-to-host copy waits for. Stand-in events (ints, 0: none) on every
+// build; the expected waits are worked out by hand from the ranges below.
+TEST_CASE("pinned staging: each bucket's copy waits for the event of the range that completed it", "[device][staging]") {
+  using waits_t = dtf::strategies::detail::bucket_waits<int>;
+  // Three buckets tiling [0, 100) from the end down, as plan_buckets cuts them.
+  waits_t w({{60, 100}, {30, 60}, {0, 30}});
+  // Backprop from the top layer down: two layers complete bucket 0 (the second's event follows
+  // the first's writes on the model's stream), one layer straddles buckets 1 and 2, and the
+  // floats [0, 16) (the loss's slot) are never reported: bucket 2 waits for the step's event.
+  w.note(80, 20, 1);
+  CHECK_FALSE(w.at(0).reported);  // half of bucket 0
+  w.note(60, 20, 2);
+  w.note(40, 20, 3);
+  w.note(25, 15, 4);
+  w.note(16, 9, 5);
+  CHECK(w.at(0).reported);
+  CHECK(w.at(0).event == 2);
+  CHECK(w.at(1).reported);
+  CHECK(w.at(1).event == 4);
+  CHECK_FALSE(w.at(2).reported);
+  // A model that waited on the host reports no event: a completed bucket then waits for nothing.
+  w.begin_step();
+  CHECK_FALSE(w.at(0).reported);
+  w.note(60, 40, 0);
+  CHECK(w.at(0).reported);
+  CHECK(w.at(0).event == 0);
+  CHECK_FALSE(w.at(1).reported);
+  // A range reported twice, or outside the buffer, is an error naming it.
+  CHECK_THROWS_WITH(w.note(70, 5, 6), Catch::Contains("[70, 75) reported twice"));
+  CHECK_THROWS_WITH(w.note(95, 10, 6), Catch::Contains("outside the buffer"));
 }
 
 TEST_CASE("a steady-state step of sequential, loss and optimizer allocates nothing", "[device][step]") {

@@ -12,8 +12,8 @@
 // Streams: by default every kernel runs on the legacy default stream (GEMMs through this thread's
 // cuBLAS handle). set_context(ctx) puts the whole step (layers, loss, the gradient events) on
 // ctx's compute stream, GEMMs through its handle: no call of a steady step waits on the host
-// except the ready callback's event (see loss_and_gradients) and the loss's read, which
-// enqueue_loss_and_gradients() leaves out. CPU builds: the same calls, no effect.
+// except the ready callback's event (see loss_and_gradients; set_ready_on_device leaves that wait
+// to the callee) and the loss's read, which enqueue_loss_and_gradients() leaves out. CPU builds: the same calls, no effect.
 // Thread safety: an instance keeps activations between forward and backward; use one instance
 // per thread (copies are cheap before the first step).
 #pragma once
@@ -42,7 +42,7 @@ namespace dtf::nn {
 #if DTF_CUDA
 namespace detail {
 // One event per layer, created at its first use and kept: a ready callback costs an event
-// record and a wait for it, no creation per step. A copy starts with none of its own (events
+// record and a wait for it (none with set_ready_on_device), no creation per step. A copy starts with none of its own (events
 // are not shared between instances).
 struct layer_events {
   std::vector<cudaEvent_t> events;
@@ -54,13 +54,13 @@ struct layer_events {
     for (cudaEvent_t e : events)
       if (e) cudaEventDestroy(e);
   }
-  // Records layer i's event on `stream` (where the layers issue) and waits for it.
-  void record_and_wait(std::size_t i, std::size_t layers, cudaStream_t stream) {
+  // Records layer i's event on `stream` (where the layers issue) and, with `wait`, waits for it.
+  void record_and_wait(std::size_t i, std::size_t layers, cudaStream_t stream, bool wait = true) {
     if (events.size() < layers) events.resize(layers, nullptr);
     cudaError_t rc = cudaSuccess;
     if (!events[i]) rc = cudaEventCreateWithFlags(&events[i], cudaEventDisableTiming);
     if (rc == cudaSuccess) rc = cudaEventRecord(events[i], stream ? stream : cudaStreamLegacy);
-    if (rc == cudaSuccess) rc = cudaEventSynchronize(events[i]);
+    if (rc == cudaSuccess && wait) rc = cudaEventSynchronize(events[i]);
     if (rc != cudaSuccess)
       throw error(errc::internal, std::string("nn::sequential: waiting for a layer's gradient: ") + cudaGetErrorString(rc));
     current = events[i];
@@ -155,7 +155,9 @@ class sequential {
   /// layer's work only, not for
   /// the whole device as a cudaDeviceSynchronize would (that also waited for the
   /// communication thread's copies and collectives on their own streams). The event is
-  /// gradient_event() during the call, for a callee that orders its reads on the device.
+  /// gradient_event() during the call, for a callee that orders its reads on the device; with
+  /// set_ready_on_device(true) the host does not wait and the callee must (section 6.0 of
+  /// docs/design/gpu-execution.md).
   float loss_and_gradients(std::span<const float> p, const tensor& x, const tensor& y, std::span<float> g,
                            const gradient_ready_fn& ready) {
     backprop(p, x, y, g, nullptr, ready ? &ready : nullptr);
@@ -226,6 +228,13 @@ class sequential {
   /// During a ready callback: an event recorded after the reported layer's gradient kernels.
   cudaEvent_t gradient_event() const noexcept { return events_.current; }
 #endif
+  /// On: a ready callback is called once the layer's event is recorded, without the host waiting
+  /// for it; the callee orders every read of the range after gradient_event() (on the device:
+  /// cudaStreamWaitEvent). Off (the default): the host waits, the range may be read from anywhere.
+  /// CPU builds: no effect (every kernel has completed when it returns).
+  void set_ready_on_device(bool on) noexcept { ready_on_device_ = on; }
+  /// Whether ready callbacks leave the wait to the callee (set_ready_on_device).
+  bool ready_on_device() const noexcept { return ready_on_device_; }
 
   /// Mean loss of a batch without gradients.
   float loss(std::span<const float> p, const tensor& x, const tensor& y) {
@@ -266,7 +275,7 @@ class sequential {
 #if DTF_CUDA
             // The strategy may read these floats from another thread and stream at once: wait
             // for this layer's work (on the layers' stream), not the device's.
-            events_.record_and_wait(i, layers_.size(), stream_);
+            events_.record_and_wait(i, layers_.size(), stream_, !ready_on_device_);
 #endif
             (*ready)(offsets_[i], d->num_parameters());
           };
@@ -322,6 +331,7 @@ class sequential {
   softmax_cross_entropy loss_;
   label_check label_check_ = label_check::verify;
   device::context* context_ = nullptr;
+  bool ready_on_device_ = false;  // set_ready_on_device
   device::stream_t stream_{};
 #if DTF_CUDA
   detail::layer_events events_;

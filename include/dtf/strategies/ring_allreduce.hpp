@@ -33,9 +33,11 @@
 // its CPU twin otherwise) and runs its step on the compute stream: the model's (when it takes a
 // context, nn::sequential), the loss's slot, the update (optim::optimizer::set_stream); one rank
 // exchanges nothing on CUDA builds (its gradient never leaves the device) and passes no ready
-// callback (no host wait per layer); several ranks stage the buckets through host memory, so the
-// host waits for the compute stream before the last bucket (section 6 of
-// docs/design/gpu-execution.md: not yet from the device). watch_losses(ring): each deferred step
+// callback (no host wait per layer); several ranks on the TCP ring stage the buckets through
+// pinned memory on the communication stream (dtf/strategies/pinned_staging.hpp, section 6.0 of
+// docs/design/gpu-execution.md): each bucket's copy waits on the device for the event of its
+// gradients, the communication thread waits for the copy, and the update waits on the device for
+// the last average; the training thread does not wait for the exchange. watch_losses(ring): each deferred step
 // pushes its averaged loss into a device::loss_ring before its update, and the update kernels
 // read the ring's flag: from a non-finite loss on, the parameters stay those of the step before.
 // Errors: those of dtf::communicator (a dead or mismatched rank fails every rank).
@@ -57,13 +59,12 @@
 #include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/strategies/micro_batches.hpp>
 #include <dtf/strategies/nccl_exchange.hpp>
+#include <dtf/strategies/pinned_staging.hpp>
 #include <dtf/tensor.hpp>
 
 #if DTF_CUDA
 #include <cuda_runtime_api.h>
 #endif
-
-#include <thrust/copy.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -150,7 +151,6 @@ class ring_allreduce<M> {
   ring_allreduce(communicator& comm, M& net, ring_allreduce_config config = {})
       : comm_(comm), net_(net), config_(config), n_(num_parameters(net.variables())), params_({n_}),
         grads_({detail::exchange_prefix + n_}), optimizer_(config.rule, n_),
-        host_(device_memory_is_host_accessible ? 0 : detail::exchange_prefix + n_),
         micro_((detail::check_loop_config(config, "ring_allreduce"), config.backward_passes_per_step)) {
     const bool streams = streams_gradients<M> && config.backward_passes_per_step == 1;
     exchange_ = detail::select_exchange(config.backend, comm, grads_, net, "ring_allreduce",
@@ -158,6 +158,10 @@ class ring_allreduce<M> {
     reducer_ = std::make_unique<detail::bucket_reducer>(
         detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, current_device_setter());
     optimizer_.set_stream(device_.stream());
+#if DTF_CUDA
+    if (!exchange_ && comm.size() > 1)  // the TCP ring: the buckets through pinned memory
+      staging_ = std::make_unique<detail::pinned_staging>(reducer_->buckets(), detail::exchange_prefix + n_);
+#endif
   }
 
   /// Rank 0 initialises the parameters from `seed`; every rank receives them.
@@ -246,11 +250,20 @@ class ring_allreduce<M> {
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
     bool loss_on_device = false;  // the model left its loss at device_loss() (defer, one pass)
-    auto report = [this](std::size_t first, std::size_t count) { reducer_->report(detail::exchange_prefix + first, count); };
-    // CUDA builds: a ready callback costs a host wait per layer (the model's contract); only an
-    // exchange that overlaps backprop needs it.
+    auto report = [this](std::size_t first, std::size_t count) {
+#if DTF_CUDA
+      if (staging_) staging_->note(detail::exchange_prefix + first, count, ready_event());
+#endif
+      reducer_->report(detail::exchange_prefix + first, count);
+    };
+    // CUDA builds: a ready callback costs a host wait per layer unless the model leaves the
+    // layer's event to the staging (orders_ready_on_device); only an overlapping exchange needs it.
     const bool reports = device_memory_is_host_accessible || reducer_->overlapping();
     const gradient_ready_fn ready = reports ? gradient_ready_fn(report) : gradient_ready_fn();
+#if DTF_CUDA
+    if (staging_) staging_->begin_step();
+    ready_guard guard(net_, staging_ != nullptr);
+#endif
     try {
       if (micro_.passes() > 1) {
         device_.settle();  // the passes slice the batch with Thrust's blocking policy
@@ -277,10 +290,15 @@ class ring_allreduce<M> {
     if constexpr (defers_loss<M>)
       if (loss_on_device) model_loss = net_.device_loss();
     device_.write_prefix(grads_.template data<float>(), pre, model_loss, loss);
-    // The exchange stages the buckets through host memory from the legacy stream (CUDA builds,
-    // several ranks): the last bucket holds the loss's slot.
-    if (!device_memory_is_host_accessible && comm_.size() > 1) device_.settle();
+#if DTF_CUDA
+    // The buckets backprop did not complete (the last one holds the loss's slot) wait for this
+    // (rule 1 of section 6.0); the update waits for the last average on the device (rule 5).
+    if (staging_) staging_->gradients_written(device_.stream());
     reducer_->finish();
+    if (staging_) device_.get().compute_waits_for_comm();
+#else
+    reducer_->finish();
+#endif
     if (exchange_) exchange_->finish();
     if (config_.clip_norm > 0.0f) {
       device_.settle();  // the clip reads the gradient with Thrust's blocking policy
@@ -350,21 +368,44 @@ class ring_allreduce<M> {
   }
 
  private:
-  // Bucket k's allreduce (average), in place; CUDA builds stage it through host memory.
+  // Bucket k's allreduce (average), in place; CUDA builds stage it through pinned memory on the
+  // communication stream (section 6.0).
   void reduce_bucket(std::size_t k, const detail::gradient_bucket& b) {
     if (exchange_) return exchange_->reduce(k, b);  // on the device (NCCL)
     const std::string name = "ring_allreduce/gradients/" + std::to_string(k);
-    if constexpr (device_memory_is_host_accessible) {
-      comm_.allreduce<float>(name, grads_.template span<float>().subspan(b.begin, b.size()), reduce_op::average);
-    } else {
-      if (comm_.size() == 1) return;  // one rank: the average is its gradient, left on the device
-      auto g = grads_.template device_ptr<float>();
-      thrust::copy(g + std::ptrdiff_t(b.begin), g + std::ptrdiff_t(b.end), host_.begin() + std::ptrdiff_t(b.begin));
-      comm_.allreduce<float>(name, std::span<float>(host_).subspan(b.begin, b.size()), reduce_op::average);
-      thrust::copy(host_.begin() + std::ptrdiff_t(b.begin), host_.begin() + std::ptrdiff_t(b.end),
-                   g + std::ptrdiff_t(b.begin));
-    }
+#if DTF_CUDA
+    if (!staging_) return;  // one rank: the average is its gradient, left on the device
+    staging_->reduce(k, b, comm_, name, grads_.template data<float>(), device_.get().comm_stream());
+#else
+    comm_.allreduce<float>(name, grads_.template span<float>().subspan(b.begin, b.size()), reduce_op::average);
+#endif
   }
+
+#if DTF_CUDA
+  // During a ready callback: the event after the reported layer's writes when the model leaves
+  // the wait to us (null: the model waited on the host, the floats are final).
+  cudaEvent_t ready_event() const {
+    if constexpr (detail::orders_ready_on_device<M>)
+      if (net_.ready_on_device()) return net_.gradient_event();
+    return nullptr;
+  }
+  // The model's ready callbacks leave the layer's wait to the staging for one step's backprop
+  // (every exit): another user of the model gets the model's default back.
+  struct ready_guard {
+    M& net;
+    bool on;
+    ready_guard(M& n, bool o) : net(n), on(o) {
+      if constexpr (detail::orders_ready_on_device<M>)
+        if (on) net.set_ready_on_device(true);
+    }
+    ready_guard(const ready_guard&) = delete;
+    ready_guard& operator=(const ready_guard&) = delete;
+    ~ready_guard() {
+      if constexpr (detail::orders_ready_on_device<M>)
+        if (on) net.set_ready_on_device(false);
+    }
+  };
+#endif
 
   // The communication thread works on the device that is current where the engine is built.
   static std::function<void()> current_device_setter() {
@@ -383,13 +424,15 @@ class ring_allreduce<M> {
   std::size_t n_;
   tensor params_, grads_, x_, y_;  // grads_: [loss, 15 zeros, the gradient]
   optim::optimizer<> optimizer_;
-  std::vector<float> host_;  // CUDA builds: the buckets staged in host memory
   detail::micro_batches micro_;
   std::int64_t step_ = 0;
   float last_norm_ = 0;
   std::unique_ptr<detail::device_exchange> exchange_;  // null: the TCP ring
   device::loss_ring* ring_ = nullptr;  // watch_losses'
   std::unique_ptr<detail::bucket_reducer> reducer_;  // its thread stops before the buffers go
+#if DTF_CUDA
+  std::unique_ptr<detail::pinned_staging> staging_;  // the TCP ring with several ranks; freed after device_ drains
+#endif
   detail::engine_context<M> device_{net_};  // last: destroyed first, its streams drained
 };
 
