@@ -104,7 +104,7 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
   auto engine = strategy.make(ring.comm(), job.ps, net);  // initialise
   if (o.embedding_rule) engine.set_embedding_rule(*o.embedding_rule);
   engine.initialize(o.seed);
-  engine.agree_on_lost_ps(o.max_recoveries > 0);
+  engine.agree_on_lost_ps(true);  // every rank ends or recovers at the same step, none waits in the ring
   const train_options ro = hybrid_ring_options(o, engine, job.c.num_ps());
   for (int recoveries = 0;; ++recoveries) {
     std::optional<strategies::lost_ps> lost;
@@ -151,14 +151,29 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
         result.recoveries = recoveries;
         return result;
       } catch (const strategies::lost_ps& e) {  // every rank, at the same step (agreed)
-        if (o.max_recoveries == 0) throw;
         if (recoveries >= o.max_recoveries)
-          throw strategies::lost_ps(e.code(), e.message() + "; max_recoveries " + std::to_string(o.max_recoveries) +
-                                                  " reached");
+          throw strategies::lost_ps(e.code(), e.message() + (o.max_recoveries == 0
+                                                                 ? "; max_recoveries is 0: the job ends"
+                                                                 : "; max_recoveries " + std::to_string(o.max_recoveries) +
+                                                                       " reached"));
         lost.emplace(e);
       }
     }  // the session ended (its hooks saw the error) before the recovery
     recover_hybrid_ps(job, ring, o, *lost, recoveries + 1);
+  }
+}
+
+/// The chief's failure ends the job: its ps tasks are not left serving nobody. After a lost ps
+/// (`lost_ps`) the connection to the restarted one is made again first (bounded by the connect
+/// timeout); a ps that is gone has nothing left to shut down.
+inline void shutdown_ps_after_failure(ps_job& job, bool lost_ps) noexcept {
+  try {
+    if (lost_ps) job.ps.reconnect();
+  } catch (const std::exception&) {  // not back: the others are still shut down below
+  }
+  try {
+    job.ps.shutdown();
+  } catch (const std::exception&) {
   }
 }
 
@@ -180,12 +195,11 @@ train_result train_hybrid(const cluster& c, M& net, const data::dataset& train_s
     train_result result = run_hybrid_rank(job, ring, train_set, strategy, net, o, std::move(user_hooks)...);
     if (job.is_chief) shutdown_ps(job);
     return result;
+  } catch (const strategies::lost_ps&) {
+    if (job.is_chief) shutdown_ps_after_failure(job, /*lost_ps=*/true);
+    throw;
   } catch (...) {
-    // The chief's failure ends the job: its ps tasks are not left serving nobody.
-    if (job.is_chief) try {
-        job.ps.shutdown();
-      } catch (const std::exception&) {  // already gone: nothing left to shut down
-      }
+    if (job.is_chief) shutdown_ps_after_failure(job, /*lost_ps=*/false);
     throw;
   }
 }
