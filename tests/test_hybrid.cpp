@@ -25,6 +25,7 @@
 #include <memory>
 #include <cmath>
 #include <mutex>
+#include <utility>
 
 namespace hybrid_test {
 
@@ -579,16 +580,20 @@ TEST_CASE("hybrid refuses to resume from a checkpoint without tables (a ring_all
 
 // A ps replaced (restarted empty) after step 3, the latest checkpoint at step 2: every rank
 // leaves step 4 at the same point (the ranks agree after the step), rank 0 restores ps 0 and 1
-// from ckpt-2 and broadcasts the dense part, and both ranks train steps 3 to 6 again: the job
-// ends equal to the uninterrupted one bit for bit.
-TEST_CASE("hybrid, 2 ranks, synchronous tables: a ps replaced after the checkpoint at step 2 is restored in the "
-          "job, which ends equal to the uninterrupted one bit for bit",
+// from ckpt-2 and broadcasts the dense part, and both ranks train steps 3 to 6 again. Replaced
+// after the last step (6) with checkpoints every 4 steps: rank 0's evaluation and its final
+// save find the ps gone, every rank learns it from the save, and the job rewinds to step 4.
+// Either way the job ends equal to the uninterrupted one bit for bit.
+TEST_CASE("hybrid, 2 ranks, synchronous tables: a ps replaced after a checkpoint is restored in the job, which "
+          "ends equal to the uninterrupted one bit for bit",
           "[hybrid][train][checkpoint][recovery]") {
+  const auto [replace_after, every] = GENERATE(std::pair<std::int64_t, std::int64_t>{3, 2}, std::pair<std::int64_t, std::int64_t>{6, 4});
+  CAPTURE(replace_after, every);
   const auto data = id_data(20, 17);  // 2 batches of 5 an epoch per rank
   train_options o{.name = "hybrid-recover", .epochs = 3, .batch = 5, .seed = 7, .summary_every = 0,
                   .log_every = 0, .timeout_ms = 10000};
   o.embedding_rule = optim::adagrad{.learning_rate = 0.1f};
-  o.save_checkpoints_steps = 2;
+  o.save_checkpoints_steps = every;
   o.save_checkpoints_secs = 0;
   o.max_recoveries = 1;
   trained_state at;
@@ -603,17 +608,17 @@ TEST_CASE("hybrid, 2 ranks, synchronous tables: a ps replaced after the checkpoi
   const strategies::hybrid strategy({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}, .bucket_bytes = 1},
                                      .tables = strategies::table_updates::synchronous});
   test::temp_dir whole("hybrid-rec-whole"), replaced("hybrid-rec-replaced");
-  auto run = [&](const test::temp_dir& dir, std::int64_t replace_after, std::vector<train_result>* results) {
+  auto run = [&](const test::temp_dir& dir, std::int64_t replace, std::vector<train_result>* results) {
     auto opts = o;
     opts.model_dir = dir.path().string();
     std::int64_t ps_step = -1;
-    *results = two_rank_job(data, strategy, opts, &ps_step, replace_after);
+    *results = two_rank_job(data, strategy, opts, &ps_step, replace);
     CHECK(ps_step == 6);
     return at;
   };
   std::vector<train_result> full_results, results;
   const auto full = run(whole, -1, &full_results);
-  const auto recovered = run(replaced, 3, &results);
+  const auto recovered = run(replaced, replace_after, &results);
   for (std::size_t k = 0; k < 2; ++k) {
     CAPTURE(k);
     CHECK(full_results[k].exit_code == 0);
@@ -627,18 +632,26 @@ TEST_CASE("hybrid, 2 ranks, synchronous tables: a ps replaced after the checkpoi
   CHECK(recovered.rows == full.rows);
 }
 
-// max_recoveries 0: both ranks end at the same step with the error naming the ps and the cause
+// max_recoveries 0: both ranks end at the same point with the error naming the ps and the cause
 // (neither waits for the other in the ring); no checkpoint: the same, naming the missing one.
+// Replaced after step 3, the ranks learn it after step 4 (index 3); after the last step, rank 0's
+// evaluation finds it and every rank learns it at the end, after their done reports.
 TEST_CASE("hybrid, 2 ranks: a ps replaced with max_recoveries 0, or with no checkpoint, ends every rank with the "
           "error naming the ps",
           "[hybrid][train][recovery]") {
   const auto data = id_data(20, 17);
   train_options o{.name = "hybrid-lost", .epochs = 3, .batch = 5, .seed = 7, .summary_every = 0, .log_every = 0,
                   .timeout_ms = 10000};
+  o.evaluate_rows = [](std::span<const float>, const row_reader& read) {
+    std::vector<float> rows(V * D);
+    read(0, std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6}, rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
   const strategies::hybrid strategy({.dense = {.rule = optim::sgd{.learning_rate = 0.1f}},
                                      .tables = strategies::table_updates::synchronous});
   const bool with_checkpoint = GENERATE(true, false);
-  CAPTURE(with_checkpoint);
+  const std::int64_t replace_after = GENERATE(3, 6);
+  CAPTURE(with_checkpoint, replace_after);
   test::temp_dir dir("hybrid-lost");
   if (with_checkpoint) {
     o.model_dir = dir.path().string();
@@ -649,16 +662,18 @@ TEST_CASE("hybrid, 2 ranks: a ps replaced with max_recoveries 0, or with no chec
   }
   std::vector<std::string> errors;
   const auto started = std::chrono::steady_clock::now();
-  (void)two_rank_job(data, strategy, o, nullptr, 3, &errors);
+  (void)two_rank_job(data, strategy, o, nullptr, replace_after, &errors);
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(8));  // no ring timeout waited for
+  const std::string where = replace_after == 3 ? "hybrid: step 3: " : "hybrid: the end: ";
   for (std::size_t k = 0; k < 2; ++k) {
     CAPTURE(k, errors[k]);
-    CHECK_THAT(errors[k], Catch::Contains("hybrid: step 3: ") && Catch::Contains("lost a parameter server"));
+    CHECK_THAT(errors[k], Catch::Contains(where) && Catch::Contains("lost a parameter server"));
     if (with_checkpoint) CHECK_THAT(errors[k], Catch::Contains("max_recoveries is 0: the job ends"));
     else CHECK_THAT(errors[k], Catch::Contains("no checkpoint to restore the parameter servers from (no model_dir)"));
   }
-  // A rank that saw the failure names the ps (ps.0's address).
-  CHECK((errors[0].find("127.0.0.1:") != std::string::npos || errors[1].find("127.0.0.1:") != std::string::npos));
+  // A rank that saw the failure names the ps (ps.0 and its address).
+  CHECK((errors[0].find("ps.0 (127.0.0.1:") != std::string::npos ||
+         errors[1].find("ps.0 (127.0.0.1:") != std::string::npos));
 }
 
 TEST_CASE("hybrid refuses a cluster without ps, by name",

@@ -29,11 +29,11 @@
 // The rows' rule is options.embedding_rule (dtf::train), else the dense rule.
 // Errors: those of the communicator (a dead rank fails every rank) and of the ps client;
 // synchronous tables: a ps whose step is not the ring's is errc::invalid_argument naming both.
-// A lost ps, when the ranks agree on it (agree_on_lost_ps, dtf::train with max_recoveries): a
-// rank whose ps request fails with errc::peer_failure or errc::timeout finishes the step's ring
-// collectives anyway (zero rows, no push), then every rank learns of it through one allreduce
-// after the step and every rank throws lost_ps at the same step (the step's result is void: the
-// caller rewinds every rank to a checkpoint, docs/design/hybrid.md section 4).
+// A lost ps, when the ranks agree on it (agree_on_lost_ps; dtf::train always): a rank whose ps
+// request fails with errc::peer_failure or errc::timeout finishes the step's ring collectives
+// anyway (zero rows, no push), then every rank learns of it through one allreduce after the
+// step (agree) and every rank throws lost_ps at the same step (the step's result is void: the
+// caller ends the job or rewinds every rank to a checkpoint, docs/design/hybrid.md section 4).
 // Thread safety: one thread per engine.
 #pragma once
 
@@ -51,6 +51,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtf::strategies {
@@ -195,7 +196,6 @@ class hybrid_engine {
       tower_.set_rows(batch_.gather(tables_), [this] { push_rows(); });
       return ring_.step(b);
     }
-    lost_.reset();
     std::span<const embedding_rows> rows;
     guard([&] { rows = batch_.gather(tables_); });
     if (lost_) rows = batch_.zero_rows();  // the ring's step still runs: the others are in it
@@ -203,14 +203,36 @@ class hybrid_engine {
       if (!lost_) guard([this] { push_rows(); });
     });
     const float loss = ring_.step(b);
+    agree("step " + std::to_string(ring_.global_step() - 1));
+    return loss;
+  }
+  /// The agreement on a lost ps (see the file comment), on every rank at the same point: throws
+  /// lost_ps on every rank when any rank lost a ps since the last agreement. `where` names the
+  /// point in the message.
+  void agree(const std::string& where) {
     float lost[1] = {lost_ ? 1.0f : 0.0f};
     if (ring_.comm().size() > 1) ring_.comm().allreduce("hybrid/lost_ps", std::span<float>(lost), reduce_op::max);
-    if (lost[0] == 0.0f) return loss;
-    const std::string at = "hybrid: step " + std::to_string(ring_.global_step() - 1) + ": ";
-    if (lost_) throw lost_ps(lost_->code(), at + "rank " + std::to_string(ring_.comm().rank()) +
-                                                " lost a parameter server: " + lost_->message());
+    const std::optional<error> mine = std::exchange(lost_, std::nullopt);
+    if (lost[0] == 0.0f) return;
+    const std::string at = "hybrid: " + where + ": ";
+    if (mine) throw lost_ps(mine->code(), at + "rank " + std::to_string(ring_.comm().rank()) +
+                                              " lost a parameter server: " + mine->message());
     throw lost_ps(errc::peer_failure, at + "another rank lost a parameter server");
   }
+  /// f(); a lost or restarted ps (errc::peer_failure, errc::timeout) is kept for the next
+  /// agreement instead of thrown (other errors are thrown).
+  template <class F>
+  void guard(F&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      if (e.code() != make_error_code(errc::peer_failure) && e.code() != make_error_code(errc::timeout)) throw;
+      if (!lost_) lost_.emplace(e.code(), e.message());
+    }
+  }
+  /// Forgets a lost ps kept for the next agreement (a recovery made after the ranks learnt of it
+  /// another way, e.g. rank 0's failed save).
+  void forget_lost() noexcept { lost_.reset(); }
   /// Whether a lost ps is agreed on by every rank (lost_ps at the same step) rather than thrown
   /// where it happens (see the file comment). Costs one 4-byte allreduce a step.
   void agree_on_lost_ps(bool on) noexcept { agree_ = on; }
@@ -247,16 +269,6 @@ class hybrid_engine {
   table_updates table_mode() const noexcept { return config_.tables; }
 
  private:
-  // f(); a lost or restarted ps (errc::peer_failure, errc::timeout) kept in lost_.
-  template <class F>
-  void guard(F&& f) {
-    try {
-      f();
-    } catch (const error& e) {
-      if (e.code() != make_error_code(errc::peer_failure) && e.code() != make_error_code(errc::timeout)) throw;
-      lost_.emplace(e.code(), e.message());
-    }
-  }
   // Step 3 of the file comment: the rows' gradients to the ps (global_step(): the step running).
   void push_rows() {
     if (config_.tables == table_updates::asynchronous) return batch_.push(tables_);

@@ -68,8 +68,12 @@ template <class Engine>
 train_options hybrid_ring_options(const train_options& o, Engine& engine, std::size_t num_ps) {
   train_options ro = o;  // without evaluate_rows: options.evaluate of the dense part, as the ps path
   if (o.evaluate_rows)
-    ro.evaluate = [&o, reader = strategies::detail::read_rows(engine.tables())](std::span<const float> p) {
-      return o.evaluate_rows(p, reader);
+    ro.evaluate = [&o, &engine, reader = strategies::detail::read_rows(engine.tables())](std::span<const float> p) {
+      // A ps lost while rank 0 reads rows is the next agreement's (a step's or the end's), so
+      // the other ranks learn of it where they are; the evaluation is void (the job rewinds or ends).
+      nn::evaluation e{};
+      engine.guard([&] { e = o.evaluate_rows(p, reader); });
+      return e;
     };
   const std::string tokens = std::string("tables=") + strategies::to_string(engine.table_mode()) +
                              " ps=" + std::to_string(num_ps);
@@ -84,7 +88,15 @@ inline void recover_hybrid_ps(ps_job& job, ring_job& ring, const train_options& 
                               int recovery) {
   std::fprintf(stderr, "%s: %s; recovery %d of %d: every rank rewinds to the latest checkpoint\n", ring.me.c_str(),
                why.message().c_str(), recovery, o.max_recoveries);
-  job.ps.reconnect();  // the restarted ps listens again (bounded by the connect timeout)
+  // A rank that did not talk to the restarted ps since may hold a connection to the old one:
+  // a request to every ps finds it (and drops it); then every dropped connection is made again
+  // (the restarted ps listens again; bounded by the connect timeout).
+  try {
+    (void)job.ps.ready();
+  } catch (const error& e) {
+    if (e.code() != make_error_code(errc::peer_failure) && e.code() != make_error_code(errc::timeout)) throw;
+  }
+  job.ps.reconnect();
   std::int64_t have[1] = {0};
   if (ring.is_chief()) have[0] = !o.model_dir.empty() && read_checkpoint_state(o.model_dir) ? 1 : 0;
   if (ring.comm().size() > 1) ring.comm().broadcast("hybrid/recover", std::span<std::int64_t>(have), 0);
@@ -145,7 +157,10 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
         // Finish: every rank reports done to the ps before the barrier, so rank 0's shutdown
         // after it finds no rank still to report (a synchronous ps takes a rank that leaves
         // unreported for a lost replica).
-        close_ring(*s.session, ring, run, engine, [&job] { job.ps.mark_done(); });
+        close_ring(*s.session, ring, run, engine, [&job, &engine] {
+          engine.guard([&job] { job.ps.mark_done(); });
+          engine.agree("the end");  // a ps lost since the last step: every rank recovers or ends here
+        });
         if constexpr (adopts_parameters<M>) net.set_parameters(engine.parameters());  // every rank holds rank 0's
         report_ring(ring, d, run, net, engine, ro, result, job.started);
         result.recoveries = recoveries;
@@ -157,6 +172,7 @@ train_result run_hybrid_rank(ps_job& job, ring_job& ring, const data::dataset& t
                                                                  : "; max_recoveries " + std::to_string(o.max_recoveries) +
                                                                        " reached"));
         lost.emplace(e);
+        engine.forget_lost();  // known to every rank now: not the next agreement's
       }
     }  // the session ended (its hooks saw the error) before the recovery
     recover_hybrid_ps(job, ring, o, *lost, recoveries + 1);
