@@ -3,9 +3,8 @@
 // tasks. See dtf/train.hpp for the whole picture.
 //
 // train_hybrid reuses the phases of the other two paths, in order, with what each guarantees:
-//   refusals          a cluster without ps tasks and max_recoveries (the recovery of a lost ps
-//                     is not built) are errc::invalid_config naming the strategy, before
-//                     anything connects.
+//   refusals          a cluster without ps tasks is errc::invalid_config naming the strategy,
+//                     before anything connects.
 //   ps role           serve_ps (ps_job.hpp) with a placement of no dense shard: the ps holds the
 //                     tables only; served until rank 0's shutdown.
 //   connect           the ps_job constructor (ps_job.hpp): connected to every ps; then
@@ -29,8 +28,22 @@
 //                     (its departure is not a lost replica's), report_ring (the RESULT line, with
 //                     tables=<mode> ps=<n>), then rank 0 shuts the ps down (shutdown_ps): every
 //                     push and done report was acknowledged before the ring's barrier, so nothing
-//                     is in flight. A rank 0 that fails shuts the ps down on its way out (the job
-//                     has no recovery: it restarts whole).
+//                     is in flight. A rank 0 that fails shuts the ps down on its way out.
+//   a lost ps         (docs/design/hybrid.md section 4) a ps request that fails with
+//                     errc::peer_failure or errc::timeout (the ps died; dtfrun may have restarted
+//                     it, empty) is kept by the engine until the ranks' next agreement: after
+//                     each step (the step's ring collectives still run, with zero rows), after
+//                     the done reports at the end, or rank 0's word after a save; rank 0's
+//                     evaluation keeps it too. Every rank then throws strategies::lost_ps at the
+//                     same point, so none waits in a collective. Up to max_recoveries times the
+//                     session ends and starts again (recover_hybrid_ps: every rank drops its
+//                     stale connections and reconnects; rank 0 says whether there is a
+//                     checkpoint): rank 0 restores the latest checkpoint's tables and every ps's
+//                     step (restore_hybrid, the restore path) and broadcasts the dense part and
+//                     step; every rank resumes its data at that step, the batches since trained
+//                     again. Beyond that, or with no checkpoint, every rank ends with lost_ps
+//                     naming the ps (where this rank saw it) and the cause. A dead rank still
+//                     ends the job (the ring has no elastic membership).
 #pragma once
 
 #include <dtf/cluster.hpp>
