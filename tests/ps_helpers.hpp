@@ -123,6 +123,13 @@ struct running_ps {
     thread.join();
     ps.reset();
   }
+  /// Stops this ps and starts a fresh one (nothing of the old one's state) on the same port.
+  void restart(ps_options o) {
+    const std::string a = address();
+    kill();
+    ps = std::make_unique<parameter_server>(a, std::move(o));
+    thread = std::thread([p = ps.get()] { p->run(); });
+  }
   ~running_ps() { kill(); }
 };
 

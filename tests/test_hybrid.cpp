@@ -2,7 +2,9 @@
 // dense variables by ring-allreduce among the workers. One worker through dtf::train against an
 // independent local computation of the whole model (dense parameters and the whole table held
 // here, plain SGD), bit for bit; two ranks' engines (threads on loopback) whose dense replicas
-// stay bitwise equal while the ps hold no dense variable; the refusals.
+// stay bitwise equal while the ps hold no dense variable; checkpoints of both halves; a ps
+// replaced mid-job (stopped and restarted empty on its port) recovered in the job against the
+// uninterrupted job, or ending every rank with the error naming it; the refusals.
 #include <catch2/catch.hpp>
 
 #include <dtf/nn/embedding_sequential.hpp>
@@ -21,8 +23,11 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <cmath>
 #include <mutex>
+#include <utility>
 
 namespace hybrid_test {
 
@@ -293,14 +298,32 @@ TEST_CASE("hybrid engines on 2 ranks, synchronous tables, plain SGD: dense part 
   CHECK(table != initial_table(spec));
 }
 
+// Rank 0's hook that replaces ps 0 once, after step `at`: stopped and started again on its port
+// with none of its state (its tables, its step), as dtfrun restarts a dead ps. The other rank
+// is then in the agreed stop's allreduce of that step, so both find the ps gone at step at + 1.
+struct replace_ps_after {
+  std::int64_t at;
+  std::function<void()> replace;
+  std::shared_ptr<bool> done = std::make_shared<bool>(false);  // once, across the copies a recovery makes
+  void after_run(run_context& ctx, const run_values&) {
+    if (*done || ctx.global_step() != at) return;
+    *done = true;
+    replace();
+  }
+};
+
 // The phases dtf::train runs on each rank of a 2-worker hybrid job (run_hybrid_rank: engine,
 // session, agreed stop, checkpoints, evaluation, RESULT), over a ring the test builds on free
 // ports (dtf::train would listen on the cluster's addresses) and two fresh ps serving
 // o.model_dir; every rank reports done before the ring's last barrier, and rank 0 then shuts the
 // ps down, as train_hybrid does. Returns each rank's result; `ps_step`: ps 0's step at the end.
+// `replace_after` >= 0: ps 0 is replaced after that step (replace_ps_after); `errors`: each
+// rank's error (empty: none) instead of rethrowing it.
 std::vector<train_result> two_rank_job(const data::dataset& data, const strategies::hybrid& strategy,
-                                       const train_options& o, std::int64_t* ps_step = nullptr) {
+                                       const train_options& o, std::int64_t* ps_step = nullptr,
+                                       std::int64_t replace_after = -1, std::vector<std::string>* errors = nullptr) {
   std::deque<test::running_ps> servers;
+  std::vector<ps_options> options;
   cluster c;
   c.source = "test";
   for (std::size_t p = 0; p < 2; ++p) {
@@ -308,12 +331,14 @@ std::vector<train_result> two_rank_job(const data::dataset& data, const strategi
     po.transport.cluster_id.clear();
     po.transport.log = [](const std::string&) {};
     po.checkpoint_dir = o.model_dir;
+    options.push_back(po);
     c.spec.jobs["ps"][p] = servers.emplace_back(std::move(po)).address();
   }
   c.spec.jobs["worker"][0] = "127.0.0.1:1";  // the ring below is the test's own
   c.spec.jobs["worker"][1] = "127.0.0.1:2";
   test::ring_setup setup(2);
   std::vector<train_result> results(2);
+  if (errors) errors->assign(2, "");
   test::run_threads(2, [&](std::size_t k) {
     cluster me = c;
     me.self = {"worker", k};
@@ -325,7 +350,19 @@ std::vector<train_result> two_rank_job(const data::dataset& data, const strategi
     collective_options co;
     co.timeout_ms = 10000;
     ring.comm_holder.emplace(std::move(setup.listeners[k]), k, setup.addresses, std::vector<std::string>{}, co);
-    results[k] = dtf::detail::run_hybrid_rank(job, ring, data, strategy, net, o);  // reports done
+    try {
+      if (k == 0 && replace_after >= 0)
+        results[k] = dtf::detail::run_hybrid_rank(job, ring, data, strategy, net, o,
+                                                  replace_ps_after{replace_after, [&] { servers[0].restart(options[0]); }});
+      else
+        results[k] = dtf::detail::run_hybrid_rank(job, ring, data, strategy, net, o);  // reports done
+    } catch (const dtf::error& e) {
+      if (!errors) throw;
+      (*errors)[k] = e.what();
+      if (job.is_chief)  // as train_hybrid: the chief's failure ends the job
+        dtf::detail::shutdown_ps_after_failure(job, dynamic_cast<const strategies::lost_ps*>(&e) != nullptr);
+      return;
+    }
     if (job.is_chief) dtf::detail::shutdown_ps(job);  // the others may still be leaving
   });
   CHECK(servers[0].ps->shutdown_requested());
@@ -543,7 +580,141 @@ TEST_CASE("hybrid refuses to resume from a checkpoint without tables (a ring_all
   }
 }
 
-TEST_CASE("hybrid refuses a cluster without ps and recoveries (not built), by name",
+// A ps replaced (restarted empty) after step 3, the latest checkpoint at step 2: every rank
+// leaves step 4 at the same point (the ranks agree after the step), rank 0 restores ps 0 and 1
+// from ckpt-2 and broadcasts the dense part, and both ranks train steps 3 to 6 again. Replaced
+// after the last step (6) with checkpoints every 4 steps: rank 0's evaluation and its final
+// save find the ps gone, every rank learns it from the save, and the job rewinds to step 4.
+// Either way the job ends equal to the uninterrupted one bit for bit.
+TEST_CASE("hybrid, 2 ranks, synchronous tables: a ps replaced after a checkpoint is restored in the job, which "
+          "ends equal to the uninterrupted one bit for bit",
+          "[hybrid][train][checkpoint][recovery]") {
+  const auto [replace_after, every] =
+      GENERATE(std::pair<std::int64_t, std::int64_t>{3, 2}, std::pair<std::int64_t, std::int64_t>{6, 4});
+  CAPTURE(replace_after, every);
+  const auto data = id_data(20, 17);  // 2 batches of 5 an epoch per rank
+  train_options o{.name = "hybrid-recover", .epochs = 3, .batch = 5, .seed = 7, .summary_every = 0,
+                  .log_every = 0, .timeout_ms = 10000};
+  o.embedding_rule = optim::adagrad{.learning_rate = 0.1f};
+  o.save_checkpoints_steps = every;
+  o.save_checkpoints_secs = 0;
+  o.max_recoveries = 1;
+  trained_state at;
+  std::mutex m;
+  o.evaluate_rows = [&](std::span<const float> p, const row_reader& read) {
+    const std::lock_guard lock(m);
+    at.dense = test::host_copy(p);
+    at.rows.assign(V * D, 0.0f);
+    read(0, std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6}, at.rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const strategies::hybrid strategy({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}, .bucket_bytes = 1},
+                                     .tables = strategies::table_updates::synchronous});
+  test::temp_dir whole("hybrid-rec-whole"), replaced("hybrid-rec-replaced");
+  auto run = [&](const test::temp_dir& dir, std::int64_t replace, std::vector<train_result>* results) {
+    auto opts = o;
+    opts.model_dir = dir.path().string();
+    std::int64_t ps_step = -1;
+    *results = two_rank_job(data, strategy, opts, &ps_step, replace);
+    CHECK(ps_step == 6);
+    return at;
+  };
+  std::vector<train_result> full_results, results;
+  const auto full = run(whole, -1, &full_results);
+  const auto recovered = run(replaced, replace_after, &results);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    CHECK(full_results[k].exit_code == 0);
+    CHECK(full_results[k].recoveries == 0);
+    CHECK(results[k].exit_code == 0);
+    CHECK(results[k].recoveries == 1);
+    CHECK(results[k].global_step == 6);
+  }
+  REQUIRE(!recovered.dense.empty());
+  CHECK(recovered.dense == full.dense);
+  CHECK(recovered.rows == full.rows);
+}
+
+// Asynchronous tables recover the same way; two ranks' pushes of a step reach the ps in either
+// order (Adagrad's rows then differ in rounding), so the job is compared with no reference: both
+// ranks recover once and end at the last step, whose checkpoint holds every row, as the ps held
+// them at the end.
+TEST_CASE("hybrid, 2 ranks, asynchronous tables: a ps replaced after a checkpoint is restored in the job",
+          "[hybrid][train][checkpoint][recovery]") {
+  const auto data = id_data(20, 17);
+  test::temp_dir dir("hybrid-rec-async");
+  train_options o{.name = "hybrid-recover-async", .epochs = 3, .batch = 5, .seed = 7, .summary_every = 0,
+                  .log_every = 0, .timeout_ms = 10000};
+  o.embedding_rule = optim::adagrad{.learning_rate = 0.1f};
+  o.model_dir = dir.path().string();
+  o.save_checkpoints_steps = 2;
+  o.save_checkpoints_secs = 0;
+  o.max_recoveries = 1;
+  std::vector<float> rows;
+  o.evaluate_rows = [&](std::span<const float>, const row_reader& read) {
+    rows.assign(V * D, 0.0f);
+    read(0, std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6}, rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const strategies::hybrid strategy({.dense = {.rule = optim::adam{.learning_rate = 1e-2f}}});
+  const auto results = two_rank_job(data, strategy, o, nullptr, 3);
+  for (std::size_t k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    CHECK(results[k].exit_code == 0);
+    CHECK(results[k].recoveries == 1);
+    CHECK(results[k].global_step == 6);
+  }
+  CHECK(read_checkpoint_state(dir.path())->latest == "ckpt-6");
+  const auto saved = read_checkpoint_table(checkpoint_reader::open(dir.path(), "ckpt-6"), "words");
+  CHECK(saved.ids == std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6});
+  CHECK(saved.rows == rows);  // rank 0's last evaluation read them from the ps
+}
+
+// max_recoveries 0: both ranks end at the same point with the error naming the ps and the cause
+// (neither waits for the other in the ring); no checkpoint: the same, naming the missing one.
+// Replaced after step 3, the ranks learn it after step 4 (index 3); after the last step, rank 0's
+// evaluation finds it and every rank learns it at the end, after their done reports.
+TEST_CASE("hybrid, 2 ranks: a ps replaced with max_recoveries 0, or with no checkpoint, ends every rank with the "
+          "error naming the ps",
+          "[hybrid][train][recovery]") {
+  const auto data = id_data(20, 17);
+  train_options o{.name = "hybrid-lost", .epochs = 3, .batch = 5, .seed = 7, .summary_every = 0, .log_every = 0,
+                  .timeout_ms = 10000};
+  o.evaluate_rows = [](std::span<const float>, const row_reader& read) {
+    std::vector<float> rows(V * D);
+    read(0, std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6}, rows);
+    return nn::evaluation{.loss = 1.0, .accuracy = 0.5, .examples = 1};
+  };
+  const strategies::hybrid strategy({.dense = {.rule = optim::sgd{.learning_rate = 0.1f}},
+                                     .tables = strategies::table_updates::synchronous});
+  const bool with_checkpoint = GENERATE(true, false);
+  const std::int64_t replace_after = GENERATE(3, 6);
+  CAPTURE(with_checkpoint, replace_after);
+  test::temp_dir dir("hybrid-lost");
+  if (with_checkpoint) {
+    o.model_dir = dir.path().string();
+    o.save_checkpoints_steps = 2;
+    o.save_checkpoints_secs = 0;
+  } else {
+    o.max_recoveries = 2;  // nothing to rewind to
+  }
+  std::vector<std::string> errors;
+  const auto started = std::chrono::steady_clock::now();
+  (void)two_rank_job(data, strategy, o, nullptr, replace_after, &errors);
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(8));  // no ring timeout waited for
+  const std::string where = replace_after == 3 ? "hybrid: step 3: " : "hybrid: the end: ";
+  for (std::size_t k = 0; k < 2; ++k) {
+    CAPTURE(k, errors[k]);
+    CHECK_THAT(errors[k], Catch::Contains(where) && Catch::Contains("lost a parameter server"));
+    if (with_checkpoint) CHECK_THAT(errors[k], Catch::Contains("max_recoveries is 0: the job ends"));
+    else CHECK_THAT(errors[k], Catch::Contains("no checkpoint to restore the parameter servers from (no model_dir)"));
+  }
+  // A rank that saw the failure names the ps (ps.0 and its address).
+  CHECK((errors[0].find("ps.0 (127.0.0.1:") != std::string::npos ||
+         errors[1].find("ps.0 (127.0.0.1:") != std::string::npos));
+}
+
+TEST_CASE("hybrid refuses a cluster without ps, by name",
           "[hybrid][train]") {
   auto net = make_net(table_spec(false));
   const auto data = id_data(10, 1);
@@ -558,15 +729,6 @@ TEST_CASE("hybrid refuses a cluster without ps and recoveries (not built), by na
     }
   };
   refused(local_cluster(), strategies::hybrid(), o, "the cluster has no ps tasks to hold the embedding tables");
-  // A cluster with a ps that is never reached: each refusal comes before any connection.
-  cluster c;
-  c.source = "test";
-  c.spec.jobs["ps"][0] = "127.0.0.1:1";
-  c.spec.jobs["worker"][0] = "127.0.0.1:2";
-  c.self = {"worker", 0};
-  auto with_recoveries = o;
-  with_recoveries.max_recoveries = 1;
-  refused(c, strategies::hybrid(), with_recoveries, "max_recoveries");
 }
 
 }  // namespace hybrid_test

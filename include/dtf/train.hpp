@@ -26,7 +26,8 @@
 // SIGTERM / SIGINT: the first one stops cleanly — the step in progress completes, the chief
 // checkpoints and ends the job; collective ranks agree on the stop first (hooks/agreed_stop.hpp).
 // A lost ps: with max_recoveries > 0 the step, save or end is retried after the ps comes back
-// (dtf/recovery.hpp; the chief re-initialises it from the latest checkpoint).
+// (dtf/recovery.hpp; the chief re-initialises it from the latest checkpoint); a hybrid job's
+// ranks agree on the loss and rewind together to the latest checkpoint (dtf/train/hybrid.hpp).
 // A restarted task (ps strategies) redoes no work: every task reports its data position to ps 0
 // after each step (position_every), checkpoints carry the positions, and a task started into a
 // running job resumes its shard at its own (dtf/ps/positions.hpp; its epochs count those done).

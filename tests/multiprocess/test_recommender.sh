@@ -7,7 +7,8 @@
 # planted AUC is the limit of unbounded data; 36,000 examples of 26 columns of 100 ids each
 # fix the ids' effects only roughly), so AUC > 0.66 and within 0.2 of the planted AUC, and the
 # log loss below the click rate's entropy (0.49 here: a model that learnt nothing).
-# Then the hybrid job under 2 ps and 4 workers, and the TSV path: the same logs written gzip-compressed by --save_synthetic and read back
+# Then the hybrid job under 2 ps and 4 workers, the hybrid job through a lost ps (SIGKILLed,
+# restarted by dtfrun, restored in the job: --max_recoveries), and the TSV path: the same logs written gzip-compressed by --save_synthetic and read back
 # with --data train (1 ps, 1 worker) to exactly the AUC and log loss of the --synthetic run.
 # Usage: test_recommender.sh <dtfrun> <recommender>
 source "$(dirname "$0")/lib.sh"
@@ -35,6 +36,31 @@ grep -q "RESULT scheme=recommender_hybrid_sync workers=4 .*tables=synchronous ps
   { cat "$work/hybrid.log"; fail "no hybrid RESULT line"; }
 [[ $(grep -cE "^ps\.[01] .*serving 0 shards \(0 bytes\)" "$work/hybrid.log") == 2 ]] ||
   { cat "$work/hybrid.log"; fail "a ps holds dense variables in the hybrid job"; }
+
+# A lost ps in the hybrid job (docs/design/hybrid.md section 4): ps.0 SIGKILLed once a checkpoint
+# after step 0 exists, restarted by dtfrun (empty); both ranks agree on the loss, rank 0 restores
+# the latest checkpoint into both ps, and the job trains on from its step to the end.
+ck="$work/hybrid_ck"
+"$dtfrun" --ps 2 --workers 2 --max-restarts ps=1 --grace_ms 20000 -- "$example" --synthetic 40000 --epochs 4 \
+  --log_every 50 --strategy hybrid_sync --model_dir "$ck" --save_checkpoints_steps 30 --save_checkpoints_secs 0 \
+  --max_recoveries 2 >"$work/lost.log" 2>&1 &
+lost_pid=$!
+pids+=("$lost_pid")
+has_checkpoint() { ls "$ck" 2>/dev/null | grep -q "^ckpt-[1-9][0-9]*\.manifest\.json$"; }
+wait_until 60 has_checkpoint || { cat "$work/lost.log"; fail "the hybrid job saved no checkpoint after step 0"; }
+ps0=$(sed -n "s/^dtfrun: started ps.0 (pid \([0-9]*\)).*/\1/p" "$work/lost.log" | head -1)
+[[ -n "$ps0" ]] || { cat "$work/lost.log"; fail "no pid for ps.0"; }
+kill -KILL "$ps0"
+wait "$lost_pid" || { cat "$work/lost.log"; fail "the hybrid job did not survive its lost ps"; }
+for t in worker.0 worker.1; do
+  grep -qE "$t: hybrid: .*lost a parameter server.*recovery [12] of 2: every rank rewinds" "$work/lost.log" ||
+    { cat "$work/lost.log"; fail "$t did not recover"; }
+done
+grep -qE "^ps\.0 .*restored 0 shards from checkpoint ckpt-[1-9][0-9]*" "$work/lost.log" ||
+  { cat "$work/lost.log"; fail "the restarted ps was not restored"; }
+grep -q "RESULT scheme=recommender_hybrid_sync workers=2 " "$work/lost.log" ||
+  { cat "$work/lost.log"; fail "no RESULT line after the recovery"; }
+echo "the hybrid job recovered its lost ps: $(grep -c 'every rank rewinds' "$work/lost.log") rank recoveries"
 
 "$example" --synthetic 10000 --save_synthetic "$work/logs.tsv.gz" >"$work/save.log" 2>&1 ||
   { cat "$work/save.log"; fail "--save_synthetic failed"; }

@@ -70,6 +70,15 @@ class batch_rows {
     }
     return rows_;
   }
+  /// The planned rows as zeros, their gradients to fill (a step whose gather failed still runs
+  /// its collectives: its result is discarded). Valid until the next plan.
+  std::span<const embedding_rows> zero_rows() {
+    for (std::size_t t = 0; t < lookups_.size(); ++t) {
+      std::fill(values_[t].begin(), values_[t].end(), 0.0f);
+      rows_[t] = {lookups_[t].dim, lookups_[t].index, values_[t], grads_[t]};
+    }
+    return rows_;
+  }
   /// Pushes the rows' gradients, each ps applying them on arrival (asynchronous).
   void push(embedding_tables& tables) {
     for (std::size_t t = 0; t < lookups_.size(); ++t) tables.push(lookups_[t], grads_[t]);

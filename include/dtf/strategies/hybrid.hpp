@@ -29,6 +29,11 @@
 // The rows' rule is options.embedding_rule (dtf::train), else the dense rule.
 // Errors: those of the communicator (a dead rank fails every rank) and of the ps client;
 // synchronous tables: a ps whose step is not the ring's is errc::invalid_argument naming both.
+// A lost ps, when the ranks agree on it (agree_on_lost_ps; dtf::train always): a rank whose ps
+// request fails with errc::peer_failure or errc::timeout finishes the step's ring collectives
+// anyway (zero rows, no push), then every rank learns of it through one allreduce after the
+// step (agree) and every rank throws lost_ps at the same step (the step's result is void: the
+// caller ends the job or rewinds every rank to a checkpoint, docs/design/hybrid.md section 4).
 // Thread safety: one thread per engine.
 #pragma once
 
@@ -46,6 +51,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dtf::strategies {
@@ -109,6 +115,14 @@ class dense_tower {
 
 template <embedding_model M>
 class hybrid_engine;
+
+/// Thrown on every rank of a hybrid job, at the same step, when a rank lost a ps (see the file
+/// comment); its code is the ps request's (errc::peer_failure or errc::timeout), its message
+/// names the ps when this rank saw the failure.
+class lost_ps : public error {
+ public:
+  using error::error;
+};
 
 /// The strategy value dtf::train takes (dtf::strategy, kind hybrid): a cluster with ps tasks
 /// (they hold the tables) and an embedding model; train builds hybrid_engine<M> on every rank.
@@ -178,9 +192,50 @@ class hybrid_engine {
   /// ranks' batches.
   float step(const data::host_batch& b) {
     batch_.plan(net_, tables_, b);
-    tower_.set_rows(batch_.gather(tables_), [this] { push_rows(); });
-    return ring_.step(b);
+    if (!agree_) {
+      tower_.set_rows(batch_.gather(tables_), [this] { push_rows(); });
+      return ring_.step(b);
+    }
+    std::span<const embedding_rows> rows;
+    guard([&] { rows = batch_.gather(tables_); });
+    if (lost_) rows = batch_.zero_rows();  // the ring's step still runs: the others are in it
+    tower_.set_rows(rows, [this] {
+      if (!lost_) guard([this] { push_rows(); });
+    });
+    const float loss = ring_.step(b);
+    agree("step " + std::to_string(ring_.global_step() - 1));
+    return loss;
   }
+  /// The agreement on a lost ps (see the file comment), on every rank at the same point: throws
+  /// lost_ps on every rank when any rank lost a ps since the last agreement. `where` names the
+  /// point in the message.
+  void agree(const std::string& where) {
+    float lost[1] = {lost_ ? 1.0f : 0.0f};
+    if (ring_.comm().size() > 1) ring_.comm().allreduce("hybrid/lost_ps", std::span<float>(lost), reduce_op::max);
+    const std::optional<error> mine = std::exchange(lost_, std::nullopt);
+    if (lost[0] == 0.0f) return;
+    const std::string at = "hybrid: " + where + ": ";
+    if (mine) throw lost_ps(mine->code(), at + "rank " + std::to_string(ring_.comm().rank()) +
+                                              " lost a parameter server: " + mine->message());
+    throw lost_ps(errc::peer_failure, at + "another rank lost a parameter server");
+  }
+  /// f(); a lost or restarted ps (errc::peer_failure, errc::timeout) is kept for the next
+  /// agreement instead of thrown (other errors are thrown).
+  template <class F>
+  void guard(F&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      if (e.code() != make_error_code(errc::peer_failure) && e.code() != make_error_code(errc::timeout)) throw;
+      if (!lost_) lost_.emplace(e.code(), e.message());
+    }
+  }
+  /// Forgets a lost ps kept for the next agreement (a recovery made after the ranks learnt of it
+  /// another way, e.g. rank 0's failed save).
+  void forget_lost() noexcept { lost_.reset(); }
+  /// Whether a lost ps is agreed on by every rank (lost_ps at the same step) rather than thrown
+  /// where it happens (see the file comment). Costs one 4-byte allreduce a step.
+  void agree_on_lost_ps(bool on) noexcept { agree_ = on; }
   /// dtf::train's form: this rank's one batch (errc::invalid_argument for any other count).
   float step(std::span<const data::host_batch> batches) {
     if (batches.size() != 1)
@@ -231,6 +286,8 @@ class hybrid_engine {
   ps_client& ps_;
   embedding_tables tables_;
   std::optional<optim::rule> rule_;
+  bool agree_ = false;
+  std::optional<error> lost_;  // this step's lost ps, when agree_
   detail::batch_rows batch_;  // the step's rows, per table
   detail::dense_tower<M> tower_;
   ring_allreduce<detail::dense_tower<M>> ring_;  // last: its communication thread stops first

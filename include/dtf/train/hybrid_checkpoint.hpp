@@ -22,7 +22,8 @@
 // Errors: those of the communicator, of the ps client and of the checkpoint code; a rank whose
 // rank 0 failed to save fails with errc::io_error naming the step (the run ends, the previous
 // checkpoint stays the latest); a synchronous ps whose step is not the ring's at a save is
-// errc::invalid_argument naming both.
+// errc::invalid_argument naming both; a ps lost during rank 0's save (errc::peer_failure or
+// errc::timeout) is strategies::lost_ps on every rank, as a ps lost in a step.
 #pragma once
 
 #include <dtf/checkpoint.hpp>
@@ -31,6 +32,7 @@
 #include <dtf/hooks/timer.hpp>
 #include <dtf/ps.hpp>
 #include <dtf/session.hpp>
+#include <dtf/strategies/hybrid.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -102,10 +104,18 @@ class hybrid_checkpoints {
   void save(std::int64_t step) {
     timer_.update(step);
     comm_->barrier();  // every rank's pushes of `step` acknowledged; none of the next sent
-    std::int64_t saved[1] = {1};
+    std::int64_t saved[1] = {1};  // 0: failed; 2: a ps was lost (every rank throws lost_ps)
     if (comm_->rank() == 0) {
       try {
         (void)save_(step);
+      } catch (const error& e) {
+        const bool lost = e.code() == make_error_code(errc::peer_failure) || e.code() == make_error_code(errc::timeout);
+        saved[0] = lost ? 2 : 0;
+        if (comm_->size() > 1) comm_->broadcast("hybrid/saved", std::span<std::int64_t>(saved), 0);
+        if (lost)
+          throw strategies::lost_ps(e.code(), "hybrid: the checkpoint of step " + std::to_string(step) +
+                                                  ": rank 0 lost a parameter server: " + e.message());
+        throw;
       } catch (...) {
         saved[0] = 0;
         if (comm_->size() > 1) comm_->broadcast("hybrid/saved", std::span<std::int64_t>(saved), 0);
@@ -113,6 +123,9 @@ class hybrid_checkpoints {
       }
     }
     if (comm_->size() > 1) comm_->broadcast("hybrid/saved", std::span<std::int64_t>(saved), 0);
+    if (saved[0] == 2)
+      throw strategies::lost_ps(errc::peer_failure, "hybrid: the checkpoint of step " + std::to_string(step) +
+                                                        ": rank 0 lost a parameter server");
     if (saved[0] == 0)
       throw error(errc::io_error, "rank 0 failed to save the checkpoint of step " + std::to_string(step));
     last_saved_ = step;

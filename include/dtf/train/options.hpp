@@ -38,7 +38,7 @@ struct train_options {
   int summary_every = 100;                  ///< chief: summaries every N global steps (0: none)
   /// What a NaN or infinite loss does: fail, or stop cleanly.
   hooks::nan_policy nan_policy = hooks::nan_policy::fail;
-  int max_recoveries = 0;   ///< ps strategies: carry on after a lost ps up to N times (0: fail)
+  int max_recoveries = 0;   ///< ps strategies and hybrid: carry on after a lost ps up to N times (0: fail)
   int log_every = 200;      ///< local steps between progress lines
   /// ps strategies: local steps between reports of this task's data position to ps 0 (saved
   /// with every checkpoint), where a restarted task resumes its shard (0: no reports; a
