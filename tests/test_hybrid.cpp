@@ -507,7 +507,7 @@ TEST_CASE("hybrid checkpoints on 2 ranks, synchronous tables: saved every step a
 }
 
 TEST_CASE("hybrid checkpoints: a job saved at step 4 and resumed equals the uninterrupted run bit for bit, restored "
-          "into another number of ps; every file of a checkpoint of one step",
+          "into another number of ps, every file of a checkpoint of one step",
           "[hybrid][train][checkpoint]") {
   const auto mode = GENERATE(strategies::table_updates::asynchronous, strategies::table_updates::synchronous);
   // The ps of the run that saves (the restore at its step takes the other count, the resumed run 2).

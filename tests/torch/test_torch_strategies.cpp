@@ -600,7 +600,7 @@ struct smoothed {
 
 }  // namespace
 
-TEST_CASE("torch: evaluation reports the model's own loss (label smoothing; a step's MSE), as LibTorch computes it",
+TEST_CASE("torch: evaluation reports the model's own loss (label smoothing, a step's MSE), as LibTorch computes it",
           "[torch][step][evaluate]") {
   const auto test_set = test::synthetic(50, 23, test::labels::argmax);
   const auto all = [&] {  // the whole set as LibTorch tensors

@@ -40,8 +40,8 @@ enum class init_from {
 /// Columns of the features that a step of the module's own (dtf/torch/step.hpp) takes as one
 /// named input: the next `width` columns after the previous input's.
 struct named_input {
-  std::string name;
-  std::int64_t width = 0;
+  std::string name;        ///< the input's name, as the step asks for it (batch["name"])
+  std::int64_t width = 0;  ///< its columns (at least 1)
 };
 
 /// How module_model feeds and runs the module.
