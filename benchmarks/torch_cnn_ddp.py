@@ -17,8 +17,14 @@ Rank 0 prints, like dtf's chief,
 wall_s runs from just before the process group is set up (the data already loaded, as in dtf)
 to the end of the last evaluation; samples_per_s = epochs * 60000 / wall_s.
 
+--device cuda (scripts/gpu-check.sh's part torch, beside examples/torch_cnn on the GPU): the
+network, the training and test images and the labels on the GPU (every rank the same GPU,
+DDP's buckets still over gloo), the device drained before the clock stops. --mode eager: one
+process, no process group, plain PyTorch on the whole training set (RESULT scheme=eager).
+
   /usr/bin/python3 benchmarks/torch_cnn_ddp.py [--epochs 1] [--workers 2] [--threads 1]
                                                [--data /usr/share/datasets/fashion-mnist]
+                                               [--device cpu|cuda] [--mode ddp|eager]
 """
 import argparse
 import gzip
@@ -60,19 +66,26 @@ def run_rank(rank, a, store_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    eager = a.mode == "eager"
+    workers = 1 if eager else a.workers
+    dev = torch.device(a.device)
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
     x, y = load(a.data, "train")
     n_train = len(y)
-    x, y = torch.from_numpy(np.ascontiguousarray(x[rank::a.workers])), torch.from_numpy(y[rank::a.workers].copy())
+    x, y = torch.from_numpy(np.ascontiguousarray(x[rank::workers])), torch.from_numpy(y[rank::workers].copy())
+    x, y = x.to(dev), y.to(dev)
     if rank == 0:
         tx, ty = load(a.data, "test")
-        tx, ty = torch.from_numpy(tx), torch.from_numpy(ty)
+        tx, ty = torch.from_numpy(tx).to(dev), torch.from_numpy(ty).to(dev)
 
     t0 = time.perf_counter()
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, a.workers), rank=rank, world_size=a.workers)
+    if not eager:
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, workers), rank=rank, world_size=workers)
     torch.manual_seed(a.seed)  # DDP broadcasts rank 0's initial parameters and buffers anyway
-    net = DDP(make_cnn(torch))
+    net = make_cnn(torch).to(dev)
+    net = net if eager else DDP(net)
+    module = net if eager else net.module
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     loss_fn = torch.nn.CrossEntropyLoss()
     torch.manual_seed(a.seed * 1000 + rank + 1)  # dropout masks differ per rank
@@ -80,7 +93,7 @@ def run_rank(rank, a, store_path):
     accuracy = float("nan")
     for epoch in range(a.epochs):
         net.train()
-        order = torch.randperm(len(y), generator=g)
+        order = torch.randperm(len(y), generator=g).to(dev)
         for i in range(0, len(y), a.batch):
             idx = order[i:i + a.batch]
             opt.zero_grad(set_to_none=True)
@@ -92,17 +105,21 @@ def run_rank(rank, a, store_path):
             correct = 0
             with torch.no_grad():
                 for i in range(0, len(ty), 1000):
-                    correct += int((net.module(tx[i:i + 1000]).argmax(1) == ty[i:i + 1000]).sum())
+                    correct += int((module(tx[i:i + 1000]).argmax(1) == ty[i:i + 1000]).sum())
             accuracy = correct / len(ty)
-            print(f"ddp: epoch {epoch + 1}  test_accuracy {accuracy:.4f}  at {time.perf_counter() - t0:.1f}s",
+            print(f"{a.mode}: epoch {epoch + 1}  test_accuracy {accuracy:.4f}  at {time.perf_counter() - t0:.1f}s",
                   flush=True)
-    dist.barrier()
+    if not eager:
+        dist.barrier()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     if rank == 0:
         samples = a.epochs * n_train
-        print(f"RESULT scheme=ddp workers={a.workers} accuracy={accuracy:.4f} wall_s={wall:.1f} "
+        print(f"RESULT scheme={a.mode} workers={workers} accuracy={accuracy:.4f} wall_s={wall:.1f} "
               f"samples_per_s={samples / wall:.0f}", flush=True)
-    dist.destroy_process_group()
+    if not eager:
+        dist.destroy_process_group()
 
 
 def main():
@@ -113,7 +130,12 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads per process")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="directory of the IDX .gz files")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the network and data live")
+    ap.add_argument("--mode", default="ddp", choices=["ddp", "eager"], help="eager: one process, no DDP")
     a = ap.parse_args()
+    if a.mode == "eager":
+        run_rank(0, a, None)
+        return
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="dtf_ddp_") as d:

@@ -26,6 +26,13 @@
 #               benchmarks/gpu_e2e_torch.py); ring_allreduce's exchange backends side by side
 #               (--backend tcp, then --backend nccl: with 2+ GPUs a GPU per process; with one,
 #               NCCL takes one rank per GPU and the run must stop at once naming the shared GPU)
+#   torch       not in the default parts (a CUDA build of its own, a few minutes): dtf's LibTorch
+#               adapter on the GPU. Configures $DTF_GPU_BUILD-torch with PyTorch's LibTorch (with
+#               CUDA: -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch.utils;
+#               print(torch.utils.cmake_prefix_path)')), builds examples/torch_cnn, runs it one
+#               epoch non-distributed and by ring_allreduce with 2 processes (dtfrun, the GPU
+#               shared), beside the same CNN in PyTorch on the GPU, eager and DDP over gloo
+#               (benchmarks/torch_cnn_ddp.py --device cuda), and prints a table (wall s, accuracy)
 #
 # Every log and SUMMARY.md go to $OUT when it is set, else gpu-results/ (logs packed into
 # logs.tar.gz: a device call brings back at most 8 files). One summary line per part.
@@ -37,7 +44,8 @@
 #                       (non_distributed, dtfrun, or $DTF_GPU_TARGETS) and one short run
 #     --configure-only  stop after the configure step (scripts/gpu-rehearse.sh)
 #     --no-build        run the parts on the build already there (a second call on the same machine)
-#     --parts LIST      comma-separated subset of device,tests,ctest,sanitizer,examples,bench,e2e
+#     --parts LIST      comma-separated subset of device,tests,ctest,sanitizer,examples,bench,e2e,
+#                       torch (e.g. --parts torch --budget 540)
 # Environment: DTF_GPU_BUNDLE (default .gpu-bundle), DTF_GPU_PREFIX (default
 # /tmp/dtf-gpu-prefix-UID, emptied first), DTF_GPU_BUILD (default build-gpu, or build-gpu-dry), DTF_GPU_JOBS (default nproc).
 set -uo pipefail
@@ -55,7 +63,7 @@ while (($#)); do
     --configure-only) configure_only=1; shift ;;
     --no-build) no_build=1; shift ;;
     --parts) parts=$2; shift 2 ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo pipefail$/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "gpu-check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -250,6 +258,7 @@ if [[ $mode == gpu ]]; then
   want examples && targets+=(non_distributed ring_allreduce sync_sgd dtfrun)
   want bench && targets+=(bench_gpu)
   want e2e && targets+=(non_distributed ring_allreduce dtfrun)
+  want torch && targets+=(dtfrun)  # torch_cnn is built in a configuration of its own (part torch)
 else
   config=(-DDTF_CUDA=OFF -DBLAS_LIBRARIES="$libdir/openblas-pthread/libopenblas.so"
           -DDTF_CBLAS_INCLUDE_DIR="$u/include/x86_64-linux-gnu/openblas-pthread")
@@ -465,6 +474,58 @@ for label, d, b in (("1 process, batch 64", dtf("e2e_b64.json"), 64), ("1 proces
           f"{cell(None if two else torch.get(('torch_fused', b)))} | {cell(g)} | "
           f"{cell(torch.get(('torch_ddp', b)) if two else None)} | {ratio} |")
 PY
+fi
+if want torch; then
+  # A configuration of its own: the main one disables find_package(Torch) (the bundle has no
+  # LibTorch); this one finds PyTorch's, whose LibTorch has CUDA (cmake/dtfTorch.cmake defines
+  # dtf::torch in a CUDA build only then). The later -D options override the common ones.
+  torch_build=$build-torch
+  torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  note_torch_configure() { grep -E "dtf: LibTorch|CMake Error" "$1" | head -3 | sed 's/^-- //' | cut -c1-200; }
+  note_torch_build() { note_build "$1"; }
+  if [[ -z $torch_prefix ]]; then
+    say "| torch | skipped | 0 | python3 has no torch (torch.utils.cmake_prefix_path) |"
+    failures=$((failures + 1))
+  elif part torch_configure 150 cmake -S "$root" -B "$torch_build" "${generator[@]}" "${common[@]}" "${config[@]}" \
+      -DCMAKE_DISABLE_FIND_PACKAGE_Torch=OFF -DCMAKE_PREFIX_PATH="$u;$torch_prefix" \
+      -DDTF_BUILD_TESTS=OFF -DDTF_BUILD_BENCHMARKS=OFF &&
+    part torch_build 360 cmake --build "$torch_build" -j "$jobs" --target torch_cnn dtfrun; then
+    cnn=$torch_build/examples/torch_cnn
+    note_torch_cnn_single() { acc "$logs/torch_single.json"; }
+    note_torch_cnn_ring() { acc "$logs/torch_ring.json"; }
+    note_torch_eager() { grep -o 'RESULT .*' "$1" | cut -c1-120; }
+    note_torch_ddp() { grep -o 'RESULT .*' "$1" | cut -c1-120; }
+    if has "$cnn" torch_cnn; then
+      part torch_cnn_single 150 "$cnn" --strategy ring_allreduce --epochs 1 --data "$data" \
+        --metrics_file "$logs/torch_single.json" --save_checkpoints_secs 0
+      part torch_cnn_ring 180 "$torch_build/tools/dtfrun" --workers 2 --timeout_s 175 -- "$cnn" --strategy ring_allreduce \
+        --epochs 1 --data "$data" --metrics_file "$logs/torch_ring.json"
+    fi
+    part torch_eager 120 python3 "$root/benchmarks/torch_cnn_ddp.py" --device cuda --mode eager --epochs 1 --data "$data"
+    part torch_ddp 150 env GLOO_SOCKET_IFNAME=lo python3 "$root/benchmarks/torch_cnn_ddp.py" --device cuda --mode ddp \
+      --workers 2 --epochs 1 --data "$data"
+    python3 - "$logs" <<'PY' | tee -a "$summary"
+import json, os, re, sys
+logs = sys.argv[1]
+def dtf(name):
+    try:
+        m = json.load(open(os.path.join(logs, name)))
+        return m["wall_s"], m["accuracy"]
+    except (OSError, ValueError, KeyError):
+        return None
+def torch(log):
+    try:
+        m = re.search(r"RESULT .*accuracy=([0-9.na]+) wall_s=([0-9.]+)", open(os.path.join(logs, log)).read())
+        return (float(m.group(2)), float(m.group(1))) if m else None
+    except OSError:
+        return None
+cell = lambda r: f"{r[0]:.1f} s ({r[1]:.4f})" if r else "-"
+print("\n| 1 epoch, Fashion-MNIST CNN (examples/torch_cnn), Adam, batch 64 | dtf + LibTorch | PyTorch |")
+print("| --- | --- | --- |")
+print(f"| 1 process (dtf: ring_allreduce alone; PyTorch: eager) | {cell(dtf('torch_single.json'))} | {cell(torch('torch_eager.log'))} |")
+print(f"| 2 processes on one GPU (dtf: ring_allreduce, TCP; PyTorch: DDP gloo) | {cell(dtf('torch_ring.json'))} | {cell(torch('torch_ddp.log'))} |")
+PY
+  fi
 fi
 if want sanitizer && has "$t" sanitizer; then
   san=$(command -v compute-sanitizer || echo "$cuda_root/bin/compute-sanitizer")

@@ -35,12 +35,13 @@
 // ring during backprop; the rows' gradient is final when loss_and_gradients returns.
 // Not carried: the module's registered buffers (BatchNorm statistics) stay each task's own
 // (module_model's dtf::has_buffers is not forwarded for embedding models yet).
-// CPU builds only; include only in translation units that need LibTorch (dtf/dtf.hpp does not).
+// CPU builds only (module_model.hpp has a GPU path, the tower not yet); include only in
+// translation units that need LibTorch (dtf/dtf.hpp does not).
 // Thread safety: one thread per instance (a copy is a deep copy, as module_model's).
 #pragma once
 
 #if DTF_CUDA
-#error "dtf/torch: the LibTorch adapter is for CPU builds (Debian's LibTorch has no CUDA)"
+#error "dtf/torch/embedding_tower.hpp: CPU builds only (its rows come from the ps in host memory); module_model.hpp builds on CUDA"
 #endif
 
 #include <dtf/embedding_model.hpp>

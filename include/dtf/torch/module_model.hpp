@@ -82,19 +82,15 @@
 //                chief for every worker to take at its start (dtf/train/buffers.hpp). Other
 //                types (BatchNorm's int64 num_batches_tracked) stay each task's own.
 //
-// CPU builds only (Debian's LibTorch has no CUDA). Include this header only in translation units
-// that need LibTorch (about 15 s of compile time; dtf/dtf.hpp never includes it). Link dtf::torch.
+// GPU: dtf/torch/device.hpp (compiled only, never run). Include only where LibTorch is needed (~15 s).
 // Thread safety: one thread per instance (mirrored gives each replica its own copy).
 #pragma once
-
-#if DTF_CUDA
-#error "dtf/torch: the LibTorch adapter is for CPU builds (Debian's LibTorch has no CUDA)"
-#endif
 
 #include <dtf/concepts.hpp>
 #include <dtf/error.hpp>
 #include <dtf/runtime.hpp>
 #include <dtf/tensor.hpp>
+#include <dtf/torch/device.hpp>
 #include <dtf/torch/options.hpp>
 #include <dtf/torch/seeding.hpp>
 #include <dtf/torch/state.hpp>
@@ -134,6 +130,7 @@ class module_model {
       ::torch::set_num_threads(options_.threads);
       set_cpu_threads({.device = 0, .blas = options_.threads});
     }
+    detail::to_dtf_device(*module_);  // CUDA builds: dtf's GPU (CPU: nothing)
     bind_module(nullptr);
   }
 
@@ -167,10 +164,8 @@ class module_model {
   /// Copies the buffers into out (num_parameters(buffers()) floats).
   void read_buffers(std::span<float> out) const {
     check_buffers(out.size());
-    for (std::size_t i = 0; i < buffer_tensors_.size(); ++i) {
-      const ::torch::Tensor values = buffer_tensors_[i].contiguous();
-      std::memcpy(out.data() + buffer_specs_[i].offset, values.data_ptr<float>(), buffer_specs_[i].size_bytes());
-    }
+    for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)  // out: host memory
+      detail::store_host(buffer_tensors_[i], out.data() + buffer_specs_[i].offset, buffer_specs_[i].size());
     if (random_) detail::put_count(forwards_, out.last(3));
   }
 
@@ -179,7 +174,7 @@ class module_model {
     check_buffers(in.size());
     ::torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < buffer_tensors_.size(); ++i)
-      buffer_tensors_[i].copy_(detail::view(buffer_specs_, const_cast<float*>(in.data()), i));
+      buffer_tensors_[i].copy_(detail::view(buffer_specs_, const_cast<float*>(in.data()), i, detail::host_memory()));
     if (random_) forwards_ = detail::get_count(in.last(3));
   }
 
@@ -209,10 +204,9 @@ class module_model {
       for (const auto& s : params_.list)
         if (s.frozen) s.members.front().copy_(frozen[k++]);
     }
-    for (std::size_t i = 0; i < variables_.size(); ++i) {
-      const ::torch::Tensor values = tensor_of(i).detach().contiguous();
-      std::memcpy(p.data() + variables_[i].offset, values.data_ptr<float>(), variables_[i].size_bytes());
-    }
+    for (std::size_t i = 0; i < variables_.size(); ++i)
+      detail::store(tensor_of(i), p.data() + variables_[i].offset, variables_[i].size());
+    work_.wait();  // dtf reads p next
   }
 
   /// Mean loss of the batch; writes d loss / d p into g (dtf::model).
@@ -276,7 +270,7 @@ class module_model {
     named.clear();
     for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
       const auto& t = item.value();
-      if (t.scalar_type() == ::torch::kFloat && t.layout() == ::torch::kStrided && t.device().is_cpu())
+      if (t.scalar_type() == ::torch::kFloat && t.layout() == ::torch::kStrided && t.device() == detail::dtf_device())
         named.emplace_back(item.key(), t);
     }
     buffers_ = detail::group_slots(named, source ? &source->buffers_ : nullptr, /*parameters=*/false);
@@ -333,12 +327,13 @@ class module_model {
     detail::check_floats(n, num_parameters_, std::string(what) + " buffer", "the module has");
   }
 
-  // p's values into the module's own parameters (a tie's tensors share one storage).
+  // p's values into the module's own parameters (a tie's tensors share one storage; GPU: after dtf's work).
   void copy_in(std::span<const float> p) {
+    detail::wait_for_dtf();
     ::torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < variables_.size(); ++i) {
       const ::torch::Tensor& t = tensor_of(i);
-      if (t.is_contiguous())
+      if (!detail::on_gpu && t.is_contiguous())
         std::memcpy(t.data_ptr<float>(), p.data() + variables_[i].offset, variables_[i].size_bytes());
       else
         t.copy_(view(const_cast<float*>(p.data()), i));
@@ -353,6 +348,7 @@ class module_model {
   void on_gradient(std::size_t i) {
     if (!ready_ || ++fired_[i] != members(i).size()) return;  // a tie in a copy: final after its last tensor
     absorb(i);  // the slice holds the whole gradient before it is reported
+    work_.wait();  // GPU: and LibTorch's stream has written it (this runs on its device thread)
     (*ready_)(variables_[i].offset, variables_[i].size());
   }
 
@@ -393,7 +389,7 @@ class module_model {
       const auto slice = view(g.data(), i);
       for (const auto& t : members(i)) t.mutable_grad() = slice;
     }
-    std::fill(g.begin(), g.end(), 0.0f);  // autograd accumulates into the views
+    detail::zero(g.data(), g.size());  // autograd accumulates into the views (GPU: on its stream)
     ::torch::Tensor loss;
     {
       std::unique_lock<std::mutex> lock;
@@ -416,8 +412,11 @@ class module_model {
     for (std::size_t i = 0; i < variables_.size(); ++i) {
       if (ready && fired_[i] == members(i).size()) continue;  // reported, its gradient absorbed first
       absorb(i);
-      if (ready) (*ready)(variables_[i].offset, variables_[i].size());  // unused this step: zeros
+      if (!ready) continue;
+      work_.wait();
+      (*ready)(variables_[i].offset, variables_[i].size());  // unused this step: zeros
     }
+    work_.wait();  // dtf reads g next
     return loss.template item<float>();
   }
 
@@ -438,6 +437,7 @@ class module_model {
   std::vector<std::size_t> fired_;
   const gradient_ready_fn* ready_ = nullptr;
   float* g_ = nullptr;  // the gradient buffer lent during loss_and_gradients
+  detail::torch_work work_;  // GPU: LibTorch's stream waited for before dtf reads
   std::size_t num_parameters_ = 0;
 };
 

@@ -8,12 +8,9 @@
 // on the compile line) to drop it, so that `using namespace dtf;` leaves `torch::` to LibTorch.
 #pragma once
 
-#if DTF_CUDA
-#error "dtf/torch: the LibTorch adapter is for CPU builds (Debian's LibTorch has no CUDA)"
-#endif
-
 #include <dtf/error.hpp>
 #include <dtf/tensor.hpp>
+#include <dtf/torch/device.hpp>
 
 #include <torch/torch.h>
 
@@ -91,8 +88,7 @@ inline ::torch::Tensor input_of(const tensor& x, const std::vector<std::int64_t>
     }
     sizes.insert(sizes.end(), input_shape.begin(), input_shape.end());
   }
-  return ::torch::from_blob(const_cast<float*>(x.template data<float>()), sizes,
-                            ::torch::TensorOptions().dtype(::torch::kFloat));
+  return ::torch::from_blob(const_cast<float*>(x.template data<float>()), sizes, dtf_memory());
 }
 
 /// Labels int32 [batch] widened to int64 for the loss. Errors: errc::shape_mismatch otherwise.
@@ -101,7 +97,7 @@ inline ::torch::Tensor labels_of(const tensor& y, std::int64_t batch) {
     throw error(errc::shape_mismatch, "dtf::libtorch::module_model: labels must be int32 [batch] with batch " +
                                           std::to_string(batch));
   return ::torch::from_blob(const_cast<std::int32_t*>(y.template data<std::int32_t>()), {batch},
-                            ::torch::TensorOptions().dtype(::torch::kInt))
+                            dtf_memory(::torch::kInt))
       .to(::torch::kLong);
 }
 

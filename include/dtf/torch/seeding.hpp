@@ -6,10 +6,6 @@
 // from) re-run under torch::manual_seed(seed) on LibTorch's default generator (reset_from_seed).
 #pragma once
 
-#if DTF_CUDA
-#error "dtf/torch: the LibTorch adapter is for CPU builds (Debian's LibTorch has no CUDA)"
-#endif
-
 #include <dtf/error.hpp>
 
 #include <torch/torch.h>

@@ -12,11 +12,8 @@
 //   copies  clone() wrapped: an error naming the cause when the module cannot clone.
 #pragma once
 
-#if DTF_CUDA
-#error "dtf/torch: the LibTorch adapter is for CPU builds (Debian's LibTorch has no CUDA)"
-#endif
-
 #include <dtf/error.hpp>
+#include <dtf/torch/device.hpp>
 #include <dtf/variable.hpp>
 
 #include <torch/torch.h>
@@ -85,7 +82,8 @@ inline tensor_slots group_slots(const std::vector<std::pair<std::string, ::torch
   return out;
 }
 
-/// Errors: errc::invalid_argument naming a parameter that is not float32, dense and on the CPU.
+/// Errors: errc::invalid_argument naming a parameter that is not float32, dense and on dtf's
+/// device (the CPU; CUDA builds: the current GPU, where the constructor moved the module).
 inline void check_parameter(const std::string& name, const ::torch::Tensor& t) {
   if (t.scalar_type() != ::torch::kFloat)
     throw error(errc::invalid_argument, "dtf::libtorch::module_model: parameter '" + name + "' is " +
@@ -93,8 +91,9 @@ inline void check_parameter(const std::string& name, const ::torch::Tensor& t) {
                                             "; dtf trains float32 parameters only");
   if (t.layout() != ::torch::kStrided)
     throw error(errc::invalid_argument, "dtf::libtorch::module_model: parameter '" + name + "' is not dense");
-  if (!t.device().is_cpu())
-    throw error(errc::invalid_argument, "dtf::libtorch::module_model: parameter '" + name + "' is not on the CPU");
+  if (t.device() != dtf_device())
+    throw error(errc::invalid_argument,
+                "dtf::libtorch::module_model: parameter '" + name + "' is not on " + dtf_device_name());
 }
 
 /// Errors: errc::invalid_argument for an Embedding or EmbeddingBag with sparse gradients.
@@ -154,11 +153,13 @@ Holder clone_module(const Holder& m) {
   return Holder(std::move(typed));
 }
 
-/// specs[i] of the flat buffer at base, as a tensor over it (no copy).
-inline ::torch::Tensor view(const std::vector<variable_spec>& specs, float* base, std::size_t i) {
+/// specs[i] of the flat buffer at base, as a tensor over it (no copy): dtf's memory (parameters,
+/// gradients) by default, `where` host_memory() for the host spans of buffers.
+inline ::torch::Tensor view(const std::vector<variable_spec>& specs, float* base, std::size_t i,
+                            const ::torch::TensorOptions& where = dtf_memory()) {
   std::vector<std::int64_t> sizes;
   for (auto d : specs[i].shape) sizes.push_back(std::int64_t(d));
-  return ::torch::from_blob(base + specs[i].offset, sizes, ::torch::TensorOptions().dtype(::torch::kFloat));
+  return ::torch::from_blob(base + specs[i].offset, sizes, where);
 }
 
 /// Errors: errc::shape_mismatch when a span has n floats where `expected` belong.

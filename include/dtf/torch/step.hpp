@@ -18,10 +18,6 @@
 // targets are columns of the features, named among options.inputs like any input.
 #pragma once
 
-#if DTF_CUDA
-#error "dtf/torch: the LibTorch adapter is for CPU builds (Debian's LibTorch has no CUDA)"
-#endif
-
 #include <dtf/error.hpp>
 #include <dtf/tensor.hpp>
 #include <dtf/torch/options.hpp>
@@ -102,22 +98,22 @@ inline batch batch_of(const tensor& x, const tensor& y, const module_options& o)
   float* base = const_cast<float*>(x.template data<float>());
   std::int64_t at = 0;
   for (const auto& in : o.inputs) {
-    b.inputs.emplace_back(in.name, ::torch::from_blob(base + at, {rows, in.width}, {columns, 1},
-                                                      ::torch::TensorOptions().dtype(::torch::kFloat)));
+    b.inputs.emplace_back(in.name, ::torch::from_blob(base + at, {rows, in.width}, {columns, 1}, dtf_memory()));
     at += in.width;
   }
   return b;
 }
 
-/// The module's output as dtf's logits [batch, classes] in out (a copy). Errors:
-/// errc::shape_mismatch when it is not two-dimensional.
+/// The module's output as dtf's logits [batch, classes] in out (a copy; on a GPU complete when
+/// this returns). Errors: errc::shape_mismatch when it is not two-dimensional.
 inline void logits_into(const ::torch::Tensor& logits, tensor& out) {
   const ::torch::Tensor z = logits.contiguous();
   if (z.dim() != 2)
     throw error(errc::shape_mismatch, "dtf::libtorch::module_model: the module's output has " + std::to_string(z.dim()) +
                                           " dimensions; logits are [batch, classes]");
   out.resize({std::size_t(z.size(0)), std::size_t(z.size(1))}, dtype::float32);
-  std::memcpy(out.template data<float>(), z.data_ptr<float>(), out.size_bytes());
+  store(z, out.template data<float>(), out.size());
+  torch_work().wait();  // dtf reads out next (an event per call: logits runs once per evaluation batch)
 }
 
 /// The batch's loss as the model computes it: a step's loss(module, batch), or
