@@ -37,21 +37,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "torch_cnn.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-HERE=$(cd "$(dirname "$0")" && pwd)
-[[ -f $BUILD/CMakeCache.txt ]] || { echo "torch_cnn.sh: $BUILD is not a configured build directory" >&2; exit 2; }
-grep -q '^DTF_BUILD_BENCHMARKS:BOOL=ON' "$BUILD/CMakeCache.txt" ||
-  cmake -DDTF_BUILD_BENCHMARKS=ON "$BUILD" >/dev/null || exit 1
-CNN=$BUILD/examples/torch_cnn
-DTFRUN=$BUILD/tools/dtfrun
-OVERHEAD=$BUILD/benchmarks/bench_torch_overhead
-# Brought up to date every time (a no-op when they are): a stale torch_cnn would lack flags.
-if ! cmake --build "$BUILD" --target torch_cnn dtfrun bench_torch_overhead -j2 >"${TMPDIR:-/tmp}/dtf_torch_cnn_build.log" 2>&1; then
-  tail -n 30 "${TMPDIR:-/tmp}/dtf_torch_cnn_build.log" >&2
-  echo "torch_cnn.sh: cannot build torch_cnn, dtfrun, bench_torch_overhead in $BUILD (is it configured with LibTorch? dtf::torch needs libtorch-dev)" >&2
-  exit 1
-fi
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
-CNN=$(abs "$CNN") DTFRUN=$(abs "$DTFRUN") OVERHEAD=$(abs "$OVERHEAD")
+HERE=$(cd "$(dirname "$0")" && pwd) NAME=torch_cnn
+source "$HERE/torch_common.sh"
+torch_build "$BUILD" torch_cnn dtfrun bench_torch_overhead
+CNN=$(abs "$BUILD/examples/torch_cnn") DTFRUN=$(abs "$BUILD/tools/dtfrun")
+OVERHEAD=$(abs "$BUILD/benchmarks/bench_torch_overhead")
 
 # The peer: Debian's torch lives in the system interpreter (python3 on PATH may be another one).
 TORCH_PY=/usr/bin/python3
@@ -61,22 +51,11 @@ if ! $TORCH_PY -c 'import torch' 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-torch >/dev/null || exit 1
 fi
 
-mkdir -p "$HERE/results"
-RESULTS=$HERE/results/torch_cnn_$(date -u +%Y-%m-%d_%H%M).txt
-exec > >(tee "$RESULTS") 2>&1
-TEE=$!
-work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_torch_cnn.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-trap 'exit 130' INT TERM
-OUT=$work/results.txt
-: >"$OUT"
-
-load() { cut -d' ' -f1-3 /proc/loadavg; }
+torch_output
 echo "# benchmarks/torch_cnn.sh $BUILD --rounds $ROUNDS --epochs $EPOCHS"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, torch $($TORCH_PY -c 'import torch; print(torch.__version__)')"
 echo "# CNN on Fashion-MNIST, Adam 1e-3, batch 64 per worker, 2 workers x 1 thread, $EPOCHS epoch(s), $ROUNDS round(s)"
 echo "uptime before: $(uptime)"
-START_LOAD=$(load)
 
 # run NAME: one training run of NAME; appends its RESULT line (tagged) to $OUT.
 run() {
@@ -91,23 +70,12 @@ run() {
   [[ $name == ddp ]] || cmd+=(--blas_threads 1)
   OMP_NUM_THREADS=1 timeout $((600 * EPOCHS + 300)) "${cmd[@]}" --epochs "$EPOCHS" >"$log" 2>&1
   local rc=$? line
-  line=$(grep -o 'RESULT scheme=.*' "$log" | head -n1)
-  if [[ -z $line || $rc != 0 ]]; then
-    echo "  $name: FAILED (exit status $rc); its output:"
-    tail -n 20 "$log" | sed 's/^/    /'
-    return 1
-  fi
-  echo "run=$name round=$r load1=$(cut -d' ' -f1 /proc/loadavg) ${line#RESULT }" >>"$OUT"
-  echo "  $name: ${line#RESULT }"
+  line=$(result_line "$log" $rc "$name") || return 1
+  echo "run=$name round=$r load1=$(cut -d' ' -f1 /proc/loadavg) $line" >>"$OUT"
+  echo "  $name: $line"
 }
 
-NAMES=(ring_overlap ring_nooverlap downpour sync_sgd ddp)
-for ((r = 1; r <= ROUNDS; r++)); do
-  echo "round $r/$ROUNDS (load $(load))"
-  for ((i = 0; i < ${#NAMES[@]}; i++)); do  # rotated: round r starts with the r-th contestant
-    run "${NAMES[$(((i + r - 1) % ${#NAMES[@]}))]}"
-  done
-done
+rounds "$ROUNDS" ring_overlap ring_nooverlap downpour sync_sgd ddp
 
 echo "adapter overhead (bench_torch_overhead, load $(load)):"
 "$OVERHEAD" >"$work/overhead.log" 2>&1 || { echo "  bench_torch_overhead FAILED:"; tail -n 20 "$work/overhead.log"; }
@@ -152,7 +120,4 @@ if m:
     print(f"  adapter overhead against plain LibTorch: {pct:+.2f}% per step (target <= 3%: {'met' if pct <= 3 else 'NOT met'})")
 print(f"load averages (1, 5, 15 min): start {start_load}; end {end_load}")
 PY
-echo "uptime after: $(uptime)"
-echo "(written to $RESULTS)"
-exec >&- 2>&-
-wait "$TEE"  # tee has written everything before the script ends
+torch_finish

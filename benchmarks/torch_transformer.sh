@@ -37,19 +37,9 @@ while [[ $# -gt 0 ]]; do
     *) echo "torch_transformer.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-HERE=$(cd "$(dirname "$0")" && pwd)
-[[ -f $BUILD/CMakeCache.txt ]] || { echo "torch_transformer.sh: $BUILD is not a configured build directory" >&2; exit 2; }
-grep -q '^DTF_BUILD_BENCHMARKS:BOOL=ON' "$BUILD/CMakeCache.txt" ||
-  cmake -DDTF_BUILD_BENCHMARKS=ON "$BUILD" >/dev/null || exit 1
-# Brought up to date every time (a no-op when they are): a stale program would lack flags.
-blog=${TMPDIR:-/tmp}/dtf_torch_transformer_build.log
-if ! cmake --build "$BUILD" --target torch_transformer dtfrun bench_torch_transformer_alone -j2 >"$blog" 2>&1; then
-  tail -n 30 "$blog" >&2
-  echo "torch_transformer.sh: cannot build torch_transformer, dtfrun, bench_torch_transformer_alone in $BUILD" \
-       "(is it configured with LibTorch? dtf::torch needs libtorch-dev)" >&2
-  exit 1
-fi
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+HERE=$(cd "$(dirname "$0")" && pwd) NAME=torch_transformer
+source "$HERE/torch_common.sh"
+torch_build "$BUILD" torch_transformer dtfrun bench_torch_transformer_alone
 MODEL=$(abs "$BUILD/examples/torch_transformer") DTFRUN=$(abs "$BUILD/tools/dtfrun")
 ALONE=$(abs "$BUILD/benchmarks/bench_torch_transformer_alone")
 
@@ -60,22 +50,11 @@ if ! command -v bible >/dev/null || [[ $(bible -l100000 Gen1:1-Gen1:2 2>/dev/nul
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends bible-kjv bible-kjv-text >/dev/null || exit 1
 fi
 
-mkdir -p "$HERE/results"
-RESULTS=$HERE/results/torch_transformer_$(date -u +%Y-%m-%d_%H%M).txt
-exec > >(tee "$RESULTS") 2>&1
-TEE=$!
-work=$(mktemp -d "${TMPDIR:-/tmp}/dtf_torch_transformer.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-trap 'exit 130' INT TERM
-OUT=$work/results.txt
-: >"$OUT"
-
-load() { cut -d' ' -f1-3 /proc/loadavg; }
+torch_output
 echo "# benchmarks/torch_transformer.sh $BUILD --rounds $ROUNDS --train_examples $EXAMPLES --max_verses $VERSES"
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores"
 echo "# Transformer next-word model, KJV first $VERSES verses, $EXAMPLES training examples, 1 epoch, 1 thread per process"
 echo "uptime before: $(uptime)"
-START_LOAD=$(load)
 DATA=(--max_verses "$VERSES" --train_examples "$EXAMPLES" --epochs 1)
 
 # run NAME: one training run of NAME; appends its RESULT line (tagged) to $OUT.
@@ -89,26 +68,15 @@ run() {
   esac
   OMP_NUM_THREADS=1 timeout 1800 "${cmd[@]}" "${DATA[@]}" >"$log" 2>&1
   local rc=$? line
-  line=$(grep -o 'RESULT scheme=.*' "$log" | head -n1)
-  if [[ -z $line || $rc != 0 ]]; then
-    echo "  $name: FAILED (exit status $rc); its output:"
-    tail -n 20 "$log" | sed 's/^/    /'
-    return 1
-  fi
+  line=$(result_line "$log" $rc "$name") || return 1
   # The dtf chief's last line: the untrained model's and the uniform perplexity.
   local against
   against=$(grep -o "[0-9.]* untrained, [0-9]* uniform" "$log" | head -n1 | awk '{print "untrained=" $1, "uniform=" $3}')
-  echo "run=$name round=$r load1=$(cut -d' ' -f1 /proc/loadavg) ${line#RESULT } $against" >>"$OUT"
-  echo "  $name: ${line#RESULT }"
+  echo "run=$name round=$r load1=$(cut -d' ' -f1 /proc/loadavg) $line $against" >>"$OUT"
+  echo "  $name: $line"
 }
 
-NAMES=(ring downpour alone alone128)
-for ((r = 1; r <= ROUNDS; r++)); do
-  echo "round $r/$ROUNDS (load $(load))"
-  for ((i = 0; i < ${#NAMES[@]}; i++)); do  # rotated: round r starts with the r-th contestant
-    run "${NAMES[$(((i + r - 1) % ${#NAMES[@]}))]}"
-  done
-done
+rounds "$ROUNDS" ring downpour alone alone128
 END_LOAD=$(load)
 
 echo
@@ -139,7 +107,4 @@ if reference:
           f"uniform over the vocabulary {reference.get('uniform', float('nan')):.0f}")
 print(f"load averages (1, 5, 15 min): start {start_load}; end {end_load}")
 PY
-echo "uptime after: $(uptime)"
-echo "(written to $RESULTS)"
-exec >&- 2>&-
-wait "$TEE"  # tee has written everything before the script ends
+torch_finish
