@@ -65,6 +65,52 @@ void train_alongside(ps_client& ps, optim::optimizer<optim::host_space>& referen
 std::vector<float> slice(const std::vector<float>& v, std::size_t offset, std::size_t size) {
   return {v.begin() + std::ptrdiff_t(offset), v.begin() + std::ptrdiff_t(offset + size)};
 }
+// ps.`index` on loopback (checkpointing into `checkpoint_dir` when given), served on a thread.
+// restart() is a crash and a restart: it stops the ps (its connections close) and starts an empty
+// one on the same port.
+class served_ps {
+ public:
+  explicit served_ps(std::size_t index, std::string checkpoint_dir = {})
+      : index_(index), checkpoint_dir_(std::move(checkpoint_dir)) {
+    start(0);
+  }
+  served_ps(const served_ps&) = delete;
+  served_ps& operator=(const served_ps&) = delete;
+  ~served_ps() { stop(); }
+  void restart() {
+    stop();
+    start(port_);
+  }
+  void stop() {
+    if (!ps_) return;
+    ps_->stop();
+    serve_.join();
+    ps_.reset();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void start(std::uint16_t port) {
+    ps_options o{test::opts("ps." + std::to_string(index_))};
+    o.transport.log = [](const std::string&) {};
+    if (!checkpoint_dir_.empty()) o.checkpoint_dir = checkpoint_dir_;
+    ps_ = std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
+    port_ = ps_->port();
+    serve_ = std::thread([p = ps_.get()] { p->run(); });
+  }
+  std::size_t index_;
+  std::string checkpoint_dir_;
+  std::unique_ptr<parameter_server> ps_;
+  std::uint16_t port_ = 0;
+  std::thread serve_;
+};
+
+// Two served_ps and their addresses.
+struct two_ps {
+  explicit two_ps(const std::string& checkpoint_dir = {}) : ps0(0, checkpoint_dir), ps1(1, checkpoint_dir) {}
+  served_ps ps0, ps1;
+  std::vector<std::string> addr{ps0.address(), ps1.address()};
+};
 }  // namespace
 
 TEST_CASE("a checkpoint restores values, Adam's moments and t, and the global step exactly", "[checkpoint]") {
@@ -478,16 +524,8 @@ TEST_CASE("after a ps restart the chief restores it from the latest checkpoint w
   const auto n = num_parameters(vars);
   const optim::rule rule = optim::adagrad{.learning_rate = 0.1f};
   const auto layout = place_on(1);
-  auto start_ps = [checkpoint_dir = dir.path.string()](std::uint16_t port) {
-    ps_options o{test::opts("ps.0")};
-    o.transport.log = [](const std::string&) {};
-    o.checkpoint_dir = checkpoint_dir;
-    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
-  };
-  auto ps = start_ps(0);
-  const auto port = ps->port();
-  std::thread serve([p = ps.get()] { p->run(); });
-  const std::vector<std::string> addr{"127.0.0.1:" + std::to_string(port)};
+  served_ps ps(0, dir.path.string());
+  const std::vector<std::string> addr{ps.address()};
   ps_client chief(addr, layout, test::opts("chief.0"));
   ps_client worker(addr, layout, test::opts("worker.0"));
   chief.connect();
@@ -499,10 +537,7 @@ TEST_CASE("after a ps restart the chief restores it from the latest checkpoint w
   train(chief, 2, 1200);  // progress after the checkpoint, lost with the ps
 
   // The ps dies (its connections close) and comes back empty on the same port.
-  ps->stop();
-  serve.join();
-  ps = start_ps(port);
-  serve = std::thread([p = ps.get()] { p->run(); });
+  ps.restart();
 
   std::vector<std::string> log;
   std::mutex log_mu;
@@ -544,8 +579,7 @@ TEST_CASE("after a ps restart the chief restores it from the latest checkpoint w
   }),
                     Catch::Contains("buffer of 3 floats"));
   CHECK(calls == 1);
-  ps->stop();
-  serve.join();
+  ps.stop();
 }
 
 TEST_CASE("when one of two ps restarts, the chief restores both from the latest checkpoint",
@@ -555,20 +589,8 @@ TEST_CASE("when one of two ps restarts, the chief restores both from the latest 
   const auto n = num_parameters(vars);
   const optim::rule rule = optim::momentum{.learning_rate = 0.1f};
   const auto layout = place_on(2);
-  auto start_ps = [checkpoint_dir = dir.path.string()](std::size_t index, std::uint16_t port) {
-    ps_options o{test::opts("ps." + std::to_string(index))};
-    o.transport.log = [](const std::string&) {};
-    o.checkpoint_dir = checkpoint_dir;
-    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
-  };
-  std::vector<std::unique_ptr<parameter_server>> servers;
-  std::vector<std::thread> threads;
-  std::vector<std::string> addr;
-  for (std::size_t i = 0; i < 2; ++i) {
-    servers.push_back(start_ps(i, 0));
-    threads.emplace_back([p = servers[i].get()] { p->run(); });
-    addr.push_back("127.0.0.1:" + std::to_string(servers[i]->port()));
-  }
+  two_ps servers(dir.path.string());
+  const auto& addr = servers.addr;
   ps_client chief(addr, layout, test::opts("chief.0"));
   chief.connect();
   chief.initialize(seeded(n, 31), {rule});
@@ -577,11 +599,7 @@ TEST_CASE("when one of two ps restarts, the chief restores both from the latest 
   save_checkpoint(chief, {dir.path.string(), "ckpt", 2}, vars);
   train(chief, 3, 1500);  // ps.0 keeps these updates, ps.1 loses them
 
-  const auto port1 = servers[1]->port();
-  servers[1]->stop();
-  threads[1].join();
-  servers[1] = start_ps(1, port1);
-  threads[1] = std::thread([p = servers[1].get()] { p->run(); });
+  servers.ps1.restart();
 
   ps_recovery rec(chief, true, [&] { REQUIRE(restore_latest(chief, dir.path.string(), vars, {rule})); },
                   {.log = [](const std::string&) {}});
@@ -590,8 +608,8 @@ TEST_CASE("when one of two ps restarts, the chief restores both from the latest 
   CHECK(rec.reinitialisations() == 1);
   // Both shards at the checkpoint's step: no mix of ps.0's newer values with ps.1's older ones.
   CHECK(values == at_save);
-  for (auto& s : servers) s->stop();
-  for (auto& t : threads) t.join();
+  servers.ps0.stop();
+  servers.ps1.stop();
 }
 
 TEST_CASE("a worker that finished before its ps restarted still counts: the chief's wait for the workers ends",
@@ -601,16 +619,8 @@ TEST_CASE("a worker that finished before its ps restarted still counts: the chie
   const auto n = num_parameters(vars);
   const optim::rule rule = optim::sgd{.learning_rate = 0.1f};
   const auto layout = place_on(1);
-  auto start_ps = [checkpoint_dir = dir.path.string()](std::uint16_t port) {
-    ps_options o{test::opts("ps.0")};
-    o.transport.log = [](const std::string&) {};
-    o.checkpoint_dir = checkpoint_dir;
-    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
-  };
-  auto ps = start_ps(0);
-  const auto port = ps->port();
-  std::thread serve([p = ps.get()] { p->run(); });
-  const std::vector<std::string> addr{"127.0.0.1:" + std::to_string(port)};
+  served_ps ps(0, dir.path.string());
+  const std::vector<std::string> addr{ps.address()};
   ps_client chief(addr, layout, test::opts("chief.0"));
   ps_client worker(addr, layout, test::opts("worker.0"));
   chief.connect();
@@ -626,10 +636,7 @@ TEST_CASE("a worker that finished before its ps restarted still counts: the chie
   CHECK(chief.done_tasks() == std::set<std::string>{"worker.0"});
 
   // The ps dies and comes back empty: it no longer knows that worker.0 finished.
-  ps->stop();
-  serve.join();
-  ps = start_ps(port);
-  serve = std::thread([p = ps.get()] { p->run(); });
+  ps.restart();
   ps_recovery rec(chief, true, [&] { REQUIRE(restore_latest(chief, dir.path.string(), vars, {rule})); },
                   {.log = [](const std::string&) {}});
   // The chief's finish: mark done, then wait (bounded) for both training tasks.
@@ -641,34 +648,18 @@ TEST_CASE("a worker that finished before its ps restarted still counts: the chie
   observer.connect();
   CHECK(observer.workers_done() == 2);
   CHECK(observer.done_tasks() == std::set<std::string>{"chief.0", "worker.0"});
-  ps->stop();
-  serve.join();
+  ps.stop();
 }
 
 TEST_CASE("a task marked done on one ps is learnt from the other when that one restarts", "[checkpoint][recovery]") {
   const auto layout = place_on(2);
-  auto start_ps = [](std::size_t index, std::uint16_t port) {
-    ps_options o{test::opts("ps." + std::to_string(index))};
-    o.transport.log = [](const std::string&) {};
-    return std::make_unique<parameter_server>("127.0.0.1:" + std::to_string(port), o);
-  };
-  std::vector<std::unique_ptr<parameter_server>> servers;
-  std::vector<std::thread> threads;
-  std::vector<std::string> addr;
-  for (std::size_t i = 0; i < 2; ++i) {
-    servers.push_back(start_ps(i, 0));
-    threads.emplace_back([p = servers[i].get()] { p->run(); });
-    addr.push_back("127.0.0.1:" + std::to_string(servers[i]->port()));
-  }
+  two_ps servers;
+  const auto& addr = servers.addr;
   ps_client worker(addr, layout, test::opts("worker.0"));
   worker.connect();
   worker.mark_done();
   // ps.0 (which holds the global step) restarts; ps.1 still knows.
-  const auto port0 = servers[0]->port();
-  servers[0]->stop();
-  threads[0].join();
-  servers[0] = start_ps(0, port0);
-  threads[0] = std::thread([p = servers[0].get()] { p->run(); });
+  servers.ps0.restart();
   ps_client chief(addr, layout, test::opts("chief.0"));
   chief.connect();
   CHECK(chief.workers_done() == 1);
@@ -676,8 +667,8 @@ TEST_CASE("a task marked done on one ps is learnt from the other when that one r
   ps_client observer({addr[0]}, place_on(1), test::opts("worker.1"));
   observer.connect();
   CHECK(observer.workers_done() == 1);  // ps.0 learnt it from the chief's query
-  for (auto& s : servers) s->stop();
-  for (auto& t : threads) t.join();
+  servers.ps0.stop();
+  servers.ps1.stop();
 }
 
 TEST_CASE("write_checkpoint saves one process's host buffers in the ps format: exact round trip, pruning",
