@@ -203,6 +203,9 @@ probe() {
     so=$(ls "$lib"/lib/libcublas.so* 2>/dev/null | head -1)
     echo "cuBLAS: $so (Python wheel)"
     cublas_args=(-DCUDA_cublas_LIBRARY="$so")
+    # cuBLASLt (the dense layers' epilogues, CUDA::cublasLt) ships in the same wheel.
+    so=$(ls "$lib"/lib/libcublasLt.so* 2>/dev/null | head -1)
+    [[ -n $so ]] && cublas_args+=(-DCUDA_cublasLt_LIBRARY="$so")
     extra_includes+=";$lib/include"
   else
     echo "cuBLAS: not found"
