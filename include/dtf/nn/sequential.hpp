@@ -34,6 +34,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -207,6 +208,14 @@ class sequential {
   device::context* context() const noexcept { return context_; }
   /// The stream the step's kernels are issued on (null: the legacy default stream).
   device::stream_t stream() const noexcept { return stream_; }
+  /// cuBLASLt matmuls the Dense layers have issued (their epilogue path, on a context; 0 on CPU
+  /// builds and without one).
+  std::uint64_t epilogue_matmuls() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& l : layers_)
+      if (auto* d = std::get_if<dense>(&l)) n += d->epilogue_matmuls();
+    return n;
+  }
 
   /// Logits [batch, classes] of the batch into out. On a context's stream the host waits for
   /// them (evaluation, not the training step): callers read them from any stream.
