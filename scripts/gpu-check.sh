@@ -8,7 +8,8 @@
 #   device      first, the cases of the GPU execution contract (docs/design/gpu-execution.md):
 #               dtf_tests "[device],[step],[loss],[fused],[optim],[nan]" in one process (the
 #               context's pool, the kernels, the loss ring, the steady step captured in a CUDA
-#               graph, the fused loss and optimizer, a diverged run stopped at its step), then
+#               graph, the fused loss and optimizer, the dense layers' cuBLASLt epilogues against
+#               the cuBLAS path, a diverged run stopped at its step), then
 #               ring_allreduce with 2 and 3 ranks on the TCP ring (threads sharing the GPU: the
 #               buckets through pinned memory on the communication stream, section 6.0),
 #               dtf_tests "[staging]" under compute-sanitizer's racecheck and synccheck
