@@ -51,7 +51,7 @@ if(NOT TARGET dtf::deps)
     OpenSSL::SSL OpenSSL::Crypto ZLIB::ZLIB Threads::Threads)
   if(DTF_CUDA)
     target_compile_definitions(dtf::deps INTERFACE DTF_CUDA=1)
-    target_link_libraries(dtf::deps INTERFACE CUDA::cudart CUDA::cublas)
+    target_link_libraries(dtf::deps INTERFACE CUDA::cudart CUDA::cublas CUDA::cublasLt)
     # CMake 3.25 rejects cuda_std_20: pass the standard to nvcc directly.
     target_compile_options(dtf::deps INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
   else()

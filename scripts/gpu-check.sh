@@ -8,7 +8,8 @@
 #   device      first, the cases of the GPU execution contract (docs/design/gpu-execution.md):
 #               dtf_tests "[device],[step],[loss],[fused],[optim],[nan]" in one process (the
 #               context's pool, the kernels, the loss ring, the steady step captured in a CUDA
-#               graph, the fused loss and optimizer, a diverged run stopped at its step), then
+#               graph, the fused loss and optimizer, the dense layers' cuBLASLt epilogues against
+#               the cuBLAS path, a diverged run stopped at its step), then
 #               ring_allreduce with 2 and 3 ranks on the TCP ring (threads sharing the GPU: the
 #               buckets through pinned memory on the communication stream, section 6.0),
 #               dtf_tests "[staging]" under compute-sanitizer's racecheck and synccheck
@@ -203,6 +204,9 @@ probe() {
     so=$(ls "$lib"/lib/libcublas.so* 2>/dev/null | head -1)
     echo "cuBLAS: $so (Python wheel)"
     cublas_args=(-DCUDA_cublas_LIBRARY="$so")
+    # cuBLASLt (the dense layers' epilogues, CUDA::cublasLt) ships in the same wheel.
+    so=$(ls "$lib"/lib/libcublasLt.so* 2>/dev/null | head -1)
+    [[ -n $so ]] && cublas_args+=(-DCUDA_cublasLt_LIBRARY="$so")
     extra_includes+=";$lib/include"
   else
     echo "cuBLAS: not found"

@@ -383,6 +383,59 @@ TEST_CASE("nn::sequential on a CUDA build refuses host memory as parameters, nam
   // The device context is still usable: the refused calls launched nothing.
   CHECK(std::isfinite(net.loss_and_gradients(p.span<float>(), x, y, g.span<float>())));
 }
+
+TEST_CASE("cuBLASLt epilogues on a context match the cuBLAS path", "[nn][fused][gpu]") {
+  // dense 0 + ReLU feeds dense 2: RELU_AUX_BIAS forward (130 outputs: a mask of 2 x 128 bits per
+  // row), its mask and bias gradient applied by dense 2's input-gradient matmul (DRELU_BGRAD);
+  // dense 2 + ReLU is followed by another ReLU: RELU_BIAS forward, the mask kernel, BGRADA;
+  // dense 5 alone: BIAS forward, BGRADA. Where cuBLASLt has no algorithm the layer stays on the
+  // cuBLAS path, so the comparison holds either way; the count says how many matmuls fused.
+  // Not bit for bit: cuBLASLt may pick another GEMM algorithm (k-order, split-K) than
+  // cublasSgemm, and the bias gradient is summed in the epilogue instead of by a GEMV over ones,
+  // so the float sums associate differently: within 1e-5 + 1e-4 |cuBLAS| (sums of at most 130
+  // products of O(1) terms, each path within a few float ulps of the exact sum). Batches of at
+  // most 64 rows keep a pre-activation within rounding of 0 (which the two paths could mask
+  // differently) unlikely.
+  const std::vector<nn::layer> layers{nn::dense(13, 130), nn::relu(), nn::dense(130, 9),
+                                      nn::relu(),         nn::relu(), nn::dense(9, 4)};
+  nn::sequential fused(layers), plain(layers);
+  device::context ctx;
+  fused.set_context(ctx);
+  const std::size_t n = fused.num_parameters();
+  tensor p({n});
+  fused.initialize(p.span<float>(), 5);
+  auto pv = test::get(p);
+  nn::splitmix64 rng(9);
+  for (auto& v : pv) v += float(0.2 * (2 * rng.uniform() - 1));  // non-zero biases
+  test::set(p, pv);
+  // A shape change and back: the plans of 64 rows are reused the second time.
+  for (std::size_t rows : {7, 64, 33, 64}) {
+    auto [x, y] = make_batch(rows, 13, 4, 70 + rows);
+    tensor gf({n}), gp({n}), dxf, dxp;
+    const float lf = fused.loss_and_gradients(p.span<float>(), x, y, gf.span<float>(), &dxf);
+    const float lp = plain.loss_and_gradients(p.span<float>(), x, y, gp.span<float>(), &dxp);
+    ctx.synchronize();  // the fused step ran on the context's non-blocking stream
+    INFO("rows " << rows);
+    CHECK(lf == Approx(lp).epsilon(1e-5));
+    const auto a = test::get(gf), b = test::get(gp);
+    for (std::size_t i = 0; i < n; ++i) {
+      INFO("parameter " << i);
+      REQUIRE(std::abs(a[i] - b[i]) <= 1e-5 + 1e-4 * std::abs(b[i]));
+    }
+    const auto da = test::get(dxf), db = test::get(dxp);
+    REQUIRE(da.size() == rows * 13);
+    REQUIRE(db.size() == da.size());
+    for (std::size_t i = 0; i < da.size(); ++i) {
+      INFO("input gradient " << i);
+      REQUIRE(std::abs(da[i] - db[i]) <= 1e-5 + 1e-4 * std::abs(db[i]));
+    }
+  }
+  CHECK(plain.epilogue_matmuls() == 0);
+  // At most 6 per step (3 forward, 2 BGRADA, 1 DRELU_BGRAD); which ones cuBLASLt takes in FP32
+  // depends on the GPU and library, so only "some" is required (none would mean the path is dead).
+  WARN("cuBLASLt matmuls issued: " << fused.epilogue_matmuls() << " of at most " << 4 * 6);
+  CHECK(fused.epilogue_matmuls() > 0);
+}
 #endif
 
 namespace {

@@ -10,7 +10,9 @@
 //
 // CUDA builds: a compute stream and a communication stream, both created non-blocking (never the
 // legacy default stream); a cuBLAS handle bound to the compute stream with a workspace allocated
-// once; temporaries from the device's stream-ordered pool (cudaMallocAsync/cudaFreeAsync on the
+// once; a cuBLASLt handle with a fixed workspace of its own (allocated once) for the dense layers'
+// epilogue GEMMs, each issued on the compute stream (lt(); docs/design/gpu-execution.md, 4.1);
+// temporaries from the device's stream-ordered pool (cudaMallocAsync/cudaFreeAsync on the
 // compute stream) whose release threshold is raised to its maximum, so that memory freed in one
 // step serves the next instead of going back to the driver; Thrust policies that do not
 // synchronise (thrust::cuda::par_nosync) with an allocator drawing from that pool.
@@ -39,6 +41,7 @@
 #include <vector>
 
 #if DTF_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <thrust/system/cuda/execution_policy.h>
@@ -155,13 +158,26 @@ class thrust_allocator {
   memory_pool* pool_;
 };
 
+#if DTF_CUDA
+/// What a cuBLASLt matmul of the context is issued with: the handle, the fixed workspace and the
+/// compute stream (cuBLASLt takes the stream per call; it binds none to the handle).
+struct blas_lt {
+  cublasLtHandle_t handle{};
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  cudaStream_t stream{};
+};
+#endif
+
 /// The execution context of one training engine (see the file comment).
 class context {
  public:
 #if DTF_CUDA
-  /// Streams, the cuBLAS handle and its workspace (`blas_workspace_bytes`, allocated once) on the
-  /// current device. Errors: errc::internal naming the CUDA or cuBLAS call that failed.
-  explicit context(std::size_t blas_workspace_bytes = std::size_t(32) << 20)
+  /// Streams, the cuBLAS handle and its workspace (`blas_workspace_bytes`, allocated once), the
+  /// cuBLASLt handle and its workspace (`lt_workspace_bytes`, allocated once) on the current
+  /// device. Errors: errc::internal naming the CUDA, cuBLAS or cuBLASLt call that failed.
+  explicit context(std::size_t blas_workspace_bytes = std::size_t(32) << 20,
+                   std::size_t lt_workspace_bytes = std::size_t(32) << 20)
       : compute_(make_stream()), comm_(make_stream()), pool_(compute_) {
     detail::check(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) throw error(errc::internal, "device::context: cublasCreate failed");
@@ -169,6 +185,11 @@ class context {
     if (cublasSetStream(blas_, compute_) != CUBLAS_STATUS_SUCCESS ||
         cublasSetWorkspace(blas_, blas_workspace_, blas_workspace_bytes) != CUBLAS_STATUS_SUCCESS)
       throw error(errc::internal, "device::context: binding cuBLAS to the compute stream failed");
+    if (cublasLtCreate(&lt_.handle) != CUBLAS_STATUS_SUCCESS)
+      throw error(errc::internal, "device::context: cublasLtCreate failed");
+    detail::check(cudaMalloc(&lt_.workspace, lt_workspace_bytes), "cudaMalloc (cuBLASLt workspace)");
+    lt_.workspace_bytes = lt_workspace_bytes;
+    lt_.stream = compute_;
   }
   context(const context&) = delete;
   context& operator=(const context&) = delete;
@@ -177,6 +198,8 @@ class context {
     cudaStreamSynchronize(comm_);
     if (blas_) cublasDestroy(blas_);
     if (blas_workspace_) cudaFree(blas_workspace_);
+    if (lt_.handle) cublasLtDestroy(lt_.handle);
+    if (lt_.workspace) cudaFree(lt_.workspace);
     if (comm_done_) cudaEventDestroy(comm_done_);
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(compute_);
@@ -189,6 +212,8 @@ class context {
   ///@}
   /// The cuBLAS handle bound to the compute stream, with its own workspace.
   cublasHandle_t blas() const noexcept { return blas_; }
+  /// The cuBLASLt handle, its fixed workspace and the compute stream its matmuls are issued on.
+  const blas_lt& lt() const noexcept { return lt_; }
 
   /// A Thrust policy on the compute stream that does not synchronise, its temporaries from the pool.
   auto policy() { return thrust::cuda::par_nosync(thrust_allocator(pool_)).on(compute_); }
@@ -233,6 +258,7 @@ class context {
   cudaEvent_t comm_done_{};
   cublasHandle_t blas_{};
   void* blas_workspace_ = nullptr;
+  blas_lt lt_;
 #endif
   memory_pool pool_;
 };

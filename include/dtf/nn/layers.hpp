@@ -9,7 +9,12 @@
 // bias gradient are one pass over dy. Thrust's device system would dispatch an OpenMP
 // region per element-wise kernel, which costs more than these kernels at training batch
 // sizes. CUDA builds keep the cuBLAS path (a ones vector for the bias) with the element-wise
-// passes as device::for_each_index kernels.
+// passes as device::for_each_index kernels; bound to a context's cuBLASLt (set_lt, which
+// nn::sequential::set_context calls) a dense layer issues its GEMMs with cuBLASLt epilogues
+// instead: bias (and ReLU) in the forward matmul, the bias gradient in the weight-gradient matmul,
+// and the ReLU mask and bias gradient of a fused dense+ReLU below in its input-gradient matmul
+// (dtf/nn/lt_epilogue.hpp, docs/design/gpu-execution.md section 4.1); the cuBLAS path stays the
+// fallback where cuBLASLt has no algorithm for a shape.
 // Streams (docs/design/gpu-execution.md, section 2): set_stream(s, handle) issues every kernel
 // and GEMM of a layer on s through `handle` (a cuBLAS handle bound to s, e.g. a
 // device::context's), with no host wait and, once the largest batch has been seen, no
@@ -22,12 +27,14 @@
 #include <dtf/detail/blas.hpp>
 #include <dtf/device/kernels.hpp>
 #include <dtf/nn/init.hpp>
+#include <dtf/nn/lt_epilogue.hpp>
 #include <dtf/tensor.hpp>
 
 #include <thrust/device_vector.h>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -77,6 +84,14 @@ inline std::pair<std::size_t, std::size_t> rows_and_features(const tensor& x, co
 }
 }  // namespace detail
 
+/// A fused dense+ReLU below a dense layer (its output is that layer's input): its ReLU mask
+/// (dense::relu_mask()) and its bias gradient, which the upper layer's input-gradient matmul can
+/// write (dense::backward).
+struct relu_below {
+  const void* mask = nullptr;      ///< null: nothing below to fuse
+  float* bias_gradient = nullptr;  ///< the layer below's db (its `out` floats in its gradient slice)
+};
+
 /// Fully connected layer: y = x W + b with W [in, out] (TensorFlow's layout) and b [out].
 /// Variables: "<name>/kernel" [in, out], "<name>/bias" [out].
 class dense {
@@ -106,6 +121,32 @@ class dense {
     blas_ = blas;
   }
 
+#if DTF_CUDA
+  /// Issues later GEMMs as cuBLASLt matmuls with epilogues through `lt` (a context's handle,
+  /// workspace and compute stream: device::context::lt()); null: the cuBLAS path. Plans built
+  /// for another binding are dropped.
+  void set_lt(const device::blas_lt* lt) { lt_.bind(lt); }
+#endif
+  /// cuBLASLt matmuls issued so far (0 on CPU builds and when never bound).
+  std::uint64_t epilogue_matmuls() const noexcept {
+#if DTF_CUDA
+    return lt_.matmuls();
+#else
+    return 0;
+#endif
+  }
+  /// The ReLU mask the last forward_relu(..., keep_mask = true) kept for `rows` rows (cuBLASLt's
+  /// bit mask, for input_gradient's DRELU_BGRAD in the dense layer above); null if none was kept
+  /// (always on CPU builds and on the cuBLAS path).
+  const void* relu_mask(std::size_t rows) const noexcept {
+#if DTF_CUDA
+    return lt_.mask(rows);
+#else
+    (void)rows;
+    return nullptr;
+#endif
+  }
+
   /// The layer's variables, named after `name`, starting at element `offset` of the flat buffer.
   std::vector<variable_spec> variables(const std::string& name, std::size_t offset) const {
     return {{name + "/kernel", {in_, out_}, offset}, {name + "/bias", {out_}, offset + in_ * out_}};
@@ -121,38 +162,60 @@ class dense {
   }
 
   /// y [rows, out] = x [rows, in] W + b.
-  void forward(const float* p, const tensor& x, tensor& y) { forward_impl(p, x, y, false); }
+  void forward(const float* p, const tensor& x, tensor& y) { forward_impl(p, x, y, false, false); }
 
-  /// y = max(0, x W + b): this layer followed by nn::relu, in one pass after the GEMM.
-  void forward_relu(const float* p, const tensor& x, tensor& y) { forward_impl(p, x, y, true); }
+  /// y = max(0, x W + b): this layer followed by nn::relu, in one pass after the GEMM (one
+  /// matmul on cuBLASLt). With keep_mask, on cuBLASLt, the ReLU's mask is kept (relu_mask()) for
+  /// the input gradient of a dense layer above.
+  void forward_relu(const float* p, const tensor& x, tensor& y, bool keep_mask = false) {
+    forward_impl(p, x, y, true, keep_mask);
+  }
 
   /// From dy [rows, out]: writes dW and db into g (this layer's gradient slice) and, when dx is
   /// not null, dx [rows, in] = dy W^T. `gradient_done`, when given, is called once dW and db
   /// are written, before dx is computed (so that they can travel while dx is computed).
-  void backward(const float* p, const tensor& x, const tensor& dy, float* g, tensor* dx,
-                const std::function<void()>& gradient_done = {}) {
+  /// With `below` (a fused dense+ReLU under this layer) and cuBLASLt, dx is written already
+  /// masked by its ReLU and its bias gradient with it (DRELU_BGRAD): returns true, and that layer
+  /// then runs backward_relu(..., premasked = true). False otherwise (always on CPU builds).
+  bool backward(const float* p, const tensor& x, const tensor& dy, float* g, tensor* dx,
+                const std::function<void()>& gradient_done = {}, relu_below below = {}) {
     const std::size_t rows = dy.dim(0);
 #if DTF_CUDA
-    grow_ones(rows);
-    dtf::detail::gemv_t(rows, out_, 1.0f, dy.data<float>(), out_, thrust::raw_pointer_cast(ones_.data()), 0.0f,
-                        g + in_ * out_, blas_);
+    // One matmul for dW and db where cuBLASLt has one (BGRADA), else db by a GEMV over ones.
+    if (!lt_.weight_gradient(rows, in_, out_, x.data<float>(), dy.data<float>(), g, g + in_ * out_)) {
+      grow_ones(rows);
+      dtf::detail::gemv_t(rows, out_, 1.0f, dy.data<float>(), out_, thrust::raw_pointer_cast(ones_.data()), 0.0f,
+                          g + in_ * out_, blas_);
+      weight_gradient(x, dy.data<float>(), rows, g);
+    }
 #else
     column_sums(dy.data<float>(), rows, g + in_ * out_);
+    weight_gradient(x, dy.data<float>(), rows, g);
 #endif
-    weight_and_input_gradients(p, x, dy.data<float>(), rows, g, dx, gradient_done);
+    if (gradient_done) gradient_done();
+    return input_gradient(p, dy.data<float>(), rows, dx, below);
   }
 
   /// backward() of this layer followed by nn::relu whose output was y: dy (the gradient with
   /// respect to y) is masked in place where y is not positive, in the same pass that sums
-  /// the bias gradient. Same result as relu::backward then backward().
-  void backward_relu(const float* p, const tensor& x, const tensor& y, tensor& dy, float* g, tensor* dx,
-                     const std::function<void()>& gradient_done = {}) {
+  /// the bias gradient. Same result as relu::backward then backward(). `premasked` (CUDA builds:
+  /// the layer above returned true from backward with this layer as `below`): dy is masked and
+  /// db written already, only dW and dx remain. `below` and the result as for backward().
+  bool backward_relu(const float* p, const tensor& x, const tensor& y, tensor& dy, float* g, tensor* dx,
+                     const std::function<void()>& gradient_done = {}, relu_below below = {}, bool premasked = false) {
     const std::size_t rows = dy.dim(0);
 #if DTF_CUDA
+    if (premasked) {
+      weight_gradient(x, dy.data<float>(), rows, g);
+      if (gradient_done) gradient_done();
+      return input_gradient(p, dy.data<float>(), rows, dx, below);
+    }
     device::for_each_index(stream_, dy.size(), detail::relu_grad_at{dy.data<float>(), y.data<float>(), dy.data<float>()},
                            "nn::dense (relu mask)");
-    backward(p, x, dy, g, dx, gradient_done);
+    return backward(p, x, dy, g, dx, gradient_done, below);
 #else
+    (void)below;
+    (void)premasked;  // never set on CPU builds (backward returns false there)
     float* d = dy.data<float>();
     const float* yv = y.data<float>();
     float* db = g + in_ * out_;
@@ -166,12 +229,14 @@ class dense {
         db[c] += v;
       }
     }
-    weight_and_input_gradients(p, x, d, rows, g, dx, gradient_done);
+    weight_gradient(x, d, rows, g);
+    if (gradient_done) gradient_done();
+    return input_gradient(p, d, rows, dx, {});
 #endif
   }
 
  private:
-  void forward_impl(const float* p, const tensor& x, tensor& y, bool relu_after) {
+  void forward_impl(const float* p, const tensor& x, tensor& y, bool relu_after, bool keep_mask) {
     const auto [rows, features] = detail::rows_and_features(x, "nn::dense");
     if (features != in_)
       throw error(errc::shape_mismatch, "nn::dense: input of shape " + to_string(x.shape()) + " has " +
@@ -181,6 +246,8 @@ class dense {
     const float* w = p;
     const float* b = p + in_ * out_;
 #if DTF_CUDA
+    // One matmul with the bias (and ReLU) epilogue where cuBLASLt has one.
+    if (lt_.forward(rows, in_, out_, x.data<float>(), w, b, y.data<float>(), relu_after, keep_mask)) return;
     // y = 1 b^T (a rank-1 GEMM), then y += x W, then the ReLU in place.
     grow_ones(rows);
     dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::no, rows, out_, 1, 1.0f,
@@ -190,6 +257,7 @@ class dense {
     if (relu_after)
       device::for_each_index(stream_, y.size(), detail::relu_at{y.data<float>(), y.data<float>()}, "nn::dense (relu)");
 #else
+    (void)keep_mask;
     // y = x W, then y += b (and the ReLU) in one pass over y.
     float* out = y.data<float>();
     dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::no, rows, out_, in_, 1.0f,
@@ -226,17 +294,26 @@ class dense {
   }
 #endif
 
-  // dW = x^T dy into g, then gradient_done(), then dx = dy W^T when dx is not null.
-  void weight_and_input_gradients(const float* p, const tensor& x, const float* dy, std::size_t rows, float* g,
-                                  tensor* dx, const std::function<void()>& gradient_done) {
+  // dW = x^T dy into g.
+  void weight_gradient(const tensor& x, const float* dy, std::size_t rows, float* g) {
     dtf::detail::gemm(dtf::detail::transpose::yes, dtf::detail::transpose::no, in_, out_, rows, 1.0f,
                       x.data<float>(), in_, dy, out_, 0.0f, g, out_, blas_);
-    if (gradient_done) gradient_done();
-    if (dx) {
-      detail::shape_2d(*dx, rows, in_);
-      dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::yes, rows, in_, out_, 1.0f, dy, out_, p,
-                        out_, 0.0f, dx->data<float>(), in_, blas_);
-    }
+  }
+  // dx = dy W^T when dx is not null; masked with `below`'s ReLU and its db written where
+  // cuBLASLt has DRELU_BGRAD for the shape (returns true).
+  bool input_gradient(const float* p, const float* dy, std::size_t rows, tensor* dx, relu_below below) {
+    if (!dx) return false;
+    detail::shape_2d(*dx, rows, in_);
+#if DTF_CUDA
+    if (below.mask && lt_.input_gradient_drelu(rows, in_, out_, dy, p, dx->data<float>(), below.mask,
+                                               below.bias_gradient))
+      return true;
+#else
+    (void)below;
+#endif
+    dtf::detail::gemm(dtf::detail::transpose::no, dtf::detail::transpose::yes, rows, in_, out_, 1.0f, dy, out_, p,
+                      out_, 0.0f, dx->data<float>(), in_, blas_);
+    return false;
   }
 
   std::size_t in_;
@@ -246,6 +323,7 @@ class dense {
   dtf::detail::blas_handle_t blas_{};
 #if DTF_CUDA
   thrust::device_vector<float> ones_;  // [rows] of 1: bias broadcast and bias gradient
+  detail::dense_lt lt_;                // cuBLASLt plans and the ReLU mask (unbound: the cuBLAS path)
 #endif
 };
 

@@ -14,6 +14,10 @@
 // ctx's compute stream, GEMMs through its handle: no call of a steady step waits on the host
 // except the ready callback's event (see loss_and_gradients; set_ready_on_device leaves that wait
 // to the callee) and the loss's read, which enqueue_loss_and_gradients() leaves out. CPU builds: the same calls, no effect.
+// On a context (CUDA builds) the Dense layers' GEMMs are cuBLASLt matmuls with epilogues where
+// cuBLASLt has an algorithm for the shape (docs/design/gpu-execution.md, section 4.1): a
+// Dense+ReLU pair whose ReLU feeds a Dense layer keeps its ReLU mask, and that layer's
+// input-gradient matmul applies it and writes the pair's bias gradient (DRELU_BGRAD).
 // Thread safety: an instance keeps activations between forward and backward; use one instance
 // per thread (copies are cheap before the first step).
 #pragma once
@@ -30,6 +34,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <string>
@@ -186,6 +191,7 @@ class sequential {
   void set_context(device::context& ctx) {
 #if DTF_CUDA
     set_stream(ctx.compute_stream(), ctx.blas());
+    set_lt(&ctx.lt());
 #endif
     context_ = &ctx;
   }
@@ -194,6 +200,7 @@ class sequential {
   void clear_context() {
 #if DTF_CUDA
     set_stream(nullptr, nullptr);
+    set_lt(nullptr);
 #endif
     context_ = nullptr;
   }
@@ -201,6 +208,14 @@ class sequential {
   device::context* context() const noexcept { return context_; }
   /// The stream the step's kernels are issued on (null: the legacy default stream).
   device::stream_t stream() const noexcept { return stream_; }
+  /// cuBLASLt matmuls the Dense layers have issued (their epilogue path, on a context; 0 on CPU
+  /// builds and without one).
+  std::uint64_t epilogue_matmuls() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& l : layers_)
+      if (auto* d = std::get_if<dense>(&l)) n += d->epilogue_matmuls();
+    return n;
+  }
 
   /// Logits [batch, classes] of the batch into out. On a context's stream the host waits for
   /// them (evaluation, not the training step): callers read them from any stream.
@@ -254,6 +269,13 @@ class sequential {
     }
     loss_.set_stream(stream);
   }
+#if DTF_CUDA
+  // The Dense layers' cuBLASLt matmuls through `lt` (null: the cuBLAS path).
+  void set_lt(const device::blas_lt* lt) {
+    for (auto& l : layers_)
+      if (auto* d = std::get_if<dense>(&l)) d->set_lt(lt);
+  }
+#endif
 
   // Forward, loss and backward; with `ready`, each Dense layer's gradient is reported as soon
   // as it is written. The loss stays where the loss left it (device_loss()).
@@ -264,10 +286,20 @@ class sequential {
     forward(p.data(), x, acts_.back());
     loss_.enqueue(acts_.back(), y, &grads_.back(), label_check_);
     // grads_[i] holds d loss / d (output of layer i); each keeps its size from step to step.
+    // premasked: the Dense+ReLU pair whose masked gradient and bias gradient the Dense layer
+    // above already wrote (its DRELU_BGRAD matmul; never on CPU builds).
+    std::size_t premasked = layers_.size();
+    const std::size_t rows = x.rank() > 0 ? x.dim(0) : 0;
     for (std::size_t i = layers_.size(); i-- > 0;) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       if (auto* d = std::get_if<dense>(&layers_[i])) {
         tensor* dx = i == 0 ? input_grad : &grads_[i - 1];
+        // A Dense+ReLU pair below whose mask was kept: this layer's dx matmul may apply it.
+        relu_below below;
+        if (i >= 2 && keeps_mask(i - 2)) {
+          const auto& under = std::get<dense>(layers_[i - 2]);
+          below = {under.relu_mask(rows), g.data() + offsets_[i - 2] + under.in_features() * under.out_features()};
+        }
         // The layer's kernel and bias gradient is final before its dx is computed.
         std::function<void()> done;
         if (ready)
@@ -279,10 +311,13 @@ class sequential {
 #endif
             (*ready)(offsets_[i], d->num_parameters());
           };
+        bool fused_below = false;
         if (relu_follows(i))  // the ReLU's mask is applied in the Dense layer's pass over dy
-          d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i], dx, done);
+          fused_below = d->backward_relu(p.data() + offsets_[i], in, acts_[i + 1], grads_[i + 1], g.data() + offsets_[i],
+                                         dx, done, below, premasked == i);
         else
-          d->backward(p.data() + offsets_[i], in, grads_[i], g.data() + offsets_[i], dx, done);
+          fused_below = d->backward(p.data() + offsets_[i], in, grads_[i], g.data() + offsets_[i], dx, done, below);
+        if (fused_below) premasked = i - 2;
       } else if (!relu_follows(i - 1)) {  // layer 0 is always Dense
         std::get<relu>(layers_[i]).backward(acts_[i], grads_[i], grads_[i - 1]);
       }
@@ -304,6 +339,11 @@ class sequential {
     return i + 1 < layers_.size() && std::holds_alternative<dense>(layers_[i]) &&
            std::holds_alternative<relu>(layers_[i + 1]);
   }
+  // True when layer i and its ReLU are fused and a Dense layer reads the ReLU's output: the pair
+  // keeps its ReLU mask (cuBLASLt) for that layer's input-gradient matmul.
+  bool keeps_mask(std::size_t i) const {
+    return relu_follows(i) && i + 2 < layers_.size() && std::holds_alternative<dense>(layers_[i + 2]);
+  }
 
   void forward(const float* p, const tensor& x, tensor& out) {
     for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -311,7 +351,7 @@ class sequential {
       tensor& dst = i + 1 == layers_.size() ? out : acts_[i];
       if (auto* d = std::get_if<dense>(&layers_[i])) {
         if (relu_follows(i)) {
-          d->forward_relu(p + offsets_[i], in, acts_[i + 1]);
+          d->forward_relu(p + offsets_[i], in, acts_[i + 1], keeps_mask(i));
           ++i;
         } else {
           d->forward(p + offsets_[i], in, dst);
