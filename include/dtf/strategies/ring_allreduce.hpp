@@ -27,8 +27,9 @@
 // The training loop's extras (config): learning-rate schedules (`schedule`, any
 // dtf/optim/schedule.hpp schedule of the global step), gradient clipping by global norm after
 // the reduce (`clip_norm`: every rank clips the same averaged gradient, so the replicas stay
-// equal; on the device, dtf/optim/device_clip.hpp), micro-batch accumulation (`backward_passes_per_step`, dtf/strategies/micro_batches.hpp:
-// the passes' gradients are summed locally and reduced once per step; no overlap then).
+// equal; on the device, dtf/optim/device_clip.hpp), micro-batch accumulation
+// (`backward_passes_per_step`, dtf/strategies/micro_batches.hpp: the passes' gradients are summed
+// locally and reduced once per step; no overlap then; step_deferred sums their losses on the device).
 // The device (dtf/strategies/engine_context.hpp): the engine owns a device::context (CUDA builds;
 // its CPU twin otherwise) and runs its step on the compute stream: the model's (when it takes a
 // context, nn::sequential), the loss's slot, the update (optim::optimizer::set_stream); one rank
@@ -250,7 +251,7 @@ class ring_allreduce<M> {
     device_.bind();
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
-    bool loss_on_device = false;  // the model left its loss at device_loss() (defer, one pass)
+    bool loss_on_device = false;  // the model (or micro_) left its loss at its device_loss() (defer)
     auto report = [this](std::size_t first, std::size_t count) {
 #if DTF_CUDA
       if (staging_) staging_->note(detail::exchange_prefix + first, count, ready_event());
@@ -267,8 +268,15 @@ class ring_allreduce<M> {
 #endif
     try {
       if (micro_.passes() > 1) {
-        device_.settle();  // the passes slice the batch with Thrust's blocking policy
-        loss = micro_.loss_and_gradients(net_, params, x, y, grads);
+        if constexpr (defers_loss<M> && detail::takes_context<M>)
+          if (defer) {  // the passes on the compute stream, their losses summed there
+            micro_.enqueue_loss_and_gradients(net_, params, x, y, grads, device_.stream());
+            loss_on_device = true;
+          }
+        if (!loss_on_device) {
+          device_.settle();  // the passes slice the batch with Thrust's blocking policy
+          loss = micro_.loss_and_gradients(net_, params, x, y, grads);
+        }
       } else if constexpr (defers_loss<M>) {
         if (defer) {
           net_.enqueue_loss_and_gradients(params, x, y, grads, ready);
@@ -289,7 +297,7 @@ class ring_allreduce<M> {
     }
     const float* model_loss = nullptr;
     if constexpr (defers_loss<M>)
-      if (loss_on_device) model_loss = net_.device_loss();
+      if (loss_on_device) model_loss = micro_.passes() > 1 ? micro_.device_loss() : net_.device_loss();
     device_.write_prefix(grads_.template data<float>(), pre, model_loss, loss);
 #if DTF_CUDA
     // The buckets backprop did not complete (the last one holds the loss's slot) wait for this
