@@ -13,8 +13,12 @@
 // is on the given stream, e.g. nn::sequential bound to a training engine's context) issues every
 // pass's row copies, the accumulation of its gradient and of its loss (a kernel adding
 // w * device_loss() into a device scalar, device_loss() here) on that stream, and reads nothing:
-// the host waits for the stream only when a pass's shape changes (its buffers are resized then,
-// e.g. at an epoch's short last batch). Both compute the same floats in the same order (CPU
+// the host waits for the stream when a pass's shape changes (its buffers are resized then, e.g.
+// at an epoch's short last batch) and before a pass with more rows than the pass before it: the
+// model may resize its own buffers (nn::sequential's activations: tensor::resize, whose growth
+// within the allocation is Thrust's fill on the legacy stream, not ordered after the stream's
+// work still reading them). With a batch that the passes divide evenly, no wait in a steady
+// state; with uneven passes (10 rows in 3: 3, 3, 4), a wait per step. Both compute the same floats in the same order (CPU
 // builds: the same bits, tests/test_collectives.cpp; device code adds w * x without contracting
 // it into a fused multiply-add, as the host does).
 // Thread safety: one thread per instance.
@@ -157,6 +161,8 @@ class micro_batches {
     float* loss = loss_.data<float>();
     for (std::size_t i = 0; i < k; ++i) {
       const std::size_t begin = rows * i / k, end = rows * (i + 1) / k;
+      if (end - begin > model_rows_) wait(stream);  // the model's buffers grow (see the file comment)
+      model_rows_ = end - begin;
       copy_rows_on(stream, x, begin, xs_[i]);
       copy_rows_on(stream, y, begin, ys_[i]);
       m.enqueue_loss_and_gradients(params, xs_[i], ys_[i], g);
@@ -184,16 +190,20 @@ class micro_batches {
              ys_[i].type() == y.type();
     }
     if (same) return;
+    wait(stream);
+    xs_.resize(k), ys_.resize(k);
+    for (std::size_t i = 0; i < k; ++i) xs_[i].resize(xd[i], x.type()), ys_[i].resize(yd[i], y.type());
+    scratch_.resize({n});
+    loss_.resize({1}, dtype::float32);
+  }
+  // The host waits for the work issued on `stream` so far (no-op on CPU builds).
+  static void wait(device::stream_t stream) {
 #if DTF_CUDA
     if (const cudaError_t rc = cudaStreamSynchronize(stream); rc != cudaSuccess)
       throw error(errc::internal, std::string("micro_batches: waiting for the stream: ") + cudaGetErrorString(rc));
 #else
     (void)stream;
 #endif
-    xs_.resize(k), ys_.resize(k);
-    for (std::size_t i = 0; i < k; ++i) xs_[i].resize(xd[i], x.type()), ys_[i].resize(yd[i], y.type());
-    scratch_.resize({n});
-    loss_.resize({1}, dtype::float32);
   }
   // Rows [begin, begin + out's rows) of x into out (shaped), on `stream`.
   static void copy_rows_on(device::stream_t stream, const tensor& x, std::size_t begin, tensor& out) {
@@ -214,6 +224,7 @@ class micro_batches {
   tensor scratch_, x_, y_;
   std::vector<tensor> xs_, ys_;  // the device form's passes
   tensor loss_;                  // the device form's loss
+  std::size_t model_rows_ = 0;   // the rows of the device form's last pass (0: none yet)
 };
 
 }  // namespace dtf::strategies::detail
