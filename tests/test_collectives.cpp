@@ -914,6 +914,76 @@ TEST_CASE("ring_allreduce: backward_passes_per_step accumulates micro-batches in
                     Catch::Contains("backward_passes_per_step"));
 }
 
+TEST_CASE("micro_batches: the device form sums the passes' losses on the device, the host form's bits",
+          "[collectives][loop]") {
+  // A batch of 10 rows in 3 passes (3 + 3 + 4): the host form reads each pass's loss, the
+  // device form adds w * device_loss() into a device scalar; the same floats in the same order.
+  auto net = dtf::test::small_net();
+  dtf::tensor params({dtf::num_parameters(net.variables())});
+  net.initialize(params.span<float>(), 3);
+  auto stream = dtf::test::synthetic(10, 1, dtf::test::labels::argmax).batch(10).stream();
+  const dtf::data::host_batch b = *stream.next();
+  dtf::tensor x, y;
+  dtf::assign_from_host(x, b.features);
+  dtf::assign_from_host(y, b.labels);
+  const std::size_t n = params.size();
+  dtf::tensor g_host({n}), g_dev({n}), g_whole({n});
+  dtf::strategies::detail::micro_batches host_form(3), dev_form(3);
+  const float host_loss = host_form.loss_and_gradients(net, params.span<const float>(), x, y, g_host.span<float>());
+  dev_form.enqueue_loss_and_gradients(net, params.span<const float>(), x, y, g_dev.span<float>(), {});
+  const float dev_loss = dtf::test::host_copy(std::span<const float>(dev_form.device_loss(), 1))[0];
+  if (dtf::device_memory_is_host_accessible) {  // CPU builds: bit for bit
+    CHECK(dev_loss == host_loss);
+    CHECK(dtf::test::host_copy(g_dev.span<const float>()) == dtf::test::host_copy(g_host.span<const float>()));
+  }
+  // Independent reference: the whole batch in one pass (the rows-weighted mean of the passes'
+  // means is the batch's mean, up to float rounding).
+  const float whole = net.loss_and_gradients(params.span<const float>(), x, y, g_whole.span<float>());
+  CHECK(dev_loss == Approx(whole).epsilon(1e-5));
+  const auto gw = dtf::test::host_copy(g_whole.span<const float>()), gd = dtf::test::host_copy(g_dev.span<const float>());
+  for (std::size_t i = 0; i < n; ++i) CHECK(gd[i] == Approx(gw[i]).margin(1e-6));
+  // A second call on the same shapes overwrites the loss (it does not add to the last one).
+  dev_form.enqueue_loss_and_gradients(net, params.span<const float>(), x, y, g_dev.span<float>(), {});
+  CHECK(dtf::test::host_copy(std::span<const float>(dev_form.device_loss(), 1))[0] == dev_loss);
+}
+
+TEST_CASE("ring_allreduce: step_deferred with micro-batches gives step()'s parameters and losses bit for bit",
+          "[collectives][loop]") {
+  // 52 examples in batches of 16: 16, 16, 16 and a short 4 (new pass shapes at each epoch's end).
+  const auto data = dtf::test::synthetic(52, 2, dtf::test::labels::argmax);
+  auto run = [&](bool deferred, std::vector<float>& losses) {
+    auto comm = communicator::single();
+    auto net = dtf::test::small_net();
+    dtf::strategies::ring_allreduce<dtf::nn::sequential> s(
+        comm, net, {.rule = dtf::optim::adam{.learning_rate = 0.01f}, .clip_norm = 0.5f, .backward_passes_per_step = 3});
+    s.initialize(7);
+    auto stream = data.shuffle(3).batch(16).repeat(-1).stream();
+    int short_batches = 0;
+    for (int step = 0; step < 10; ++step) {
+      const dtf::data::host_batch b = *stream.next();
+      const std::span<const dtf::data::host_batch> one(&b, 1);
+      short_batches += b.labels.size() == 4;
+      if (deferred) {
+        s.step_deferred(one);
+        s.context().synchronize();  // the host reads the loss the compute stream wrote
+        losses.push_back(dtf::test::host_copy(std::span<const float>(s.device_loss(), 1))[0]);
+      } else {
+        losses.push_back(s.step(one));
+      }
+    }
+    CHECK(s.gradient_norm() > 0.0f);
+    CHECK(short_batches == 2);
+    return dtf::test::host_copy(s.parameters());
+  };
+  std::vector<float> host_losses, dev_losses;
+  const auto host_params = run(false, host_losses), dev_params = run(true, dev_losses);
+  if (dtf::device_memory_is_host_accessible) {
+    CHECK(dev_params == host_params);
+    CHECK(dev_losses == host_losses);
+  }
+  for (std::size_t i = 0; i < host_losses.size(); ++i) CHECK(dev_losses[i] == Approx(host_losses[i]).epsilon(1e-5));
+}
+
 TEST_CASE("mirrored: clip_norm, a schedule and micro-batches, 2 replicas x 2 processes equal one process at 4B",
           "[collectives][loop]") {
   const std::size_t batch = 8, steps = 10, replicas = 2;

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtf/data.hpp>
+#include <dtf/device/pinned_upload.hpp>
 #include <dtf/flags.hpp>
 
 #include <xtensor/xmath.hpp>
@@ -343,6 +344,33 @@ TEST_CASE("a shard gathered on the device equals the host stream's batches bit f
   // Positions outside the dataset are errors naming them.
   CHECK_THROWS_WITH(shard.gather(0, 6, x, y), Catch::Contains("batch 6 is not one of the 6 of an epoch"));
   CHECK_THROWS_WITH(shard.gather(3, 0, x, y), Catch::Contains("epoch 3 is past the dataset's 3"));
+}
+
+TEST_CASE("a device shard's epoch orders go through one upload buffer, allocated once", "[data][device]") {
+  // Three epochs uploaded in turn (each a different permutation) and one revisited: the buffer
+  // is the one allocated for an epoch's order, and each upload lands whole.
+  device::pinned_upload up(7 * sizeof(std::uint32_t));
+  thrust::device_vector<std::uint32_t> dst(7);
+  const auto d = ten().take(7).shuffle(11).batch(3).repeat(3);
+  for (const std::size_t epoch : {0, 1, 2, 0}) {
+    const auto order = d.epoch_order(epoch);
+    up.upload(thrust::raw_pointer_cast(dst.data()), order.data(), order.size() * sizeof(std::uint32_t), {});
+    std::vector<std::uint32_t> got(dst.size());
+    thrust::copy(dst.begin(), dst.end(), got.begin());  // the legacy stream: after the upload's copy
+    CHECK(got == order);
+  }
+  CHECK(d.epoch_order(0) != d.epoch_order(1));
+  CHECK(up.allocations() == 1);
+  CHECK(up.capacity() == 7 * sizeof(std::uint32_t));
+  // A larger upload grows it once; an empty one copies nothing.
+  const std::vector<std::uint32_t> more{9, 8, 7, 6, 5, 4, 3, 2};
+  thrust::device_vector<std::uint32_t> big(8);
+  up.upload(thrust::raw_pointer_cast(big.data()), more.data(), more.size() * sizeof(std::uint32_t), {});
+  up.upload(thrust::raw_pointer_cast(big.data()), more.data(), 0, {});
+  std::vector<std::uint32_t> got(8);
+  thrust::copy(big.begin(), big.end(), got.begin());
+  CHECK(got == more);
+  CHECK(up.allocations() == 2);
 }
 
 TEST_CASE("a device shard checks its labels once, at upload", "[data][device][errors]") {

@@ -2,12 +2,14 @@
 
 #include <dtf/detail/messages.hpp>
 #include <dtf/optim.hpp>
+#include <dtf/optim/device_clip.hpp>
 #include <dtf/ps/config.hpp>
 #include <dtf/tensor.hpp>
 
 #include "helpers.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 using namespace dtf;
@@ -389,4 +391,52 @@ TEST_CASE("clip_by_global_norm scales as torch.nn.utils.clip_grad_norm_", "[opti
   CHECK(optim::clip_by_global_norm<optim::host_space>(std::span<float>(h), 6.5f) == Approx(13.0));
   CHECK(h[3] == Approx(6.0).epsilon(1e-6));
   CHECK_THROWS_WITH(optim::clip_by_global_norm(t.span<float>(), -1.0f), Catch::Contains("max_norm"));
+}
+
+TEST_CASE("device_clip: the norm in a device scalar and the scale from it, clip_by_global_norm's bits",
+          "[optim][clip]") {
+  // A seeded gradient of 10007 floats (not a multiple of a block), norm about 58.
+  std::vector<float> g(10007);
+  std::uint64_t s = 12345;
+  for (auto& x : g) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = float(std::int64_t(s >> 40) - (std::int64_t(1) << 23)) / float(1 << 23);
+  }
+  // Independent reference: the sum in long double, the scale as the formula says.
+  long double sum = 0;
+  for (const float x : g) sum += (long double)x * (long double)x;
+  const double want = double(std::sqrt(sum));
+  optim::device_clip clip;
+  CHECK(clip.norm({}) == 0.0);  // before any apply
+  for (const float max_norm : {1.0f, 1e6f, 0.0f}) {
+    INFO("max_norm " << max_norm);
+    tensor host_t = tensor::from_host<float>({g.size()}, g), dev_t = tensor::from_host<float>({g.size()}, g);
+    const double host_norm = optim::clip_by_global_norm(host_t.span<float>(), max_norm);
+    clip.apply({}, dev_t.span<float>(), max_norm);
+    const double dev_norm = clip.norm({});
+    // CPU builds: the same index order, so the same bits (a GPU's block order agrees within rounding).
+    if (device_memory_is_host_accessible) {
+      CHECK(dev_norm == host_norm);
+      CHECK(test::get(dev_t) == test::get(host_t));
+    }
+    CHECK(dev_norm == Approx(want).epsilon(1e-12));
+    const auto out = test::get(dev_t);
+    const double coef = double(max_norm) / (want + 1e-6);
+    for (std::size_t i = 0; i < g.size(); i += 97)
+      CHECK(out[i] == (max_norm > 0.0f && coef < 1.0 ? Approx(double(g[i]) * coef).epsilon(1e-6) : Approx(g[i]).epsilon(0)));
+  }
+  // A non-finite norm leaves g alone; the norm reports it. A bad bound names max_norm.
+  std::vector<float> bad{1.0f, std::numeric_limits<float>::quiet_NaN(), 3.0f};
+  tensor b = tensor::from_host<float>({3}, bad);
+  clip.apply({}, b.span<float>(), 0.5f);
+  CHECK(std::isnan(clip.norm({})));
+  const auto kept = test::get(b);
+  CHECK((kept[0] == 1.0f && std::isnan(kept[1]) && kept[2] == 3.0f));
+  bad[1] = std::numeric_limits<float>::infinity();
+  test::set(b, bad);
+  clip.apply({}, b.span<float>(), 0.5f);
+  CHECK(std::isinf(clip.norm({})));
+  CHECK(test::get(b)[0] == 1.0f);
+  CHECK_THROWS_WITH(clip.apply({}, b.span<float>(), -1.0f), Catch::Contains("max_norm"));
+  CHECK_THROWS_WITH(clip.apply({}, b.span<float>(), std::numeric_limits<float>::quiet_NaN()), Catch::Contains("max_norm"));
 }

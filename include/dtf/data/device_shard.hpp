@@ -19,16 +19,19 @@
 // memory, issued on stream() (set_stream(), e.g. a training engine's compute stream, where
 // dtf::train puts them; the legacy default stream otherwise); on CPU builds a loop on the calling
 // thread (each element is computed alone, so the bits are those of any order). An epoch's order
-// is uploaded once, at its first batch: on CUDA builds a copy of 4 bytes per example from
-// pageable memory, ordered on stream() after the gathers that read the last epoch's order (the
-// host waits for the stream there, once per epoch; not yet through pinned memory).
+// is uploaded once, at its first batch, through a pinned buffer allocated at construction
+// (device::pinned_upload): on CUDA builds a cudaMemcpyAsync of 4 bytes per example on stream(),
+// ordered after the gathers that read the last epoch's order, which the host does not wait for
+// (it waits only, before writing the pinned buffer again, for the last epoch's copy, an epoch of
+// batches ago).
 // Memory: the examples of the dataset's source (after shard(), the shard alone; after take() of an
-// unsharded set, the whole source) and one epoch's order.
+// unsharded set, the whole source), one epoch's order on the device and in pinned host memory.
 // Thread safety: one device_shard serves one thread at a time.
 #pragma once
 
 #include <dtf/data/dataset.hpp>
 #include <dtf/device/kernels.hpp>
+#include <dtf/device/pinned_upload.hpp>
 #include <dtf/error.hpp>
 #include <dtf/tensor.hpp>
 
@@ -89,6 +92,8 @@ class device_shard {
     const float lo = d_.normalize_ ? src.value_min : 0.0f;
     lo_ = lo;
     inv_ = d_.normalize_ ? 1.0f / (src.value_max - src.value_min) : 1.0f;
+    order_.resize(d_.size());  // an epoch's order: allocated now, before any gather reads it
+    upload_ = device::pinned_upload(d_.size() * sizeof(std::uint32_t));
   }
 
   /// Examples per epoch, features per example, batches per epoch: the dataset's.
@@ -109,9 +114,8 @@ class device_shard {
     if (d_.epochs_ >= 0 && epoch >= std::size_t(d_.epochs_))
       throw error(errc::out_of_range, "data::device_shard: epoch " + std::to_string(epoch) + " is past the dataset's " +
                                           std::to_string(d_.epochs_));
-    if (epoch_ != epoch || order_.empty()) {
-      host_order_ = d_.epoch_order(epoch);
-      upload_order();
+    if (epoch_ != epoch) {
+      upload_order(d_.epoch_order(epoch));
       epoch_ = epoch;
     }
     const std::size_t begin = index * d_.batch_size_;
@@ -148,25 +152,16 @@ class device_shard {
   }
 
  private:
-  // The epoch's order (host_order_) into order_, after the gathers issued so far on stream_.
-  void upload_order() {
+  // An epoch's order into order_, on stream_ after the gathers issued so far (see the file comment).
+  void upload_order(const std::vector<std::uint32_t>& order) {
+    if (order.size() != order_.size()) {  // not an epoch of this dataset's (kept for safety)
 #if DTF_CUDA
-    if (stream_ != nullptr && stream_ != cudaStreamLegacy) {
-      const std::size_t n = host_order_.size();
-      cudaError_t rc = cudaSuccess;
-      if (order_.size() != n) {  // the first epoch (a resize on the legacy stream: nothing may read it)
-        rc = cudaStreamSynchronize(stream_);
-        if (rc == cudaSuccess) order_.resize(n);
-      }
-      if (rc == cudaSuccess && n > 0)
-        rc = cudaMemcpyAsync(thrust::raw_pointer_cast(order_.data()), host_order_.data(), n * sizeof(std::uint32_t),
-                             cudaMemcpyHostToDevice, stream_);
-      if (rc != cudaSuccess)
+      if (const cudaError_t rc = cudaStreamSynchronize(stream_); rc != cudaSuccess)  // the resize is on the legacy stream
         throw error(errc::internal, std::string("data::device_shard: uploading an epoch's order: ") + cudaGetErrorString(rc));
-      return;
-    }
 #endif
-    order_.assign(host_order_.begin(), host_order_.end());
+      order_.resize(order.size());
+    }
+    upload_.upload(thrust::raw_pointer_cast(order_.data()), order.data(), order.size() * sizeof(std::uint32_t), stream_);
   }
 
   dataset d_;
@@ -174,8 +169,8 @@ class device_shard {
   thrust::device_vector<float> floats_;        // float32 rows
   thrust::device_vector<std::int32_t> labels_;
   thrust::device_vector<std::uint32_t> order_;  // epoch_'s order
-  std::vector<std::uint32_t> host_order_;       // its source (read by an asynchronous copy)
-  std::size_t epoch_ = 0;
+  device::pinned_upload upload_;                // its way there
+  std::optional<std::size_t> epoch_;            // the epoch order_ holds (none yet)
   float lo_ = 0.0f, inv_ = 1.0f;
   device::stream_t stream_{};
 };

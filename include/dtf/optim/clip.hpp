@@ -7,7 +7,9 @@
 // in double. In host memory (and on CPU builds, where device memory is host memory) it runs
 // in index order on the calling thread, so that every rank of a collective strategy, holding
 // the same reduced gradient, computes the same norm bit for bit and the replicas stay equal;
-// on a GPU it is Thrust's reduction, deterministic for a given size and device.
+// on a GPU it is Thrust's reduction, deterministic for a given size and device, and the host
+// waits for it. dtf/optim/device_clip.hpp clips with the same arithmetic on a stream, the norm
+// left in device memory (no host wait: what a training engine's step uses).
 // Thread safety: none beyond the buffer's own (one call per buffer at a time).
 #pragma once
 

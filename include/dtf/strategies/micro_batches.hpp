@@ -7,11 +7,26 @@
 // memory. The passes reuse device buffers kept between steps. check_loop_config: the errors
 // of the training-loop knobs the collective strategies share (schedule, clip_norm,
 // backward_passes_per_step).
+// Two forms: loss_and_gradients (any model) reads each pass's loss on the host and slices the
+// batch with Thrust's blocking policy (CUDA builds: the caller waits for the model's stream
+// first); enqueue_loss_and_gradients (a model that defers its loss, dtf::defers_loss, whose work
+// is on the given stream, e.g. nn::sequential bound to a training engine's context) issues every
+// pass's row copies, the accumulation of its gradient and of its loss (a kernel adding
+// w * device_loss() into a device scalar, device_loss() here) on that stream, and reads nothing:
+// the host waits for the stream when a pass's shape changes (its buffers are resized then, e.g.
+// at an epoch's short last batch) and before a pass with more rows than the pass before it: the
+// model may resize its own buffers (nn::sequential's activations: tensor::resize, whose growth
+// within the allocation is Thrust's fill on the legacy stream, not ordered after the stream's
+// work still reading them). With a batch that the passes divide evenly, no wait in a steady
+// state; with uneven passes (10 rows in 3: 3, 3, 4), a wait per step. Both compute the same floats in the same order (CPU
+// builds: the same bits, tests/test_collectives.cpp; device code adds w * x without contracting
+// it into a fused multiply-add, as the host does).
 // Thread safety: one thread per instance.
 #pragma once
 
 #include <dtf/concepts.hpp>
 #include <dtf/config.hpp>
+#include <dtf/device/kernels.hpp>
 #include <dtf/error.hpp>
 #include <dtf/tensor.hpp>
 
@@ -20,11 +35,26 @@
 #include <thrust/transform.h>
 
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
+#include <vector>
+
+#if DTF_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace dtf::strategies::detail {
 
+// acc + a * x, rounded after the product and after the sum as the host computes it (device code
+// would otherwise contract it into a fused multiply-add, rounded once).
+DTF_HD inline float add_product(float acc, float a, float x) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(acc, __fmul_rn(a, x));
+#else
+  return acc + a * x;
+#endif
+}
 // out = a * x (first pass) or out + a * x (later passes), element-wise.
 struct scaled_copy {
   float a;
@@ -32,7 +62,24 @@ struct scaled_copy {
 };
 struct scaled_add {
   float a;
-  DTF_HD float operator()(float acc, float x) const { return acc + a * x; }
+  DTF_HD float operator()(float acc, float x) const { return add_product(acc, a, x); }
+};
+// The same over device memory, one thread per element: out[i] = a * x[i] (first) or
+// out[i] + a * x[i]; for the loss, one element: out[0] = (first ? 0 : out[0]) + a * x[0], the
+// host's `loss += w * l` from loss = 0.
+struct accumulate_scaled {
+  float* out;
+  const float* x;
+  float a;
+  bool first;
+  DTF_HD void operator()(std::size_t i) const { out[i] = first ? a * x[i] : add_product(out[i], a, x[i]); }
+};
+struct accumulate_loss {
+  float* out;
+  const float* x;
+  float a;
+  bool first;
+  DTF_HD void operator()(std::size_t) const { out[0] = add_product(first ? 0.0f : out[0], a, x[0]); }
 };
 
 /// Errors of the training-loop knobs every collective strategy shares (errc::invalid_config).
@@ -89,7 +136,7 @@ class micro_batches {
       copy_rows(y, begin, end - begin, y_);
       const float l = m.loss_and_gradients(params, x_, y_, g);
       const float w = float(double(end - begin) / double(rows));
-      loss += w * l;
+      loss = add_product(loss, w, l);
       if (i == 0)
         thrust::transform(thrust::device, g.data(), g.data() + g.size(), grads.data(), scaled_copy{w});
       else
@@ -99,9 +146,85 @@ class micro_batches {
     return loss;
   }
 
+  /// The same passes with no host read, for a model that defers its loss and issues its work on
+  /// `stream` (see the file comment): the gradient in `grads`, the loss left at device_loss(),
+  /// both written by work on `stream`. Errors: those of loss_and_gradients.
+  template <defers_loss M>
+  void enqueue_loss_and_gradients(M& m, std::span<const float> params, const tensor& x, const tensor& y,
+                                  std::span<float> grads, device::stream_t stream) {
+    const std::size_t rows = x.shape().empty() ? 0 : x.dim(0), k = std::size_t(passes_);
+    if (rows < k)
+      throw error(errc::invalid_argument, "backward_passes_per_step " + std::to_string(k) + ": a batch of " +
+                                              std::to_string(rows) + " rows cannot be cut into as many micro-batches");
+    shape_passes(x, y, grads.size(), stream);
+    const auto g = scratch_.span<float>();
+    float* loss = loss_.data<float>();
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::size_t begin = rows * i / k, end = rows * (i + 1) / k;
+      if (end - begin > model_rows_) wait(stream);  // the model's buffers grow (see the file comment)
+      model_rows_ = end - begin;
+      copy_rows_on(stream, x, begin, xs_[i]);
+      copy_rows_on(stream, y, begin, ys_[i]);
+      m.enqueue_loss_and_gradients(params, xs_[i], ys_[i], g);
+      const float w = float(double(end - begin) / double(rows));
+      device::for_each_index(stream, 1, accumulate_loss{loss, m.device_loss(), w, i == 0}, "micro_batches (loss)");
+      device::for_each_index(stream, g.size(), accumulate_scaled{grads.data(), g.data(), w, i == 0},
+                             "micro_batches (gradient)");
+    }
+  }
+  /// The last enqueue_loss_and_gradients' loss (device memory; host memory on CPU builds).
+  const float* device_loss() const { return loss_.data<float>(); }
+
  private:
+  // The device form's buffers shaped for batch (x, y): pass i's rows, the pass's gradient, the
+  // loss. Resizing may touch memory on the legacy stream (Thrust), so the host waits for
+  // `stream` first, when a shape changes (never in a steady state).
+  void shape_passes(const tensor& x, const tensor& y, std::size_t n, device::stream_t stream) {
+    const std::size_t rows = x.dim(0), k = std::size_t(passes_);
+    std::vector<dims> xd(k), yd(k);
+    bool same = xs_.size() == k && scratch_.size() == n && loss_.size() == 1;
+    for (std::size_t i = 0; i < k; ++i) {
+      xd[i] = x.shape(), yd[i] = y.shape();
+      xd[i][0] = yd[i][0] = rows * (i + 1) / k - rows * i / k;
+      same = same && xs_[i].shape() == xd[i] && xs_[i].type() == x.type() && ys_[i].shape() == yd[i] &&
+             ys_[i].type() == y.type();
+    }
+    if (same) return;
+    wait(stream);
+    xs_.resize(k), ys_.resize(k);
+    for (std::size_t i = 0; i < k; ++i) xs_[i].resize(xd[i], x.type()), ys_[i].resize(yd[i], y.type());
+    scratch_.resize({n});
+    loss_.resize({1}, dtype::float32);
+  }
+  // The host waits for the work issued on `stream` so far (no-op on CPU builds).
+  static void wait(device::stream_t stream) {
+#if DTF_CUDA
+    if (const cudaError_t rc = cudaStreamSynchronize(stream); rc != cudaSuccess)
+      throw error(errc::internal, std::string("micro_batches: waiting for the stream: ") + cudaGetErrorString(rc));
+#else
+    (void)stream;
+#endif
+  }
+  // Rows [begin, begin + out's rows) of x into out (shaped), on `stream`.
+  static void copy_rows_on(device::stream_t stream, const tensor& x, std::size_t begin, tensor& out) {
+    const std::size_t row_bytes = x.dim(0) ? x.size_bytes() / x.dim(0) : 0;
+    const auto src = x.bytes().subspan(begin * row_bytes, out.size_bytes());
+    if (src.empty()) return;
+#if DTF_CUDA
+    if (const cudaError_t rc = cudaMemcpyAsync(out.bytes().data(), src.data(), src.size(), cudaMemcpyDeviceToDevice, stream);
+        rc != cudaSuccess)
+      throw error(errc::internal, std::string("micro_batches: copying a micro-batch: ") + cudaGetErrorString(rc));
+#else
+    (void)stream;
+    std::memcpy(out.bytes().data(), src.data(), src.size());
+#endif
+  }
+
   int passes_;
   tensor scratch_, x_, y_;
+  std::vector<tensor> xs_, ys_;  // the device form's passes
+  tensor loss_;                  // the device form's loss
+  std::size_t model_rows_ = 0;   // the rows of the device form's last pass (0: none yet)
 };
 
 }  // namespace dtf::strategies::detail

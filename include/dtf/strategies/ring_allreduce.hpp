@@ -27,8 +27,9 @@
 // The training loop's extras (config): learning-rate schedules (`schedule`, any
 // dtf/optim/schedule.hpp schedule of the global step), gradient clipping by global norm after
 // the reduce (`clip_norm`: every rank clips the same averaged gradient, so the replicas stay
-// equal), micro-batch accumulation (`backward_passes_per_step`, dtf/strategies/micro_batches.hpp:
-// the passes' gradients are summed locally and reduced once per step; no overlap then).
+// equal; on the device, dtf/optim/device_clip.hpp), micro-batch accumulation
+// (`backward_passes_per_step`, dtf/strategies/micro_batches.hpp: the passes' gradients are summed
+// locally and reduced once per step; no overlap then; step_deferred sums their losses on the device).
 // The device (dtf/strategies/engine_context.hpp): the engine owns a device::context (CUDA builds;
 // its CPU twin otherwise) and runs its step on the compute stream: the model's (when it takes a
 // context, nn::sequential), the loss's slot, the update (optim::optimizer::set_stream); one rank
@@ -52,6 +53,7 @@
 #include <dtf/error.hpp>
 #include <dtf/host.hpp>
 #include <dtf/optim/clip.hpp>
+#include <dtf/optim/device_clip.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
@@ -249,7 +251,7 @@ class ring_allreduce<M> {
     device_.bind();
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
-    bool loss_on_device = false;  // the model left its loss at device_loss() (defer, one pass)
+    bool loss_on_device = false;  // the model (or micro_) left its loss at its device_loss() (defer)
     auto report = [this](std::size_t first, std::size_t count) {
 #if DTF_CUDA
       if (staging_) staging_->note(detail::exchange_prefix + first, count, ready_event());
@@ -266,8 +268,15 @@ class ring_allreduce<M> {
 #endif
     try {
       if (micro_.passes() > 1) {
-        device_.settle();  // the passes slice the batch with Thrust's blocking policy
-        loss = micro_.loss_and_gradients(net_, params, x, y, grads);
+        if constexpr (defers_loss<M> && detail::takes_context<M>)
+          if (defer) {  // the passes on the compute stream, their losses summed there
+            micro_.enqueue_loss_and_gradients(net_, params, x, y, grads, device_.stream());
+            loss_on_device = true;
+          }
+        if (!loss_on_device) {
+          device_.settle();  // the passes slice the batch with Thrust's blocking policy
+          loss = micro_.loss_and_gradients(net_, params, x, y, grads);
+        }
       } else if constexpr (defers_loss<M>) {
         if (defer) {
           net_.enqueue_loss_and_gradients(params, x, y, grads, ready);
@@ -288,7 +297,7 @@ class ring_allreduce<M> {
     }
     const float* model_loss = nullptr;
     if constexpr (defers_loss<M>)
-      if (loss_on_device) model_loss = net_.device_loss();
+      if (loss_on_device) model_loss = micro_.passes() > 1 ? micro_.device_loss() : net_.device_loss();
     device_.write_prefix(grads_.template data<float>(), pre, model_loss, loss);
 #if DTF_CUDA
     // The buckets backprop did not complete (the last one holds the loss's slot) wait for this
@@ -300,10 +309,7 @@ class ring_allreduce<M> {
     reducer_->finish();
 #endif
     if (exchange_) exchange_->finish();
-    if (config_.clip_norm > 0.0f) {
-      device_.settle();  // the clip reads the gradient with Thrust's blocking policy
-      last_norm_ = float(optim::clip_by_global_norm(grads, config_.clip_norm));
-    }
+    if (config_.clip_norm > 0.0f) clip_.apply(device_.stream(), grads, config_.clip_norm);  // no host read
     if (defer && ring_) ring_->push(step_ + 1, device_loss(), device_.stream());  // before the update: its flag
     optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), learning_rate());
     ++step_;
@@ -337,8 +343,8 @@ class ring_allreduce<M> {
   /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
   /// The averaged gradient's global norm before clipping at the last step (config.clip_norm;
-  /// 0 without clipping).
-  float gradient_norm() const noexcept { return last_norm_; }
+  /// 0 without clipping), read from the device (CUDA builds: the host waits for the compute stream).
+  float gradient_norm() const { return config_.clip_norm > 0.0f ? float(clip_.norm(device_.stream())) : 0.0f; }
   /// The communicator the ranks reduce over.
   communicator& comm() noexcept { return comm_; }
   /// Whether the gradients' buckets are reduced while backprop runs (config.overlap, a model
@@ -426,7 +432,7 @@ class ring_allreduce<M> {
   optim::optimizer<> optimizer_;
   detail::micro_batches micro_;
   std::int64_t step_ = 0;
-  float last_norm_ = 0;
+  optim::device_clip clip_;  // config.clip_norm's, on the compute stream
   std::unique_ptr<detail::device_exchange> exchange_;  // null: the TCP ring
   device::loss_ring* ring_ = nullptr;  // watch_losses'
   std::unique_ptr<detail::bucket_reducer> reducer_;  // its thread stops before the buffers go
