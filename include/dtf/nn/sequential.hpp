@@ -346,6 +346,7 @@ class sequential {
   }
 
   void forward(const float* p, const tensor& x, tensor& out) {
+    settle_on_new_rows(x.rank() > 0 ? x.dim(0) : 0);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       tensor& dst = i + 1 == layers_.size() ? out : acts_[i];
@@ -362,6 +363,23 @@ class sequential {
     }
   }
 
+  // The buffers (activations, gradients, the loss's workspace, the ones vector) are resized
+  // when the batch's rows change, by Thrust on the legacy default stream, which the context's
+  // non-blocking compute stream does not wait for: steps still queued there may read or write
+  // what the resize writes or frees. So on a context the host waits for the compute stream
+  // before a step with other rows than the last one (an epoch's short last batch, and the full
+  // batch after it): no wait in a steady state.
+  void settle_on_new_rows(std::size_t rows) {
+    if (rows == last_rows_) return;
+    last_rows_ = rows;
+#if DTF_CUDA
+    if (stream_ != nullptr && stream_ != cudaStreamLegacy)
+      if (const cudaError_t rc = cudaStreamSynchronize(stream_); rc != cudaSuccess)
+        throw error(errc::internal, std::string("nn::sequential: waiting for the compute stream: ") +
+                                        cudaGetErrorString(rc));
+#endif
+  }
+
   std::vector<layer> layers_;
   std::vector<std::size_t> offsets_;
   std::vector<variable_spec> variables_;
@@ -372,6 +390,7 @@ class sequential {
   label_check label_check_ = label_check::verify;
   device::context* context_ = nullptr;
   bool ready_on_device_ = false;  // set_ready_on_device
+  std::size_t last_rows_ = 0;     // the rows of the last forward (settle_on_new_rows)
   device::stream_t stream_{};
 #if DTF_CUDA
   detail::layer_events events_;
