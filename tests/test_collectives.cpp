@@ -452,6 +452,30 @@ TEST_CASE("mirrored in one process: a failing replica fails the step instead of 
   }
 }
 
+TEST_CASE("mirrored: each replica's model runs on a context of its own, bound again at each step",
+          "[collectives][strategies][device]") {
+  auto comm = communicator::single();
+  const auto prototype = dtf::test::small_net();
+  REQUIRE(prototype.context() == nullptr);
+  dtf::strategies::mirrored<dtf::nn::sequential> s(comm, prototype, 2, {.rule = dtf::optim::sgd{.learning_rate = 0.1f}});
+  const dtf::device::context* first = s.model(0).context();
+  CHECK(first != nullptr);
+  CHECK(s.model(1).context() != nullptr);
+  CHECK(s.model(1).context() != first);  // one per replica, never shared between threads
+  CHECK(prototype.context() == nullptr);  // the prototype is not touched
+  s.initialize(2);
+  auto stream = dtf::test::synthetic(20, 5, dtf::test::labels::argmax).batch(10).stream();
+  std::vector<dtf::data::host_batch> batches{*stream.next(), *stream.next()};
+  // Something else took replica 0's model off its context: the next step binds it again, so its
+  // work is on the stream the replica's update follows.
+  s.model(0).clear_context();
+  const auto before = dtf::test::host_copy(s.parameters(0));
+  CHECK(std::isfinite(s.step(batches)));
+  CHECK(s.model(0).context() == first);
+  CHECK(dtf::test::host_copy(s.parameters(0)) != before);
+  CHECK(dtf::test::host_copy(s.parameters(1)) == dtf::test::host_copy(s.parameters(0)));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Overlap of gradient communication with backprop (dtf/strategies/gradient_buckets.hpp).
 
@@ -1012,3 +1036,57 @@ TEST_CASE("mirrored: clip_norm, a schedule and micro-batches, 2 replicas x 2 pro
     for (std::size_t i = 0; i < single.size(); ++i) REQUIRE(result[0][i] == Approx(single[i]).margin(1e-5));
   }
 }
+
+#if DTF_CUDA
+// mirrored on its replicas' contexts (docs/design/gpu-execution.md, section 2.1) against the
+// model stepped by hand: one replica in one process averages nothing (a mean of one, times 1.0f),
+// so its variables are the hand-made step's, bit for bit where the reference runs on a context of
+// its own (cuBLAS may choose its algorithms by the handle's workspace), and within rounding of
+// today's path (no context: the legacy default stream, the thread's cuBLAS handle).
+TEST_CASE("mirrored: one replica on its context equals the model stepped by hand", "[collectives][strategies][gpu]") {
+  auto comm = communicator::single();
+  const auto prototype = dtf::test::small_net();
+  const dtf::optim::rule rule = dtf::optim::adam{.learning_rate = 0.01f};
+  dtf::strategies::mirrored<dtf::nn::sequential, false> s(comm, prototype, 1, {.rule = rule});
+  s.initialize(9);
+  auto stream = dtf::test::synthetic(60, 13, dtf::test::labels::argmax).batch(20).stream();
+  std::vector<dtf::data::host_batch> batches;
+  while (auto b = stream.next()) batches.push_back(*b);
+
+  const std::size_t n = dtf::num_parameters(prototype.variables());
+  auto by_hand = [&](bool on_context) {
+    dtf::nn::sequential net(prototype);
+    dtf::device::context ctx;
+    dtf::optim::optimizer<> opt(rule, n);
+    if (on_context) {
+      net.set_context(ctx);
+      opt.set_stream(ctx.compute_stream());
+    }
+    dtf::tensor params({n}), grads({n}), x, y;
+    net.initialize(params.span<float>(), 9);
+    std::vector<float> losses;
+    for (const auto& b : batches) {
+      ctx.synchronize();
+      dtf::assign_from_host(x, b.features);
+      dtf::assign_from_host(y, b.labels);
+      losses.push_back(net.loss_and_gradients(params.span<const float>(), x, y, grads.span<float>()));
+      opt.apply(params.span<float>(), grads.span<const float>());
+    }
+    ctx.synchronize();
+    auto values = dtf::test::host_copy(params.span<const float>());
+    if (on_context) net.clear_context();
+    return std::pair{values, losses};
+  };
+  std::vector<float> losses;
+  for (const auto& b : batches) losses.push_back(s.step(std::span<const dtf::data::host_batch>(&b, 1)));
+  const auto mine = dtf::test::host_copy(s.parameters());
+
+  const auto [same, same_losses] = by_hand(true);
+  CHECK(mine == same);
+  CHECK(losses == same_losses);
+  const auto [today, today_losses] = by_hand(false);
+  REQUIRE(mine.size() == today.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) CHECK(mine[i] == Approx(today[i]).margin(1e-6));
+  for (std::size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == Approx(today_losses[i]).margin(1e-6));
+}
+#endif

@@ -212,6 +212,42 @@ TEST_CASE("staging: out-of-order use and a zero segment size are refused", "[sta
   CHECK_THROWS_AS(recv.finish(), error);  // two of three segments never came
 }
 
+// An engine that can be ordered against a compute stream, as the CUDA one (set_stream,
+// before_send): it notes where in its copy log each send's ordering came.
+struct ordered_engine : host_copy_engine {
+  void set_stream(int s) { stream = s; }
+  void before_send() { ordered_at.push_back(log().size()); }
+  int stream = 0;
+  std::vector<std::size_t> ordered_at;
+};
+
+TEST_CASE("staging against a compute stream: every engine gets the stream, a send is ordered before its first copy",
+          "[staging]") {
+  std::mt19937 rng(41);
+  const auto device = random_bytes(40, rng);
+  const std::vector<staged_range> ranges{{8, 12}, {0, 8}, {24, 16}};
+  detail::connection_staging<ordered_engine> staging(2, 7);
+  staging.set_stream(5);
+  CHECK(staging.engine(0).stream == 5);
+  CHECK(staging.engine(1).stream == 5);
+  rpc_call first, second;
+  staging.attach_payload(first, 1, device.data(), ranges);
+  auto& e = staging.engine(1);
+  REQUIRE(e.ordered_at == std::vector<std::size_t>{0});  // before any copy of the send
+  REQUIRE(!e.log().empty());
+  CHECK(e.log().front().kind == op::to_staging);  // segment 0 issued at attach, after the ordering
+  for (std::size_t k = 0; k < first.payload_source->count(); ++k) first.payload_source->segment(k);
+  const std::size_t copies_of_first = e.log().size();
+  staging.attach_payload(second, 1, device.data(), ranges);
+  CHECK(e.ordered_at == std::vector<std::size_t>{0, copies_of_first});  // each send, before its copies
+  CHECK(staging.engine(0).ordered_at.empty());  // only the connection that sends
+  // A reply is not a send: no ordering before it (its copies are handed over at its end).
+  rpc_call reply;
+  std::vector<std::byte> out(40);
+  staging.attach_reply(reply, 0, out.data(), ranges);
+  CHECK(staging.engine(0).ordered_at.empty());
+}
+
 TEST_CASE("ps client: device buffers staged in segments give what the host path gives", "[staging][ps][transport]") {
   const std::vector<variable_spec> vars{{"w", {10, 3}, 0}, {"b", {3}, 30}, {"v", {7}, 33}};
   const auto layout = partitioners::fixed_size{3}.place(vars, 2);

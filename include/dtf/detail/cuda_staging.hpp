@@ -4,6 +4,14 @@
 // thread writes the previous segment to the socket (pageable memory would be staged by the
 // driver again, synchronously).
 //
+// Ordering against a compute stream (set_stream(s); docs/design/gpu-execution.md, section 6.2):
+// before a send's first copy the engine's stream waits (on the device) for an event recorded on
+// s, so the copies read what s's work wrote; a reply's end (wait_all) hands its copies to s (s
+// waits for an event after them) instead of the host waiting, and the host waits for them only
+// before the staging buffer is reused (reserve, the next message). Without set_stream the host
+// waits at the reply's end and a send's copies are not ordered after any stream (the caller has
+// waited for the work that wrote the bytes).
+//
 // On CPU builds this header declares nothing: device memory is host memory there, and the ps
 // traffic is read and written in place.
 //
@@ -40,21 +48,33 @@ class cuda_copy_engine {
  public:
   cuda_copy_engine() {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    for (auto& e : events_) {
-      const cudaError_t rc = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    for (auto* e : {&events_[0], &events_[1], &after_, &handed_}) {
+      const cudaError_t rc = cudaEventCreateWithFlags(e, cudaEventDisableTiming);
       if (rc != cudaSuccess) {
         release();
         check_cuda(rc, "cudaEventCreateWithFlags");
       }
     }
   }
+  /// Orders the copies against `compute` (see the file comment); null: no ordering (the default).
+  void set_stream(cudaStream_t compute) noexcept { compute_ = compute; }
+  /// A send's copies wait (on the device) for the work issued on the stream set so far.
+  void before_send() {
+    if (!compute_) return;
+    check_cuda(cudaEventRecord(after_, compute_), "cudaEventRecord (ps staging: before the send)");
+    check_cuda(cudaStreamWaitEvent(stream_, after_, 0), "cudaStreamWaitEvent (ps staging: before the send)");
+  }
   cuda_copy_engine(const cuda_copy_engine&) = delete;
   cuda_copy_engine& operator=(const cuda_copy_engine&) = delete;
   ~cuda_copy_engine() { release(); }
 
   std::span<std::byte> reserve(std::size_t n) {
+    if (handed_off_) {  // the host writes the buffer next (a reply): the last reply's copies must be done
+      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (ps staging: before reuse)");
+      handed_off_ = false;
+    }
     if (n > size_) {
-      wait_all();  // the old buffer may still be read by a copy
+      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // the old buffer may still be read by a copy
       if (pinned_) check_cuda(cudaFreeHost(std::exchange(pinned_, nullptr)), "cudaFreeHost");
       size_ = 0;
       void* p = nullptr;
@@ -73,14 +93,24 @@ class cuda_copy_engine {
   // The pipeline waits for segment k before it marks k + 2: two events, used in turn, suffice.
   void mark(std::size_t k) { check_cuda(cudaEventRecord(events_[k % 2], stream_), "cudaEventRecord"); }
   void wait(std::size_t k) { check_cuda(cudaEventSynchronize(events_[k % 2]), "cudaEventSynchronize"); }
-  void wait_all() { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  /// Every copy issued is done: on the host, or, with a stream set, for the work issued on that
+  /// stream from now on (the host waits at the next reserve).
+  void wait_all() {
+    if (!compute_) {
+      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      return;
+    }
+    check_cuda(cudaEventRecord(handed_, stream_), "cudaEventRecord (ps staging: the reply's copies)");
+    check_cuda(cudaStreamWaitEvent(compute_, handed_, 0), "cudaStreamWaitEvent (ps staging: the reply's copies)");
+    handed_off_ = true;
+  }
 
  private:
   void release() noexcept {
     if (stream_) cudaStreamSynchronize(stream_);
     if (pinned_) cudaFreeHost(pinned_);
-    for (auto& e : events_)
-      if (e) cudaEventDestroy(std::exchange(e, nullptr));
+    for (auto* e : {&events_[0], &events_[1], &after_, &handed_})
+      if (*e) cudaEventDestroy(std::exchange(*e, nullptr));
     if (stream_) cudaStreamDestroy(std::exchange(stream_, nullptr));
     pinned_ = nullptr;
     size_ = 0;
@@ -88,6 +118,9 @@ class cuda_copy_engine {
 
   cudaStream_t stream_ = nullptr;
   std::array<cudaEvent_t, 2> events_{};
+  cudaStream_t compute_ = nullptr;  // set_stream's (null: none)
+  cudaEvent_t after_{}, handed_{};  // before a send's copies; after a reply's copies
+  bool handed_off_ = false;         // a reply's copies handed to compute_, not waited for on the host
   std::byte* pinned_ = nullptr;
   std::size_t size_ = 0;
 };

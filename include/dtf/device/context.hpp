@@ -23,8 +23,9 @@
 // (the CUDA driver, or the C++ heap): in a steady state the second count does not move.
 // nn::sequential::set_context(ctx) runs a model's step on the compute stream with the cuBLAS
 // handle; ring_allreduce's engine (so dtf::train's collective and single-process runs) creates
-// one context and runs its step there (dtf/strategies/engine_context.hpp); mirrored and the ps
-// strategies create none yet (docs/design/gpu-execution.md says what is built).
+// one context and runs its step there (dtf/strategies/engine_context.hpp), and mirrored one per
+// replica (dtf/strategies/mirrored_replicas.hpp); the ps strategies create none (their staging
+// orders its copies against the model's stream; docs/design/gpu-execution.md says what is built).
 // Thread safety: none; a context serves one engine (one thread) at a time.
 #pragma once
 

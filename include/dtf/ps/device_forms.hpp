@@ -32,6 +32,18 @@ namespace dtf::ps_detail {
 template <class Client>
 class device_forms {
  public:
+#if DTF_CUDA
+  /// Orders the forms' copies against stream `compute` (docs/design/gpu-execution.md, section
+  /// 6.2): a push's copies wait for the work issued there first, and a pull's copies are handed to
+  /// it (work issued there after the pull reads the pulled values; the host does not wait for
+  /// them). Null (the default): the host waits for a pull's copies, and a push reads the device
+  /// memory as it is (the caller waited for the work that wrote it).
+  void set_device_stream(cudaStream_t compute) {
+    stream_ = compute;
+    if (staging_) staging_->set_stream(compute);
+  }
+#endif
+
   /// pull into device memory.
   std::int64_t pull(device_span<float> params) {
 #if DTF_CUDA
@@ -126,12 +138,15 @@ class device_forms {
 #if DTF_CUDA
   // One pinned buffer and stream per ps connection, made on first use.
   detail::connection_staging<detail::cuda_copy_engine>& device_staging() {
-    if (!staging_)
+    if (!staging_) {
       staging_ = std::make_unique<detail::connection_staging<detail::cuda_copy_engine>>(
           self().layout().num_ps, self().transport().staging_segment_bytes);
+      staging_->set_stream(stream_);
+    }
     return *staging_;
   }
   std::unique_ptr<detail::connection_staging<detail::cuda_copy_engine>> staging_;
+  cudaStream_t stream_ = nullptr;  // set_device_stream's
 #endif
 };
 

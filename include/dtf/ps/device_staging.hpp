@@ -75,9 +75,18 @@ class connection_staging {
   std::size_t segment_bytes() const noexcept { return segment_bytes_; }
   Engine& engine(std::size_t ps) { return *engines_.at(ps); }
 
+  /// Orders every engine's copies against stream s (an engine that can: cuda_copy_engine's
+  /// set_stream, docs/design/gpu-execution.md, section 6.2).
+  template <class Stream>
+    requires requires(Engine& e, Stream s) { e.set_stream(s); }
+  void set_stream(Stream s) {
+    for (auto& e : engines_) e->set_stream(s);
+  }
+
   /// Sets c's payload to the ranges of `device`, staged through ps's buffer.
   void attach_payload(rpc_call& c, std::size_t ps, const std::byte* device, std::span<const staged_range> ranges) {
     payloads_.at(ps).reset();
+    if constexpr (requires(Engine& e) { e.before_send(); }) engines_.at(ps)->before_send();
     c.payload_source = &payloads_[ps].emplace(*engines_[ps], device, ranges, segment_bytes_);
   }
   /// Sets c's reply to land in the ranges of `device`, staged through ps's buffer.

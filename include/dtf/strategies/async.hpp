@@ -120,7 +120,7 @@ class batch_gradient {
   float operator()(std::span<const float> at, std::span<float> g) {
     return staging_(at, g, [&](std::span<const float> p, std::span<float> dg) {
       return model_.loss_and_gradients(p, x_, y_, dg);
-    });
+    }, model_stream(model_));
   }
 
  private:

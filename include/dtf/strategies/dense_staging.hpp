@@ -1,14 +1,48 @@
 // dtf/strategies/dense_staging.hpp — a model's loss and gradient at host parameters: directly on
 // CPU builds (device memory is host memory), staged through device tensors on CUDA builds.
 // Used by the workers' gradient computations (dtf/strategies/async.hpp, embedding_gradient.hpp).
+//
+// CUDA builds (docs/design/gpu-execution.md, section 6.2): one pinned buffer of 2n floats
+// (parameters in, gradient out; cudaHostAlloc, allocated once with the staging) and a
+// communication stream of its own. The parameters go to the device with cudaMemcpyAsync on that
+// stream and the model's stream waits for an event after the copy; the gradient comes back with
+// cudaMemcpyAsync on the communication stream after an event of the model's stream, and the host
+// waits for that copy only: the push sends its bytes. The model's stream is the compute stream of
+// the context it is bound to (detail::takes_context), else the legacy default stream
+// (model_stream()).
+// Errors: a failed CUDA call is errc::internal naming it.
+// Thread safety: one thread at a time.
 #pragma once
 
 #include <dtf/config.hpp>
+#include <dtf/device/kernels.hpp>  // device::stream_t
+#include <dtf/strategies/engine_context.hpp>  // takes_context
 #include <dtf/tensor.hpp>
 
+#include <cstddef>
 #include <span>
 
+#if DTF_CUDA
+#include <dtf/detail/cuda_staging.hpp>  // dtf::detail::check_cuda
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <utility>
+#endif
+
 namespace dtf::strategies::detail {
+
+/// The stream model m issues its step on: its context's compute stream when it is bound to one,
+/// else the legacy default stream (null; always null on CPU builds).
+template <class M>
+device::stream_t model_stream([[maybe_unused]] const M& m) noexcept {
+#if DTF_CUDA
+  if constexpr (takes_context<M>)
+    if (const device::context* c = m.context()) return c->compute_stream();
+#endif
+  return {};
+}
 
 class dense_staging {
  public:
@@ -17,22 +51,74 @@ class dense_staging {
       params_.resize({n});
       grads_.resize({n});
     }
+#if DTF_CUDA
+    try {
+      using dtf::detail::check_cuda;
+      check_cuda(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (dense staging)");
+      check_cuda(cudaEventCreateWithFlags(&in_, cudaEventDisableTiming), "cudaEventCreateWithFlags (dense staging)");
+      check_cuda(cudaEventCreateWithFlags(&out_, cudaEventDisableTiming), "cudaEventCreateWithFlags (dense staging)");
+      void* p = nullptr;
+      check_cuda(cudaHostAlloc(&p, 2 * n * sizeof(float) + 1, cudaHostAllocDefault), "cudaHostAlloc (dense staging)");
+      pinned_ = static_cast<float*>(p);
+    } catch (...) {
+      release();
+      throw;
+    }
+#endif
   }
+  dense_staging(const dense_staging&) = delete;
+  dense_staging& operator=(const dense_staging&) = delete;
+#if DTF_CUDA
+  ~dense_staging() { release(); }
+#endif
+
   /// f(device params, device grads) -> loss, called at host parameters `at`; the gradient
-  /// lands in the host span g.
+  /// lands in the host span g. `stream`: the stream f issues its work on (model_stream(m);
+  /// ignored on CPU builds).
   template <class F>
-  float operator()(std::span<const float> at, std::span<float> g, F&& f) {
+  float operator()(std::span<const float> at, std::span<float> g, F&& f, [[maybe_unused]] device::stream_t stream = {}) {
     if constexpr (device_memory_is_host_accessible) {
       return f(at, g);
     } else {
-      params_.copy_from_host<float>(at);
+#if DTF_CUDA
+      using dtf::detail::check_cuda;
+      const std::size_t n = params_.size();
+      float* in = pinned_;
+      float* out = pinned_ + n;
+      // The last call's copies out of and into the buffer completed: it waited for its last copy
+      // on the same stream.
+      if (n > 0) std::memcpy(in, at.data(), n * sizeof(float));
+      check_cuda(cudaMemcpyAsync(params_.data<float>(), in, n * sizeof(float), cudaMemcpyHostToDevice, comm_),
+                 "cudaMemcpyAsync (dense staging: parameters)");
+      check_cuda(cudaEventRecord(in_, comm_), "cudaEventRecord (dense staging)");
+      check_cuda(cudaStreamWaitEvent(stream, in_, 0), "cudaStreamWaitEvent (dense staging: parameters)");
       const float loss = f(std::span<const float>(params_.span<float>()), grads_.span<float>());
-      grads_.copy_to_host<float>(g);
+      check_cuda(cudaEventRecord(out_, stream), "cudaEventRecord (dense staging)");
+      check_cuda(cudaStreamWaitEvent(comm_, out_, 0), "cudaStreamWaitEvent (dense staging: gradient)");
+      check_cuda(cudaMemcpyAsync(out, grads_.data<float>(), n * sizeof(float), cudaMemcpyDeviceToHost, comm_),
+                 "cudaMemcpyAsync (dense staging: gradient)");
+      check_cuda(cudaStreamSynchronize(comm_), "cudaStreamSynchronize (dense staging: the gradient the push sends)");
+      if (n > 0) std::memcpy(g.data(), out, n * sizeof(float));
       return loss;
+#else
+      return 0.0f;  // unreachable: without CUDA device memory is host memory
+#endif
     }
   }
 
  private:
+#if DTF_CUDA
+  void release() noexcept {
+    if (comm_) cudaStreamSynchronize(comm_);
+    if (pinned_) cudaFreeHost(std::exchange(pinned_, nullptr));
+    if (in_) cudaEventDestroy(std::exchange(in_, nullptr));
+    if (out_) cudaEventDestroy(std::exchange(out_, nullptr));
+    if (comm_) cudaStreamDestroy(std::exchange(comm_, nullptr));
+  }
+  cudaStream_t comm_{};
+  cudaEvent_t in_{}, out_{};  // after the parameters' copy; after the model's step
+  float* pinned_ = nullptr;   // [parameters in, gradient out]
+#endif
   tensor params_, grads_;
 };
 

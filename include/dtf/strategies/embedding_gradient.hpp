@@ -118,7 +118,7 @@ class embedding_gradient {
     const std::span<const embedding_rows> rows = batch_.gather(tables_);
     const float loss = staging_(at, g, [&](std::span<const float> p, std::span<float> dg) {
       return model_.loss_and_gradients(p, rows, x_, y_, dg);
-    });
+    }, model_stream(model_));
     if (keep_rows_)
       batch_.keep();
     else

@@ -35,8 +35,14 @@
 // the processes' means). Communication per step: one allreduce of the model's gradients per
 // process, none between the replicas of a process (shared memory).
 //
-// NOT YET RUN on GPUs: the NCCL path compiles in dtf's CUDA build, but no GPU was available
-// while it was written.
+// Each replica has its own device::context, created on its device and bound to its model when
+// the model takes one (dtf/strategies/mirrored_replicas.hpp; docs/design/gpu-execution.md,
+// section 2.1): the model's step, the loss's slot and the update on the replica's compute
+// stream; with NCCL, the replicas' reduction on their communication streams, ordered by events
+// (no cudaDeviceSynchronize). CPU builds: the context's CPU twin, the same arithmetic.
+//
+// NOT YET RUN on GPUs: the CUDA paths compile in dtf's CUDA build, but no GPU was available
+// while they were written.
 //
 // Errors: a replica that throws breaks the step: the other replicas stop at their next
 // synchronisation point and step() rethrows the first error; a replica stuck longer than
@@ -59,8 +65,7 @@
 #include <dtf/strategies/micro_batches.hpp>
 #include <dtf/tensor.hpp>
 
-#include <thrust/copy.h>
-
+#include <dtf/strategies/mirrored_replicas.hpp>  // mirrored_replica: a replica and its context
 #include <dtf/strategies/replicas.hpp>  // replica_barrier, replica_threads, nccl_replica_group
 
 #include <algorithm>
@@ -203,6 +208,7 @@ class mirrored<M, Nccl> {
   /// Rank 0's replica 0 initialises the variables from `seed`; every replica of every process
   /// receives them.
   void initialize(std::uint64_t seed) {
+    settle();
     replica& first = *replicas_[0];
     if (comm_.rank() == 0) first.net.initialize(first.params.template span<float>(), seed);
     comm_.broadcast("mirrored/params", first.params, 0);
@@ -267,7 +273,10 @@ class mirrored<M, Nccl> {
   }
 
   /// Replica k's variables (every replica holds the same values).
-  std::span<const float> parameters(std::size_t k = 0) const { return replicas_.at(k)->params.template span<const float>(); }
+  std::span<const float> parameters(std::size_t k = 0) const {
+    replicas_.at(k)->settle();  // the update may still run on the replica's compute stream
+    return replicas_[k]->params.template span<const float>();
+  }
   /// Replica k's model.
   M& model(std::size_t k = 0) { return replicas_.at(k)->net; }
   /// The global step: steps taken so far (or restored).
@@ -276,12 +285,16 @@ class mirrored<M, Nccl> {
   float gradient_norm() const noexcept { return last_norm_; }
 
   /// Replica k's update-rule state, for checkpoints (every replica holds the same).
-  const optim::optimizer<>& optimizer(std::size_t k = 0) const { return replicas_.at(k)->opt; }
+  const optim::optimizer<>& optimizer(std::size_t k = 0) const {
+    replicas_.at(k)->settle();
+    return replicas_[k]->opt;
+  }
   /// Restores a saved state into every replica of this process: the parameters, the rule's
   /// slots and update count (host buffers) and the global step (which drives the warm-up).
   /// Every process must restore the same state. Errors: errc::shape_mismatch.
   void restore(std::span<const float> values, std::span<const std::vector<float>> slots, std::int64_t iterations,
                std::int64_t global_step) {
+    settle();  // no step's work still reads what is overwritten
     for (std::size_t k = 0; k < replicas_.size(); ++k) {
       on_device(k);
       replicas_[k]->params.template copy_from_host<float>(values);
@@ -292,16 +305,16 @@ class mirrored<M, Nccl> {
   }
 
  private:
-  struct replica {
-    replica(const M& prototype, std::size_t n, const optim::rule& rule, int passes)
-        : net(prototype), params({n}), grads({pre + n}), host_grads(device_memory_is_host_accessible ? 0 : pre + n),
-          opt(rule, n), micro(passes) {}
-    M net;
-    tensor params, grads, x, y;  // grads: [loss, 15 zeros, the gradient]
-    std::vector<float> host_grads;  // CUDA builds: grads staged in host memory
-    optim::optimizer<> opt;
-    detail::micro_batches micro;  // backward_passes_per_step
-  };
+  using replica = detail::mirrored_replica<M>;
+
+  // The host waits for every replica's streams (no-op on CPU builds).
+  void settle() const {
+    for (std::size_t k = 0; k < replicas_.size(); ++k) {
+      on_device(k);
+      replicas_[k]->settle();
+    }
+    on_device(0);
+  }
 
   static void on_device([[maybe_unused]] std::size_t k) {
 #if DTF_CUDA
@@ -310,23 +323,16 @@ class mirrored<M, Nccl> {
 #endif
   }
 
-  // Replica k's gradients as host memory.
-  const float* host_gradients(std::size_t k) {
-    replica& rep = *replicas_[k];
-    if constexpr (device_memory_is_host_accessible) return rep.grads.template data<float>();
-    return rep.host_grads.data();
-  }
-
   // Replica k's share of step 1-4.
   void replica_step(std::size_t k, const data::host_batch& b, detail::replica_barrier& barrier, float lr) {
     const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
     replica& rep = *replicas_[k];
-    assign_from_host(rep.x, b.features);
-    assign_from_host(rep.y, b.labels);
+    rep.set_batch(b);
     const auto params = rep.params.template span<const float>();
     const auto grads = rep.grads.template span<float>().subspan(pre, n_);
     float loss = 0;
     if (rep.micro.passes() > 1) {
+      rep.settle();  // the passes slice the batch with Thrust's blocking policy
       loss = rep.micro.loss_and_gradients(rep.net, params, rep.x, rep.y, grads);
     } else if constexpr (streams_gradients<M>) {
       if (reducer_->overlapping())
@@ -342,15 +348,11 @@ class mirrored<M, Nccl> {
     if constexpr (Nccl)
       if (nccl_) return nccl_step(k, loss, barrier, lr);
 #endif
-    if constexpr (device_memory_is_host_accessible) {
-      float* g = rep.grads.template data<float>();
-      std::fill(g, g + pre, 0.0f);
-      g[0] = loss;
-    } else {
-      auto g = rep.grads.template device_ptr<float>();
-      thrust::copy(g + std::ptrdiff_t(pre), g + std::ptrdiff_t(pre + n_), rep.host_grads.begin() + std::ptrdiff_t(pre));
-      rep.host_grads[0] = loss;
-    }
+#if DTF_CUDA
+    rep.gradients_to_host(loss);  // the host averages them: it waits for the compute stream
+#else
+    rep.write_prefix(loss);
+#endif
     barrier.arrive_and_wait(timeout);
     if (!reducer_->overlapping()) {
       // Replica k averages slice k of everyone's gradients (and the loss) into reduced_.
@@ -366,58 +368,53 @@ class mirrored<M, Nccl> {
                                                                        config_.clip_norm));
     barrier.arrive_and_wait(timeout);
     const auto mean = std::span<const float>(reduced_).subspan(pre, n_);
-    if constexpr (device_memory_is_host_accessible) {
-      rep.opt.apply(rep.params.template span<float>(), mean, lr);
-    } else {
-      thrust::copy(mean.begin(), mean.end(), rep.grads.template device_ptr<float>() + std::ptrdiff_t(pre));
-      rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().subspan(pre, n_), lr);
-    }
+#if DTF_CUDA
+    rep.mean_to_device(mean.data(), n_);
+    rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().subspan(pre, n_), lr);
+#else
+    rep.opt.apply(rep.params.template span<float>(), mean, lr);
+#endif
   }
 
-  // reduced_[i] = the replicas' mean of floats i in [begin, end) of [loss, zeros, gradient], in
-  // the same order whoever computes it (the replicas by slices, or the communication thread by
-  // buckets).
+  // reduced_[i] = the replicas' mean of floats i in [begin, end) (detail::average_replicas).
   void average_replicas(std::size_t begin, std::size_t end) {
-    const std::size_t r = replicas_.size();
-    const float inv = 1.0f / float(r);
-    float* out = reduced_.data();
-    const float* first = host_gradients(0);
-    for (std::size_t i = begin; i < end; ++i) out[i] = first[i];
-    for (std::size_t j = 1; j < r; ++j) {
-      const float* g = host_gradients(j);
-      for (std::size_t i = begin; i < end; ++i) out[i] += g[i];
-    }
-    for (std::size_t i = begin; i < end; ++i) out[i] *= inv;
+    detail::average_replicas<M>(replicas_, reduced_.data(), begin, end);
   }
 
 #if DTF_CUDA
-  // Steps 2–4 with NCCL: the replicas' gradients (the loss in slot n) averaged in place on their
-  // GPUs; replica 0 then averages across processes through host memory, as the host path does.
+  // Steps 2–4 with NCCL (docs/design/gpu-execution.md, section 2.1): the replicas' gradients
+  // (the loss in slot 0) averaged in place on their GPUs, on their communication streams after
+  // an event of their compute streams; replica 0 then averages across processes through host
+  // memory, as the host path does.
   void nccl_step(std::size_t k, float loss, detail::replica_barrier& barrier, float lr) {
     const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
     replica& rep = *replicas_[k];
-    float* grads = rep.grads.template data<float>();
-    dtf::detail::check_cuda(cudaMemset(grads, 0, pre * sizeof(float)), "cudaMemset (prefix)");
-    dtf::detail::check_cuda(cudaMemcpy(grads, &loss, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy (loss)");
-    // The model's kernels ran on the default stream; NCCL's streams do not wait for it.
-    dtf::detail::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (gradients)");
+    rep.write_prefix(loss);
+    rep.comm_after_compute();  // the NCCL call below is issued on this communication stream
     barrier.arrive_and_wait(timeout);
+    const bool across = comm_.size() > 1;
     if (k == 0) {
       std::vector<float*> buffers;
-      for (auto& r : replicas_) buffers.push_back(r->grads.template data<float>());
-      nccl_->average(buffers, pre + n_);
-      on_device(0);
-      const bool across = comm_.size() > 1;
-      dtf::detail::check_cuda(cudaMemcpy(reduced_.data(), grads, (across ? pre + n_ : 1) * sizeof(float),
-                                         cudaMemcpyDeviceToHost),
-                              "cudaMemcpy (reduced gradients)");
+      std::vector<cudaStream_t> streams;
+      for (auto& r : replicas_) {
+        buffers.push_back(r->grads.template data<float>());
+        streams.push_back(r->comm_stream());
+      }
+      nccl_->average(buffers, streams, pre + n_);
+      // The host reads the average: all of it for the ring across processes, else the loss
+      // that step() returns.
+      dtf::detail::check_cuda(cudaMemcpyAsync(reduced_.data(), rep.grads.template data<float>(),
+                                              (across ? pre + n_ : 1) * sizeof(float), cudaMemcpyDeviceToHost,
+                                              rep.comm_stream()),
+                              "cudaMemcpyAsync (reduced gradients)");
+      dtf::detail::check_cuda(cudaStreamSynchronize(rep.comm_stream()), "cudaStreamSynchronize (reduced gradients)");
       reducer_->finish();  // across processes, bucket by bucket
     }
     barrier.arrive_and_wait(timeout);
-    if (comm_.size() > 1)
-      dtf::detail::check_cuda(cudaMemcpy(grads + pre, reduced_.data() + pre, n_ * sizeof(float), cudaMemcpyHostToDevice),
-                              "cudaMemcpy (gradients across processes)");
+    rep.compute_after_comm();  // the clip and the update read the average
+    if (across) rep.mean_to_device(reduced_.data() + pre, n_);
     if (config_.clip_norm > 0.0f) {  // every replica the same mean, on its own GPU
+      rep.settle();  // the clip reads the gradient with Thrust's blocking policy
       const double norm = optim::clip_by_global_norm(rep.grads.template span<float>().subspan(pre, n_), config_.clip_norm);
       if (k == 0) last_norm_ = float(norm);
     }
@@ -431,12 +428,13 @@ class mirrored<M, Nccl> {
   mirrored_config config_;
   std::size_t n_;
   std::vector<float> reduced_;  // [loss, 15 zeros, the mean gradient]
+  // Null (or nothing, without NCCL): the host path. Its type depends on Nccl only, never on
+  // the translation unit, so that mirrored<M, false> has one layout everywhere. Before the
+  // replicas: their contexts drain the streams NCCL's calls were issued on before it goes.
+  std::conditional_t<Nccl, std::unique_ptr<detail::nccl_replica_group>, detail::no_replica_group> nccl_;
   std::vector<std::unique_ptr<replica>> replicas_;
   std::int64_t step_ = 0;
   float last_norm_ = 0;
-  // Null (or nothing, without NCCL): the host path. Its type depends on Nccl only, never on
-  // the translation unit, so that mirrored<M, false> has one layout everywhere.
-  std::conditional_t<Nccl, std::unique_ptr<detail::nccl_replica_group>, detail::no_replica_group> nccl_;
   std::unique_ptr<detail::bucket_reducer> reducer_;
   std::unique_ptr<detail::replica_threads> threads_;  // last: its threads stop before the replicas go
 };

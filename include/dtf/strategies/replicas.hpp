@@ -35,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -158,40 +159,36 @@ class nccl_replica_group;
 
 #if DTF_MIRRORED_NCCL
 /// One NCCL communicator per replica GPU of this process (ncclCommInitAll), averaging a
-/// buffer of equal size on each GPU in place. Driven from one thread.
+/// buffer of equal size on each GPU in place, each on the stream its caller gives (mirrored:
+/// the replica's communication stream, docs/design/gpu-execution.md, section 2.1). Driven from
+/// one thread.
 class nccl_replica_group {
  public:
-  explicit nccl_replica_group(std::vector<int> devices)
-      : devices_(std::move(devices)), comms_(devices_.size(), nullptr), streams_(devices_.size(), nullptr) {
+  explicit nccl_replica_group(std::vector<int> devices) : devices_(std::move(devices)), comms_(devices_.size(), nullptr) {
     check(ncclCommInitAll(comms_.data(), int(devices_.size()), devices_.data()), "ncclCommInitAll");
-    try {
-      for (std::size_t k = 0; k < devices_.size(); ++k) {
-        dtf::detail::check_cuda(cudaSetDevice(devices_[k]), "cudaSetDevice");
-        dtf::detail::check_cuda(cudaStreamCreateWithFlags(&streams_[k], cudaStreamNonBlocking),
-                                "cudaStreamCreateWithFlags");
-      }
-    } catch (...) {
-      release();
-      throw;
-    }
   }
   nccl_replica_group(const nccl_replica_group&) = delete;
   nccl_replica_group& operator=(const nccl_replica_group&) = delete;
-  ~nccl_replica_group() { release(); }
+  ~nccl_replica_group() {
+    for (auto& c : comms_)
+      if (c) ncclCommDestroy(std::exchange(c, nullptr));
+  }
 
-  /// buffers[k] (count floats on GPU devices[k]) := the mean of all of them. Returns when done.
-  void average(std::span<float* const> buffers, std::size_t count) {
+  /// Issues buffers[k] (count floats on GPU devices[k]) := the mean of all of them, on
+  /// streams[k] (of GPU devices[k]), as one NCCL group. Returns once issued: work on streams[k]
+  /// after it sees the mean; the host does not wait. Errors: errc::internal naming the NCCL call.
+  void average(std::span<float* const> buffers, std::span<const cudaStream_t> streams, std::size_t count) {
+    if (buffers.size() != comms_.size() || streams.size() != comms_.size())
+      throw error(errc::internal, "mirrored: " + std::to_string(buffers.size()) + " buffers and " +
+                                      std::to_string(streams.size()) + " streams for " +
+                                      std::to_string(comms_.size()) + " NCCL communicators");
     check(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t first = ncclSuccess;
     for (std::size_t k = 0; k < comms_.size() && first == ncclSuccess; ++k)
-      first = ncclAllReduce(buffers[k], buffers[k], count, ncclFloat, ncclAvg, comms_[k], streams_[k]);
+      first = ncclAllReduce(buffers[k], buffers[k], count, ncclFloat, ncclAvg, comms_[k], streams[k]);
     const ncclResult_t end = ncclGroupEnd();  // always closes the group
     check(first, "ncclAllReduce");
     check(end, "ncclGroupEnd");
-    for (std::size_t k = 0; k < comms_.size(); ++k) {
-      dtf::detail::check_cuda(cudaSetDevice(devices_[k]), "cudaSetDevice");
-      dtf::detail::check_cuda(cudaStreamSynchronize(streams_[k]), "cudaStreamSynchronize (ncclAllReduce)");
-    }
   }
 
  private:
@@ -200,20 +197,9 @@ class nccl_replica_group {
       throw error(errc::internal, std::string("mirrored: ") + what + " failed: " + ncclGetErrorString(rc) +
                                       " (ncclResult_t " + std::to_string(int(rc)) + ")");
   }
-  void release() noexcept {
-    for (std::size_t k = 0; k < streams_.size(); ++k)
-      if (streams_[k]) {
-        cudaSetDevice(devices_[k]);
-        cudaStreamDestroy(streams_[k]);
-        streams_[k] = nullptr;
-      }
-    for (auto& c : comms_)
-      if (c) ncclCommDestroy(std::exchange(c, nullptr));
-  }
 
   std::vector<int> devices_;
   std::vector<ncclComm_t> comms_;
-  std::vector<cudaStream_t> streams_;
 };
 #endif
 
