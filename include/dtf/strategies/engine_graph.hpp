@@ -30,6 +30,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace dtf::strategies::detail {
 
@@ -51,7 +52,7 @@ struct write_rate {
 /// The graphs of an engine's step and the rate they read (see the file comment).
 class engine_graph {
  public:
-  engine_graph() : rate_({1}) {}
+  engine_graph() : rate_({1}), graphs_(std::make_unique<device::step_graphs>(2)) {}
 
   /// Whether steps go through the graphs (enable()).
   bool enabled() const noexcept { return on_; }
@@ -60,16 +61,16 @@ class engine_graph {
   void enable(bool on, Optimizer& optimizer) {
     on_ = on;
     optimizer.set_rate_source(on ? rate_.data<float>() : nullptr);
-    graphs_.invalidate();
+    graphs_->invalidate();
   }
   /// Drops every graph (a restore, a re-bind, another loss ring).
-  void invalidate() { graphs_.invalidate(); }
+  void invalidate() { graphs_->invalidate(); }
 
   /// Starts a step of `rows` rows on the batch at x, y over the model's buffers of `generation`;
   /// false when the graphs are off (the step is then eager, as without them).
   bool begin(std::size_t rows, const void* x, const void* y, std::uint64_t generation) {
     if (!on_) return false;
-    graphs_.begin(rows, x, y, generation);
+    graphs_->begin(rows, x, y, generation);
     return true;
   }
   /// begin() for a step of `net` on batch x, y when the model can be captured now (a
@@ -90,7 +91,7 @@ class engine_graph {
   /// Segment i of the step (device::step_graphs::segment).
   template <class F>
   void segment(std::size_t i, device::stream_t s, F&& work) {
-    graphs_.segment(i, s, work);
+    graphs_->segment(i, s, work);
   }
   /// The step's rate into the float the update reads, on `s` before the update's segment.
   void set_rate(device::stream_t s, float lr) {
@@ -98,17 +99,17 @@ class engine_graph {
   }
   /// Ends the step; true when it launched graphs (the segments' host code did not run).
   bool end(std::uint64_t generation) {
-    graphs_.end(generation);
-    return graphs_.launched();
+    graphs_->end(generation);
+    return graphs_->launched();
   }
 
   /// The cache (its counts per batch rows).
-  const device::step_graphs& graphs() const noexcept { return graphs_; }
+  const device::step_graphs& graphs() const noexcept { return *graphs_; }
 
  private:
   bool on_ = false;
   tensor rate_;  // the step's rate, read by the update (device memory; host memory on CPU builds)
-  device::step_graphs graphs_{2};
+  std::unique_ptr<device::step_graphs> graphs_;  // two segments; held so that an engine can move
 };
 
 }  // namespace dtf::strategies::detail
