@@ -6,10 +6,11 @@
 # benchmarks, and runs each part under its own time limit, going on after a part fails:
 #
 #   device      first, the cases of the GPU execution contract (docs/design/gpu-execution.md):
-#               dtf_tests "[device],[step],[loss],[fused],[optim],[nan]" in one process (the
+#               dtf_tests "[device],[step],[loss],[fused],[optim],[nan],[graph]" in one process (the
 #               context's pool, the kernels, the loss ring, the steady step captured in a CUDA
 #               graph, the fused loss and optimizer, the dense layers' cuBLASLt epilogues against
-#               the cuBLAS path, a diverged run stopped at its step), then
+#               the cuBLAS path, a diverged run stopped at its step, the step graphs of
+#               ring_allreduce against its eager step and their pool), then
 #               ring_allreduce with 2 and 3 ranks on the TCP ring (threads sharing the GPU: the
 #               buckets through pinned memory on the communication stream, section 6.0),
 #               dtf_tests "[staging]" under compute-sanitizer's racecheck and synccheck
@@ -348,7 +349,7 @@ isolated_tests() {
   ! grep -q '^FAIL:' "$logs/test-results.txt"
 }
 # The contract's cases in one process: a failure names its case and assertion in the log.
-device_tests='[device],[step],[loss],[fused],[optim],[nan]'
+device_tests='[device],[step],[loss],[fused],[optim],[nan],[graph]'
 note_device() { grep -E "test cases|passed|failed" "$1" | tail -2 | cut -c1-160; grep -m3 -E "FAILED:|REQUIRE|CHECK" "$1" | cut -c1-120; }
 if want device && has "$t" device; then
   part device 90 "$t" "$device_tests" --durations yes

@@ -5,6 +5,7 @@
 #include <dtf/device/kernels.hpp>
 #include <dtf/device/loss_ring.hpp>
 #include <dtf/device/select.hpp>
+#include <dtf/device/step_graph.hpp>
 #include <dtf/nn/sequential.hpp>
 #include <dtf/optim/optimizer.hpp>
 #include <dtf/strategies/pinned_staging.hpp>
@@ -460,4 +461,71 @@ TEST_CASE("a steady-state step of sequential, loss and optimizer allocates nothi
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 #endif
+}
+
+TEST_CASE("step graphs: a key's first step eager, its second captured, later ones replayed; drops", "[device][graph]") {
+  // The cache's policy (its CPU twin here: every segment's code runs, the phases and counts are
+  // those a CUDA build keeps). A stand-in step of two segments on a counter: a segment's code
+  // runs on the host except on a CUDA build's replays.
+  using dtf::device::graph_counts;
+  using phase = dtf::device::step_graphs::phase;
+  dtf::device::step_graphs graphs(2);
+  int full_x = 0, short_x = 0, other_x = 0, y = 0;  // stand-ins for the batches' addresses
+  std::uint64_t generation = 1;
+  int ran = 0;
+  auto step = [&](std::size_t rows, const void* x) {
+    const phase p = graphs.begin(rows, x, &y, generation);
+    graphs.segment(0, {}, [&] { ++ran; });
+    graphs.segment(1, {}, [&] { ++ran; });
+    graphs.end(generation);
+    CHECK(graphs.current_phase() == p);
+    CHECK_FALSE(graphs.launched());  // CPU builds: never
+    return p;
+  };
+  CHECK(step(32, &full_x) == phase::eager);
+  CHECK(step(32, &full_x) == phase::capture);
+  CHECK(step(32, &full_x) == phase::replay);
+  CHECK(step(4, &short_x) == phase::eager);  // the short last batch: a key of its own
+  CHECK(step(32, &full_x) == phase::replay);
+  CHECK(step(4, &short_x) == phase::capture);
+  CHECK(step(4, &short_x) == phase::replay);
+  CHECK(graphs.captured_keys() == 2);
+  CHECK(ran == 14);  // the twin ran every segment
+  CHECK(graphs.counts(32) == graph_counts{.eager = 1, .captures = 1, .replays = 2});
+  CHECK(graphs.counts(4) == graph_counts{.eager = 1, .captures = 1, .replays = 1});
+  CHECK(graphs.counts(7) == graph_counts{});
+
+  // The batch moved: that key starts again; the other keeps its graphs.
+  CHECK(step(32, &other_x) == phase::eager);
+  CHECK(step(4, &short_x) == phase::replay);
+  CHECK(step(32, &other_x) == phase::capture);
+  // The buffers' generation moved before a step: every graph goes.
+  ++generation;
+  CHECK(step(4, &short_x) == phase::eager);
+  CHECK(step(32, &other_x) == phase::eager);
+  CHECK(step(32, &other_x) == phase::capture);
+  // An eager step that grew the buffers (the generation moves during it): the other keys' graphs
+  // go; that key, which ran on the new buffers, captures next.
+  CHECK(graphs.begin(4, &short_x, &y, generation) == phase::capture);
+  graphs.segment(0, {}, [] {});
+  graphs.segment(1, {}, [] {});
+  graphs.end(generation);
+  CHECK(graphs.begin(64, &other_x, &y, generation) == phase::eager);
+  graphs.segment(0, {}, [] {});
+  graphs.segment(1, {}, [] {});
+  graphs.end(++generation);
+  CHECK(graphs.captured_keys() == 0);
+  CHECK(step(64, &other_x) == phase::capture);
+  CHECK(step(4, &short_x) == phase::eager);
+  // invalidate(): every key starts again.
+  graphs.invalidate();
+  CHECK(step(64, &other_x) == phase::eager);
+  CHECK(graphs.captured_keys() == 0);
+
+  // Segments out of order, a step ended early, a step of no segments: errors naming the cause.
+  graphs.begin(64, &other_x, &y, generation);
+  CHECK_THROWS_WITH(graphs.segment(1, {}, [] {}), Catch::Contains("segment 1 out of order"));
+  graphs.segment(0, {}, [] {});
+  CHECK_THROWS_WITH(graphs.end(generation), Catch::Contains("before its last segment"));
+  CHECK_THROWS_WITH(dtf::device::step_graphs(0), Catch::Contains("at least one segment"));
 }

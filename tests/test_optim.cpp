@@ -439,4 +439,33 @@ TEST_CASE("device_clip: the norm in a device scalar and the scale from it, clip_
   CHECK(test::get(b)[0] == 1.0f);
   CHECK_THROWS_WITH(clip.apply({}, b.span<float>(), -1.0f), Catch::Contains("max_norm"));
   CHECK_THROWS_WITH(clip.apply({}, b.span<float>(), std::numeric_limits<float>::quiet_NaN()), Catch::Contains("max_norm"));
+
+TEST_CASE("a rate read from memory (set_rate_source) gives the rate argument's parameters bitwise", "[optim][schedule]") {
+  // The graph's update (docs/design/gpu-execution.md, section 7) reads each step's rate from a
+  // float written before its launch; the reference passes the schedule's rate as the argument.
+  const std::function<float(std::int64_t)> schedule = optim::cosine_decay{.learning_rate = 0.05f, .decay_steps = 5, .warmup_steps = 2};
+  const std::vector<optim::rule> rules{optim::sgd{.learning_rate = 0.1f, .weight_decay = 0.01f},
+                                       optim::momentum{.learning_rate = 0.1f, .momentum = 0.9f, .nesterov = true},
+                                       optim::adagrad{.learning_rate = 0.1f},
+                                       optim::adam{.learning_rate = 0.1f},
+                                       optim::adamw{.learning_rate = 0.1f, .weight_decay = 0.3f}};
+  const std::size_t n = 37;
+  for (const auto& r : rules) {
+    std::vector<float> p0(n), g(n);
+    for (std::size_t i = 0; i < n; ++i) p0[i] = float(int(i * 13 % 17) - 8) / 7.0f;
+    tensor expected = tensor::from_host<float>({n}, p0), got = tensor::from_host<float>({n}, p0), gt({n}), rate({1});
+    optim::optimizer<> reference(r, n), from_memory(r, n);
+    from_memory.set_rate_source(rate.data<float>());
+    CHECK(from_memory.rate_source() == rate.data<float>());
+    for (std::int64_t step = 0; step < 6; ++step) {
+      for (std::size_t i = 0; i < n; ++i) g[i] = float(int((i + 3 * std::size_t(step)) * 7 % 11) - 5) / 3.0f;
+      test::set(gt, g);
+      reference.apply(expected.span<float>(), gt.span<const float>(), schedule(step));
+      test::set(rate, {schedule(step)});
+      from_memory.apply(got.span<float>(), gt.span<const float>(), 123.0f);  // the argument is ignored
+    }
+    INFO(from_memory.rule_name());
+    CHECK(test::get(got) == test::get(expected));
+    CHECK(from_memory.iterations() == reference.iterations());
+  }
 }

@@ -416,6 +416,147 @@ TEST_CASE("train_flags: --clip_norm, --weight_decay and --backward_passes_per_st
   rejects({"--backward_passes_per_step", "2.5"}, "backward_passes_per_step");
 }
 
+
+namespace {
+// A run of ring_allreduce's deferred step on one rank (section 7 of docs/design/gpu-execution.md)
+// over 100 examples in batches of 32 (an epoch: three full batches and a short one of 4), with
+// adamw, a schedule and a watched loss ring; after step 6 an evaluation of 50 rows on the same
+// model (its buffers grow), after step 10 a restore of the engine's own state.
+struct graph_run {
+  std::vector<float> params;
+  std::int64_t iterations = 0;
+  std::vector<dtf::device::step_loss> losses;
+  dtf::device::graph_counts full, last;
+};
+graph_run run_graphs(bool graphs, int steps = 16) {
+  const auto data = dtf::test::synthetic(100, 3, dtf::test::labels::argmax);
+  auto net = dtf::test::small_net();
+  net.set_label_check(dtf::nn::label_check::trusted);  // the labels are in range: as checked at upload
+  auto comm = dtf::communicator::single();
+  ring_allreduce<dtf::nn::sequential> engine(
+      comm, net, {.rule = dtf::optim::adamw{.learning_rate = 0.02f}, .schedule = dtf::optim::cosine_decay{.learning_rate = 0.02f, .decay_steps = 12, .warmup_steps = 3}});
+  engine.initialize(3);
+  dtf::device::loss_ring ring(64);
+  engine.watch_losses(&ring);
+  CHECK(engine.use_step_graphs(graphs) == graphs);
+  auto stream = data.shuffle(3).batch(32).repeat(-1).stream();
+  dtf::tensor x, y, big_x, logits;
+  for (int s = 1; s <= steps; ++s) {
+    const dtf::data::host_batch b = *stream.next();
+    engine.context().synchronize();  // the last step no longer reads the batch (copies on the legacy stream)
+    dtf::assign_from_host(x, b.features);
+    dtf::assign_from_host(y, b.labels);
+    engine.step_deferred(x, y);
+    if (s == 6) {
+      dtf::assign_from_host(big_x, dtf::test::synthetic(50, 4, dtf::test::labels::argmax).batch(50).stream().next()->features);
+      net.logits(engine.parameters(), big_x, logits);
+    }
+    if (s == 10) {
+      const auto values = dtf::test::host_copy(engine.parameters());
+      const auto& opt = engine.optimizer();
+      engine.restore(values, opt.host_slots(), opt.iterations(), engine.global_step());
+    }
+  }
+  graph_run r;
+  r.losses = ring.drain();
+  r.params = dtf::test::host_copy(engine.parameters());
+  r.iterations = engine.optimizer().iterations();
+  r.full = engine.graphs().counts(32);
+  r.last = engine.graphs().counts(4);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("ring_allreduce: the step as graphs gives the eager step's parameters bit for bit, a graph per batch size",
+          "[train][graph]") {
+  const graph_run eager = run_graphs(false), graphed = run_graphs(true);
+  CHECK(graphed.params == eager.params);  // bit for bit: the same kernels, the rate read from memory
+  CHECK(graphed.iterations == 16);
+  CHECK(eager.iterations == 16);  // a replay counts its update on the host too
+  REQUIRE(graphed.losses.size() == 16);
+  CHECK(graphed.losses == eager.losses);
+  // Full batches (32 rows): eager at 1, 7 (the evaluation grew the buffers), 11 (the restore);
+  // captured at 2, 9, 13; replayed at 3, 5, 6, 10, 14, 15. The short batch (4 rows): eager at 4,
+  // 8 (after the evaluation's drop) and 12 (after the restore's), captured at 16.
+  CHECK(graphed.full == dtf::device::graph_counts{.eager = 3, .captures = 3, .replays = 6});
+  CHECK(graphed.last == dtf::device::graph_counts{.eager = 3, .captures = 1, .replays = 0});
+  CHECK(eager.full == dtf::device::graph_counts{});  // off: no step goes through the cache
+}
+
+TEST_CASE("ring_allreduce: step graphs apply to one rank's capturable step only", "[train][graph]") {
+  auto net = dtf::test::small_net();
+  auto comm = dtf::communicator::single();
+  {
+    ring_allreduce<dtf::nn::sequential> clipped(comm, net, {.clip_norm = 1.0f});
+    CHECK_FALSE(clipped.use_step_graphs(true));  // the clip reads the norm on the host
+  }
+  {
+    ring_allreduce<dtf::nn::sequential> engine(comm, net, {});
+    CHECK(engine.use_step_graphs(true));
+    engine.initialize(1);
+    // Labels checked per step (label_check::verify) read back: the step stays eager.
+    const auto data = dtf::test::synthetic(8, 1, dtf::test::labels::argmax);
+    const auto b = *data.batch(8).stream().next();
+    dtf::tensor x, y;
+    dtf::assign_from_host(x, b.features);
+    dtf::assign_from_host(y, b.labels);
+    for (int s = 0; s < 3; ++s) engine.step_deferred(x, y);
+    CHECK(engine.graphs().counts(8) == dtf::device::graph_counts{});
+    CHECK_FALSE(engine.use_step_graphs(false));
+  }
+}
+
+TEST_CASE("train: cuda_graph on and off give the same parameters bit for bit (device data, one rank)", "[train][graph]") {
+  const auto data = dtf::test::synthetic(300, 7, dtf::test::labels::argmax);  // 300 / 32: a short last batch
+  auto run = [&](bool graphs) {
+    auto net = dtf::test::small_net();
+    std::vector<float> params;
+    dtf::train_options o{.name = "test", .epochs = 2, .batch = 32, .seed = 5, .log_every = 0};
+    o.device_data = true;
+    o.cuda_graph = graphs;
+    o.evaluate = [&](std::span<const float> p) {
+      params = dtf::test::host_copy(p);
+      return dtf::nn::evaluate(net, p, dtf::test::synthetic(100, 8, dtf::test::labels::argmax).batch(100));
+    };
+    const auto r = dtf::train(dtf::local_cluster(), net, data,
+                              ring_allreduce<>({.rule = dtf::optim::adam{.learning_rate = 0.01f},
+                                                .schedule = dtf::optim::cosine_decay{.learning_rate = 0.01f, .decay_steps = 20}}),
+                              o);
+    CHECK(r.global_step == 20);
+    return std::pair(params, r.loss);
+  };
+  const auto eager = run(false), graphed = run(true);
+  CHECK(graphed.first == eager.first);
+  CHECK(graphed.second == eager.second);
+}
+
+#if DTF_CUDA
+TEST_CASE("ring_allreduce: replayed step graphs move no pool counter", "[train][graph][gpu]") {
+  auto net = dtf::test::small_net();
+  net.set_label_check(dtf::nn::label_check::trusted);
+  auto comm = dtf::communicator::single();
+  ring_allreduce<dtf::nn::sequential> engine(comm, net, {.rule = dtf::optim::adam{.learning_rate = 0.01f}});
+  engine.initialize(2);
+  REQUIRE(engine.use_step_graphs(true));
+  const auto b = *dtf::test::synthetic(16, 2, dtf::test::labels::argmax).batch(16).stream().next();
+  dtf::tensor x, y;
+  dtf::assign_from_host(x, b.features);
+  dtf::assign_from_host(y, b.labels);
+  engine.step_deferred(x, y);  // eager
+  engine.step_deferred(x, y);  // captured
+  engine.context().synchronize();
+  const auto warm = engine.context().pool().stats();
+  for (int s = 0; s < 5; ++s) engine.step_deferred(x, y);
+  engine.context().synchronize();
+  const auto after = engine.context().pool().stats();
+  CHECK(after.requests == warm.requests);
+  CHECK(after.system_allocations == warm.system_allocations);
+  CHECK(after.bytes_reserved == warm.bytes_reserved);
+  CHECK(engine.graphs().counts(16) == dtf::device::graph_counts{.eager = 1, .captures = 1, .replays = 5});
+  CHECK(engine.optimizer().iterations() == 7);
+}
+#endif
+
 }  // namespace train_tests
 
 TEST_CASE("train: clip_norm and backward_passes_per_step reach the collective engine, and a schedule sets the rate",

@@ -20,7 +20,7 @@
 //                  --clip_norm (train_options::clip_norm) --weight_decay (the rule of rule())
 //   ps             --partitioner greedy|round_robin|fixed_size --num_shards --finish_timeout_s
 //                  --max_recoveries --ps_threads --position_every --slow_worker --slow_ms
-//   collective     --segment_kib --backward_passes_per_step
+//   collective     --segment_kib --backward_passes_per_step --cuda_graph (--nocuda_graph: off)
 // Errors: a value out of range is dtf::error(errc::invalid_config) naming the flag.
 #pragma once
 
@@ -162,7 +162,10 @@ struct train_flags {
     } else {
       f.add("segment_kib", segment_kib, "allreduce segment size in KiB")
           .add("backward_passes_per_step", train.backward_passes_per_step,
-               "backward passes (micro-batches of --batch / N rows) accumulated per step, Horovod's name");
+               "backward passes (micro-batches of --batch / N rows) accumulated per step, Horovod's name")
+          .add("cuda_graph", train.cuda_graph,
+               "CUDA builds, one rank: replay each batch size's step as a CUDA graph where it applies "
+               "(--nocuda_graph: every step eager)");
     }
   }
 

@@ -34,6 +34,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -194,6 +195,7 @@ class sequential {
     set_lt(&ctx.lt());
 #endif
     context_ = &ctx;
+    ++generation_;
   }
   /// Goes back to the defaults (the legacy default stream, this thread's cuBLAS handle): a
   /// strategy that bound its context unbinds it before the context goes.
@@ -203,6 +205,7 @@ class sequential {
     set_lt(nullptr);
 #endif
     context_ = nullptr;
+    ++generation_;
   }
   /// The context set by set_context (null by default).
   device::context* context() const noexcept { return context_; }
@@ -232,7 +235,10 @@ class sequential {
   /// How the loss checks the labels (label_check::verify unless set). label_check::trusted is
   /// for labels checked when they reached the device (data::device_shard): the step then reads
   /// nothing back for them (see nn::label_check).
-  void set_label_check(label_check c) noexcept { label_check_ = c; }
+  void set_label_check(label_check c) noexcept {
+    if (c != label_check_) ++generation_;
+    label_check_ = c;
+  }
   /// How the loss checks the labels now.
   label_check label_check_mode() const noexcept { return label_check_; }
   /// The mean loss of the last step, in device memory (host memory on CPU builds): stable once a
@@ -250,6 +256,15 @@ class sequential {
   void set_ready_on_device(bool on) noexcept { ready_on_device_ = on; }
   /// Whether ready callbacks leave the wait to the callee (set_ready_on_device).
   bool ready_on_device() const noexcept { return ready_on_device_; }
+
+  /// A count that moves whenever a step captured in a CUDA graph may no longer be replayed
+  /// (docs/design/gpu-execution.md, section 7): the buffers grew (a batch with more rows than any
+  /// before, the step's or an evaluation's: they grow only then), the context or the label check
+  /// changed.
+  std::uint64_t storage_generation() const noexcept { return generation_; }
+  /// Whether enqueue_loss_and_gradients without a ready callback issues no host read or wait (the
+  /// labels are trusted: label_check::trusted), so that it can be captured.
+  bool capturable_step() const noexcept { return label_check_ == label_check::trusted; }
 
   /// Mean loss of a batch without gradients.
   float loss(std::span<const float> p, const tensor& x, const tensor& y) {
@@ -346,7 +361,12 @@ class sequential {
   }
 
   void forward(const float* p, const tensor& x, tensor& out) {
-    settle_on_new_rows(x.rank() > 0 ? x.dim(0) : 0);
+    const std::size_t rows = x.rank() > 0 ? x.dim(0) : 0;
+    if (rows > max_rows_) {
+      max_rows_ = rows;  // the activations, gradients and workspaces may grow (storage_generation)
+      ++generation_;
+    }
+    settle_on_new_rows(rows);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       tensor& dst = i + 1 == layers_.size() ? out : acts_[i];
@@ -391,6 +411,8 @@ class sequential {
   device::context* context_ = nullptr;
   bool ready_on_device_ = false;  // set_ready_on_device
   std::size_t last_rows_ = 0;     // the rows of the last forward (settle_on_new_rows)
+  std::size_t max_rows_ = 0;      // the most rows a step or evaluation has had
+  std::uint64_t generation_ = 0;  // storage_generation
   device::stream_t stream_{};
 #if DTF_CUDA
   detail::layer_events events_;

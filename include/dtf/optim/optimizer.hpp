@@ -17,7 +17,11 @@
 // legacy stream apply() still waits for the update, as Thrust's blocking policy did (callers
 // read the parameters from other streams); on a stream of the caller's it returns at once.
 // iterations() is a host mirror of the count: apply() never reads it back. The rate `lr` is a
-// kernel argument: a captured update replays the rate it was captured with.
+// kernel argument: a captured update replays the rate it was captured with, unless
+// set_rate_source(rate) names a device float (host memory on CPU builds) that the update reads
+// instead (a replayed update then uses whatever was written there before it: the rate of each
+// step, docs/design/gpu-execution.md section 7). The parameters are those of the rate argument
+// bit for bit (adamw's decay factor is computed on the device with the host's double arithmetic).
 // set_skip_flag(flag): a device flag (host memory on CPU builds), e.g. a device::loss_ring's,
 // read by the update kernels themselves: once it is non-zero they apply nothing (Adam's count on
 // the device stays put too), so the steps between a non-finite loss and its read on the host
@@ -87,10 +91,25 @@ struct apply_at {
   float* s0;
   float* s1;
   const std::int64_t* skip;
+  const float* rate = nullptr;  // set_rate_source's: the rate read here instead of k.lr
   DTF_HD void operator()(std::size_t i) const {
-    if (!skipped(skip)) k(p[i], g[i], s0, s1, i);
+    if (skipped(skip)) return;
+    if (!rate) return k(p[i], g[i], s0, s1, i);
+    Kernel at = k;
+    at.lr = *rate;
+    at(p[i], g[i], s0, s1, i);
   }
 };
+
+// adamw's decay factor 1 - lr wd in double, rounded once to float: adam_keep's arithmetic, with
+// no contraction into a fused multiply-add on the device (the host's SSE2 does none either).
+DTF_HD inline float decoupled_keep(float lr, float wd) {
+#if defined(__CUDA_ARCH__)
+  return float(__dsub_rn(1.0, __dmul_rn(double(lr), double(wd))));
+#else
+  return float(1.0 - double(lr) * double(wd));
+#endif
+}
 
 // Adam's rate at update t: lr sqrt(1 - b2^t) / (1 - b1^t) in double, rounded once to float
 // (the host's formula, used on the device too: sqrt is correctly rounded on both, CUDA's double
@@ -102,13 +121,20 @@ DTF_HD inline float adam_rate(float lr, float b1, float b2, std::int64_t t) {
 }
 
 // One thread: the next update's count, and its rate into *lr_t (device memory on CUDA builds).
+// With `rate` (set_rate_source): the rate read there, and adamw's decay factor (`decoupled`: its
+// weight decay) written to lr_t[1].
 struct adam_count {
   std::int64_t* t;
   float* lr_t;
   float lr, b1, b2;
   const std::int64_t* skip;
+  const float* rate = nullptr;
+  float decoupled = 0.0f;
   DTF_HD void operator()(std::size_t) const {
-    if (!skipped(skip)) *lr_t = adam_rate(lr, b1, b2, ++*t);
+    if (skipped(skip)) return;
+    const float r = rate ? *rate : lr;
+    *lr_t = adam_rate(r, b1, b2, ++*t);
+    if (rate && decoupled != 0.0f) lr_t[1] = decoupled_keep(r, decoupled);
   }
 };
 
@@ -121,8 +147,9 @@ struct adam_at {
   float* m;
   float* v;
   const std::int64_t* skip;
+  bool keep_on_device = false;  // the decay factor at lr_t[1] (adam_count's, from the rate source)
   DTF_HD void operator()(std::size_t i) const {
-    if (!skipped(skip)) adam_kernel{*lr_t, b1, b2, eps, wd, keep}(p[i], g[i], m, v, i);
+    if (!skipped(skip)) adam_kernel{*lr_t, b1, b2, eps, wd, keep_on_device ? lr_t[1] : keep}(p[i], g[i], m, v, i);
   }
 };
 
@@ -173,7 +200,7 @@ class optimizer {
 #if DTF_CUDA
     if constexpr (on_device) {
       counter_.assign(1, 0);
-      rate_.assign(1, 0.0f);
+      rate_.assign(2, 0.0f);  // Adam's rate, adamw's decay factor
     }
 #endif
   }
@@ -201,8 +228,10 @@ class optimizer {
     if constexpr (on_device) sync_counter();
 #endif
     ++iterations_;
-    if constexpr (!on_device)
+    if constexpr (!on_device) {
       if (detail::skipped(skip_)) return;  // host memory: the flag is read here, as the kernels would
+      if (rate_source_) lr = *rate_source_;  // and the rate
+    }
     float* s0 = slot0_.empty() ? nullptr : thrust::raw_pointer_cast(slot0_.data());
     float* s1 = slot1_.empty() ? nullptr : thrust::raw_pointer_cast(slot1_.data());
     std::visit(
@@ -217,11 +246,13 @@ class optimizer {
           } else if constexpr (on_device) {  // adam, adamw
 #if DTF_CUDA
             float* rate = thrust::raw_pointer_cast(rate_.data());
+            const float decoupled = decoupled_decay(r);
             device::for_each_index(stream_, 1,
-                                   detail::adam_count{thrust::raw_pointer_cast(counter_.data()), rate, lr, r.beta1, r.beta2, skip_},
+                                   detail::adam_count{thrust::raw_pointer_cast(counter_.data()), rate, lr, r.beta1,
+                                                      r.beta2, skip_, rate_source_, decoupled},
                                    "optim::optimizer (adam's count)");
             launch(detail::adam_at{rate, r.beta1, r.beta2, r.epsilon, detail::adam_l2(r), detail::adam_keep(r, lr),
-                                   params.data(), grads.data(), s0, s1, skip_});
+                                   params.data(), grads.data(), s0, s1, skip_, rate_source_ && decoupled != 0.0f});
 #endif
           } else {  // adam, adamw
             const float lr_t = detail::adam_rate(lr, r.beta1, r.beta2, iterations_);
@@ -247,6 +278,17 @@ class optimizer {
   void set_skip_flag(const std::int64_t* flag) noexcept { skip_ = flag; }
   /// The flag set by set_skip_flag (null by default).
   const std::int64_t* skip_flag() const noexcept { return skip_; }
+
+  /// Later updates read their rate from *rate (device memory; host memory on CPU builds or
+  /// host_space) when they run, not from apply()'s argument, which they then ignore: a captured
+  /// update replays with the rate written there before each launch (see the file comment).
+  /// `rate` must outlive the updates. Null (the default): the argument.
+  void set_rate_source(const float* rate) noexcept { rate_source_ = rate; }
+  /// The float set by set_rate_source (null by default).
+  const float* rate_source() const noexcept { return rate_source_; }
+  /// A replayed capture of apply() ran its kernels without calling it: the host's count
+  /// (iterations()) follows the device's, which the replay advanced.
+  void count_replayed_update() noexcept { ++iterations_; }
 
   /// The slots, for checkpoints: slot(0) and slot(1) hold num_slots buffers of size().
   std::span<float> slot(std::size_t i) {
@@ -294,13 +336,17 @@ class optimizer {
   // True where the update runs as a CUDA kernel (CUDA builds, device_space).
   static constexpr bool on_device = DTF_CUDA && std::is_same_v<Space, device_space>;
 
+  // adamw's decoupled weight decay (the decay factor's), 0 for adam.
+  static float decoupled_decay(const adam&) noexcept { return 0.0f; }
+  static float decoupled_decay(const adamw& r) noexcept { return r.weight_decay; }
+
   template <class Kernel>
   void run(Kernel k, std::span<float> params, std::span<const float> grads, float* s0, float* s1) {
     if constexpr (!on_device) {
       // Host memory: one fused pass in a plain loop (no Thrust dispatch per call).
       detail::host_apply(k, params.data(), grads.data(), s0, s1, size_);
     } else {
-      launch(detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1, skip_});
+      launch(detail::apply_at<Kernel>{k, params.data(), grads.data(), s0, s1, skip_, rate_source_});
     }
   }
 
@@ -340,6 +386,7 @@ class optimizer {
   bool counter_stale_ = false;  // set_iterations() since the device's count was last written
   device::stream_t stream_{};
   const std::int64_t* skip_ = nullptr;  // set_skip_flag's
+  const float* rate_source_ = nullptr;  // set_rate_source's
   typename Space::template vector<float> slot0_, slot1_;
 };
 

@@ -25,6 +25,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -51,6 +52,18 @@ struct write_prefix_at {
   float value;
   DTF_HD void operator()(std::size_t i) const { g[i] = i == 0 ? (loss ? *loss : value) : 0.0f; }
 };
+
+/// Sets, on another thread (a communication thread), the device current here (CUDA builds; empty
+/// on CPU builds or when CUDA cannot say).
+inline std::function<void()> current_device_setter() {
+#if DTF_CUDA
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return {};
+  return [device] { cudaSetDevice(device); };
+#else
+  return {};
+#endif
+}
 
 /// The context of one engine over model M (see the file comment).
 template <class M>

@@ -176,6 +176,33 @@ class pinned_staging {
   float* host_ = nullptr;
   cudaEvent_t written_{}, copied_{};
 };
+
+// During a ready callback: the event after the reported layer's writes when the model leaves the
+// wait to the staging (null: the model waited on the host, the floats are final).
+template <class M>
+cudaEvent_t ready_event(const M& net) {
+  if constexpr (orders_ready_on_device<M>)
+    if (net.ready_on_device()) return net.gradient_event();
+  return nullptr;
+}
+
+// The model's ready callbacks leave the layer's wait to the staging for one step's backprop
+// (every exit): another user of the model gets the model's default back.
+template <class M>
+struct ready_guard {
+  M& net;
+  bool on;
+  ready_guard(M& n, bool o) : net(n), on(o) {
+    if constexpr (orders_ready_on_device<M>)
+      if (on) net.set_ready_on_device(true);
+  }
+  ready_guard(const ready_guard&) = delete;
+  ready_guard& operator=(const ready_guard&) = delete;
+  ~ready_guard() {
+    if constexpr (orders_ready_on_device<M>)
+      if (on) net.set_ready_on_device(false);
+  }
+};
 #endif
 
 }  // namespace dtf::strategies::detail

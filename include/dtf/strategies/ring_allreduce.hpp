@@ -41,6 +41,7 @@
 // the last average; the training thread does not wait for the exchange. watch_losses(ring): each deferred step
 // pushes its averaged loss into a device::loss_ring before its update, and the update kernels
 // read the ring's flag: from a non-finite loss on, the parameters stay those of the step before.
+// use_step_graphs(true): one rank's deferred step as CUDA graphs (dtf/strategies/engine_graph.hpp).
 // Errors: those of dtf::communicator (a dead or mismatched rank fails every rank).
 // Thread safety: one thread per instance.
 #pragma once
@@ -58,6 +59,7 @@
 #include <dtf/optim/schedule.hpp>
 #include <dtf/optim/rules.hpp>
 #include <dtf/strategies/engine_context.hpp>
+#include <dtf/strategies/engine_graph.hpp>
 #include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/strategies/micro_batches.hpp>
 #include <dtf/strategies/nccl_exchange.hpp>
@@ -158,7 +160,7 @@ class ring_allreduce<M> {
     exchange_ = detail::select_exchange(config.backend, comm, grads_, net, "ring_allreduce",
                                         [this] { return device_.stream(); });
     reducer_ = std::make_unique<detail::bucket_reducer>(
-        detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, current_device_setter());
+        detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, detail::current_device_setter());
     optimizer_.set_stream(device_.stream());
 #if DTF_CUDA
     if (!exchange_ && comm.size() > 1)  // the TCP ring: the buckets through pinned memory
@@ -222,10 +224,25 @@ class ring_allreduce<M> {
   /// global_step() + 1, on stream()) before its update, and the update applies nothing once the
   /// ring's flag says a loss was NaN or infinite (read on the device: the parameters stay those
   /// of the step before the first bad loss). Null: neither. `ring` must outlive the steps.
-  void watch_losses(device::loss_ring* ring) noexcept {
+  void watch_losses(device::loss_ring* ring) {
     ring_ = ring;
     optimizer_.set_skip_flag(ring ? ring->device_flag() : nullptr);
+    graph_.invalidate();  // the update reads another flag
   }
+
+  /// Later deferred steps as CUDA graphs where they apply (docs/design/gpu-execution.md, section
+  /// 7: one rank, no clipping, one pass, a detail::graph_model in a capturable state; the CPU
+  /// twin on CPU builds); off, or where they do not apply: eager. Returns whether they are on.
+  bool use_step_graphs(bool on) {
+    bool applies = false;
+    if constexpr (defers_loss<M> && detail::graph_model<M>)
+      applies = comm_.size() == 1 && !exchange_ && micro_.passes() == 1 && !(config_.clip_norm > 0.0f) &&
+                !reducer_->overlapping();
+    graph_.enable(on && applies, optimizer_);
+    return graph_.enabled();
+  }
+  /// The step graphs' cache (its counts per batch rows).
+  const device::step_graphs& graphs() const noexcept { return graph_.graphs(); }
 
  private:
   // A host batch into x_, y_ once the last step's work no longer reads them (CUDA builds: the
@@ -249,12 +266,13 @@ class ring_allreduce<M> {
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
     device_.bind();
+    const bool graph = defer && graph_.begin_step(net_, x, y);  // through the step's graphs (segments 0, 1)
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
     float loss = 0;
     bool loss_on_device = false;  // the model (or micro_) left its loss at its device_loss() (defer)
     auto report = [this](std::size_t first, std::size_t count) {
 #if DTF_CUDA
-      if (staging_) staging_->note(detail::exchange_prefix + first, count, ready_event());
+      if (staging_) staging_->note(detail::exchange_prefix + first, count, detail::ready_event(net_));
 #endif
       reducer_->report(detail::exchange_prefix + first, count);
     };
@@ -264,41 +282,45 @@ class ring_allreduce<M> {
     const gradient_ready_fn ready = reports ? gradient_ready_fn(report) : gradient_ready_fn();
 #if DTF_CUDA
     if (staging_) staging_->begin_step();
-    ready_guard guard(net_, staging_ != nullptr);
+    detail::ready_guard<M> guard(net_, staging_ != nullptr);
 #endif
-    try {
-      if (micro_.passes() > 1) {
-        if constexpr (defers_loss<M> && detail::takes_context<M>)
-          if (defer) {  // the passes on the compute stream, their losses summed there
-            micro_.enqueue_loss_and_gradients(net_, params, x, y, grads, device_.stream());
-            loss_on_device = true;
+    auto model_step = [&] {  // segment 0: the model's step and the loss's slot
+      try {
+        if (micro_.passes() > 1) {
+          if constexpr (defers_loss<M> && detail::takes_context<M>)
+            if (defer) {  // the passes on the compute stream, their losses summed there
+              micro_.enqueue_loss_and_gradients(net_, params, x, y, grads, device_.stream());
+              loss_on_device = true;
+            }
+          if (!loss_on_device) {
+            device_.settle();  // the passes slice the batch with Thrust's blocking policy
+            loss = micro_.loss_and_gradients(net_, params, x, y, grads);
           }
-        if (!loss_on_device) {
-          device_.settle();  // the passes slice the batch with Thrust's blocking policy
-          loss = micro_.loss_and_gradients(net_, params, x, y, grads);
-        }
-      } else if constexpr (defers_loss<M>) {
-        if (defer) {
-          net_.enqueue_loss_and_gradients(params, x, y, grads, ready);
-          loss_on_device = true;
-        } else {
+        } else if constexpr (defers_loss<M>) {
+          if (defer) {
+            net_.enqueue_loss_and_gradients(params, x, y, grads, ready);
+            loss_on_device = true;
+          } else {
+            loss = net_.loss_and_gradients(params, x, y, grads, ready);
+          }
+        } else if constexpr (streams_gradients<M>) {
           loss = net_.loss_and_gradients(params, x, y, grads, ready);
+        } else {
+          (void)ready;
+          loss = net_.loss_and_gradients(params, x, y, grads);
         }
-      } else if constexpr (streams_gradients<M>) {
-        loss = net_.loss_and_gradients(params, x, y, grads, ready);
-      } else {
-        (void)ready;
-        loss = net_.loss_and_gradients(params, x, y, grads);
+      } catch (...) {
+        reducer_->abort_step();
+        if (exchange_) exchange_->abort();  // the other ranks' NCCL waits end at their bound
+        throw;
       }
-    } catch (...) {
-      reducer_->abort_step();
-      if (exchange_) exchange_->abort();  // the other ranks' NCCL waits end at their bound
-      throw;
-    }
-    const float* model_loss = nullptr;
-    if constexpr (defers_loss<M>)
-      if (loss_on_device) model_loss = micro_.passes() > 1 ? micro_.device_loss() : net_.device_loss();
-    device_.write_prefix(grads_.template data<float>(), pre, model_loss, loss);
+      const float* model_loss = nullptr;
+      if constexpr (defers_loss<M>)
+        if (loss_on_device) model_loss = micro_.passes() > 1 ? micro_.device_loss() : net_.device_loss();
+      device_.write_prefix(grads_.template data<float>(), pre, model_loss, loss);
+    };
+    if (graph) graph_.segment(0, device_.stream(), model_step);
+    else model_step();
 #if DTF_CUDA
     // The buckets backprop did not complete (the last one holds the loss's slot) wait for this
     // (rule 1 of section 6.0); the update waits for the last average on the device (rule 5).
@@ -311,7 +333,14 @@ class ring_allreduce<M> {
     if (exchange_) exchange_->finish();
     if (config_.clip_norm > 0.0f) clip_.apply(device_.stream(), grads, config_.clip_norm);  // no host read
     if (defer && ring_) ring_->push(step_ + 1, device_loss(), device_.stream());  // before the update: its flag
-    optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), learning_rate());
+    const float lr = learning_rate();
+    if (graph_.enabled()) graph_.set_rate(device_.stream(), lr);  // the update reads it there
+    auto update = [&] {  // segment 1
+      optimizer_.apply(params_.template span<float>(), grads_.template span<const float>().subspan(pre, n_), lr);
+    };
+    if (graph) graph_.segment(1, device_.stream(), update);
+    else update();
+    if (graph && graph_.end_step(net_)) optimizer_.count_replayed_update();  // a replay ran no apply()
     ++step_;
     if (defer) return 0;
     return device_.read(device_loss());
@@ -371,6 +400,7 @@ class ring_allreduce<M> {
     params_.template copy_from_host<float>(values);
     optimizer_.load_host_slots(slots, iterations);
     step_ = global_step;
+    graph_.invalidate();  // the next update copies the count from the host: not captured
   }
 
  private:
@@ -384,43 +414,6 @@ class ring_allreduce<M> {
     staging_->reduce(k, b, comm_, name, grads_.template data<float>(), device_.get().comm_stream());
 #else
     comm_.allreduce<float>(name, grads_.template span<float>().subspan(b.begin, b.size()), reduce_op::average);
-#endif
-  }
-
-#if DTF_CUDA
-  // During a ready callback: the event after the reported layer's writes when the model leaves
-  // the wait to us (null: the model waited on the host, the floats are final).
-  cudaEvent_t ready_event() const {
-    if constexpr (detail::orders_ready_on_device<M>)
-      if (net_.ready_on_device()) return net_.gradient_event();
-    return nullptr;
-  }
-  // The model's ready callbacks leave the layer's wait to the staging for one step's backprop
-  // (every exit): another user of the model gets the model's default back.
-  struct ready_guard {
-    M& net;
-    bool on;
-    ready_guard(M& n, bool o) : net(n), on(o) {
-      if constexpr (detail::orders_ready_on_device<M>)
-        if (on) net.set_ready_on_device(true);
-    }
-    ready_guard(const ready_guard&) = delete;
-    ready_guard& operator=(const ready_guard&) = delete;
-    ~ready_guard() {
-      if constexpr (detail::orders_ready_on_device<M>)
-        if (on) net.set_ready_on_device(false);
-    }
-  };
-#endif
-
-  // The communication thread works on the device that is current where the engine is built.
-  static std::function<void()> current_device_setter() {
-#if DTF_CUDA
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return {};
-    return [device] { cudaSetDevice(device); };
-#else
-    return {};
 #endif
   }
 
@@ -439,7 +432,8 @@ class ring_allreduce<M> {
 #if DTF_CUDA
   std::unique_ptr<detail::pinned_staging> staging_;  // the TCP ring with several ranks; freed after device_ drains
 #endif
-  detail::engine_context<M> device_{net_};  // last: destroyed first, its streams drained
+  detail::engine_context<M> device_{net_};  // destroyed before the rest, its streams drained
+  detail::engine_graph graph_;  // after device_: its graphs go first, waiting for their stream
 };
 
 }  // namespace dtf::strategies

@@ -24,7 +24,9 @@
 //                     (train_options::loss_ring, dtf/train/loss_reads.hpp); rank 0 evaluates
 //                     after each epoch. The engine's device::context orders the step on its
 //                     compute stream (ring_allreduce), the device gather included
-//                     (dtf/train/ring_batches.hpp).
+//                     (dtf/train/ring_batches.hpp); one rank's deferred step from device batches
+//                     replays CUDA graphs where they apply (train_options::cuda_graph,
+//                     step_graphs_on; section 7 of docs/design/gpu-execution.md).
 //   finish            close_ring: the session closed (rank 0's final checkpoint), every rank past
 //                     the barrier (no rank leaves while another needs its connections); then
 //                     report_ring: rank 0 evaluated what was trained and printed the RESULT
@@ -291,6 +293,28 @@ ring_run run_ring(monitored_training_session& session, const std::vector<variabl
   return run;
 }
 
+/// The engine's step graphs for one run from device batches (train_options::cuda_graph, with the
+/// loss read through the ring: the deferred step), off again when the run ends; an engine without
+/// them (or where they do not apply: ring_allreduce::use_step_graphs) steps eagerly.
+template <class Engine>
+class step_graphs_on {
+ public:
+  step_graphs_on(Engine& engine, const train_options& o) : engine_(engine) {
+    if constexpr (requires { engine.use_step_graphs(true); })
+      if (o.cuda_graph && o.loss_ring) on_ = engine.use_step_graphs(true);
+  }
+  step_graphs_on(const step_graphs_on&) = delete;
+  step_graphs_on& operator=(const step_graphs_on&) = delete;
+  ~step_graphs_on() {
+    if constexpr (requires { engine_.use_step_graphs(false); })
+      if (on_) engine_.use_step_graphs(false);
+  }
+
+ private:
+  Engine& engine_;
+  bool on_ = false;
+};
+
 /// Run from `at` (this rank's replicas' positions), the batches gathered on the device when the
 /// options ask for it and the engine takes them (train_options::device_data, one replica per
 /// process), else from the host streams.
@@ -303,6 +327,7 @@ ring_run run_replicas(collective_session& s, ring_job& ring, const replica_data&
       device_batches batches(d, at.front(), labels_checked_at_upload<M>::classes(net));
       if constexpr (requires { engine.stream(); }) batches.shard.set_stream(engine.stream());  // the step's stream
       labels_checked_at_upload<M> trusted(net);
+      step_graphs_on graphs(engine, o);  // where they apply (section 7 of docs/design/gpu-execution.md)
       return run_ring(*s.session, s.vars, ring, d, batches, net, engine, o, result);
     }
   }
