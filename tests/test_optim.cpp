@@ -439,6 +439,7 @@ TEST_CASE("device_clip: the norm in a device scalar and the scale from it, clip_
   CHECK(test::get(b)[0] == 1.0f);
   CHECK_THROWS_WITH(clip.apply({}, b.span<float>(), -1.0f), Catch::Contains("max_norm"));
   CHECK_THROWS_WITH(clip.apply({}, b.span<float>(), std::numeric_limits<float>::quiet_NaN()), Catch::Contains("max_norm"));
+}
 
 TEST_CASE("a rate read from memory (set_rate_source) gives the rate argument's parameters bitwise", "[optim][schedule]") {
   // The graph's update (docs/design/gpu-execution.md, section 7) reads each step's rate from a

@@ -265,6 +265,10 @@ class sequential {
   /// Whether enqueue_loss_and_gradients without a ready callback issues no host read or wait (the
   /// labels are trusted: label_check::trusted), so that it can be captured.
   bool capturable_step() const noexcept { return label_check_ == label_check::trusted; }
+  /// Whether the last forward (a step's or an evaluation's) had `rows` rows: the buffers are
+  /// shaped for them, so a step of `rows` rows resizes nothing and waits for nothing (a CUDA
+  /// graph captures only such a step).
+  bool shaped_for(std::size_t rows) const noexcept { return last_rows_ == rows; }
 
   /// Mean loss of a batch without gradients.
   float loss(std::span<const float> p, const tensor& x, const tensor& y) {

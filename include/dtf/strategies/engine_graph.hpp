@@ -15,9 +15,11 @@
 //   }
 //
 // Where it applies (ring_allreduce::use_step_graphs): one rank, no NCCL exchange, one backward
-// pass, no clipping, a model that defers its loss, reports its storage generation and issues its
-// step without a host read (graph_model: nn::sequential with trusted labels), and on CUDA builds
-// no ready callback (one rank passes none). Elsewhere the step stays eager.
+// pass, a model that defers its loss, reports its storage generation and issues its step without
+// a host read (graph_model: nn::sequential with trusted labels), and on CUDA builds no ready
+// callback (one rank passes none). Elsewhere the step stays eager. clip_norm's kernels run
+// between the segments (optim::device_clip: no host read). A step due for capture runs eagerly
+// when the model's buffers are shaped for other rows (shaped_for): a capture cannot resize them.
 // CPU builds: the CPU twin (every segment eager, the same bookkeeping), the rate read from host
 // memory: the parameters are the eager step's bit for bit.
 // Thread safety: one thread (the engine's).
@@ -68,18 +70,24 @@ class engine_graph {
 
   /// Starts a step of `rows` rows on the batch at x, y over the model's buffers of `generation`;
   /// false when the graphs are off (the step is then eager, as without them).
-  bool begin(std::size_t rows, const void* x, const void* y, std::uint64_t generation) {
+  bool begin(std::size_t rows, const void* x, const void* y, std::uint64_t generation, bool may_capture = true) {
     if (!on_) return false;
-    graphs_->begin(rows, x, y, generation);
+    graphs_->begin(rows, x, y, generation, may_capture);
     return true;
   }
   /// begin() for a step of `net` on batch x, y when the model can be captured now (a
-  /// graph_model with capturable_step()); false otherwise (the step is eager).
+  /// graph_model with capturable_step()); false otherwise (the step is eager). A model with
+  /// shaped_for(rows) false (its buffers were last shaped for other rows: resizing them, and the
+  /// wait before it, cannot be captured) runs a step due for capture eagerly.
   template <class M>
   bool begin_step(const M& net, const tensor& x, const tensor& y) {
     if constexpr (graph_model<M>)
-      if (net.capturable_step() && !x.shape().empty())
-        return begin(x.shape()[0], x.data<float>(), y.data<std::int32_t>(), net.storage_generation());
+      if (net.capturable_step() && !x.shape().empty()) {
+        const std::size_t rows = x.shape()[0];
+        bool shaped = true;
+        if constexpr (requires { net.shaped_for(rows); }) shaped = net.shaped_for(rows);
+        return begin(rows, x.data<float>(), y.data<std::int32_t>(), net.storage_generation(), shaped);
+      }
     return false;
   }
   /// end() with `net`'s generation now.

@@ -231,13 +231,12 @@ class ring_allreduce<M> {
   }
 
   /// Later deferred steps as CUDA graphs where they apply (docs/design/gpu-execution.md, section
-  /// 7: one rank, no clipping, one pass, a detail::graph_model in a capturable state; the CPU
+  /// 7: one rank, one pass, a detail::graph_model in a capturable state; the CPU
   /// twin on CPU builds); off, or where they do not apply: eager. Returns whether they are on.
   bool use_step_graphs(bool on) {
     bool applies = false;
     if constexpr (defers_loss<M> && detail::graph_model<M>)
-      applies = comm_.size() == 1 && !exchange_ && micro_.passes() == 1 && !(config_.clip_norm > 0.0f) &&
-                !reducer_->overlapping();
+      applies = comm_.size() == 1 && !exchange_ && micro_.passes() == 1 && !reducer_->overlapping();
     graph_.enable(on && applies, optimizer_);
     return graph_.enabled();
   }
