@@ -600,6 +600,12 @@ TEST_CASE("gradient buckets cut again in a step's report order: plan_buckets' cu
   });
   CHECK(planned[0] == plan_in_order(vars, pre, 1, up));
   CHECK(planned[1] == planned[0]);
+  // Gaps in a layout (floats no variable names) belong to the variable below them, as in plan_buckets.
+  const std::vector<dtf::variable_spec> gappy{{"a", {3}, 2}, {"b", {2}, 8}};
+  for (std::size_t bytes : {1u, 20u, 1000u})
+    CHECK(plan_in_order(gappy, pre, bytes, {1, 0}) == dtf::strategies::detail::plan_buckets(gappy, pre, bytes));
+  CHECK(plan_in_order(gappy, pre, 1, {0, 1}) == std::vector<gradient_bucket>{{pre + 2, pre + 8}, {pre + 8, pre + 10}, {0, pre + 2}});
+  CHECK_NOTHROW(bucket_reducer(plan_in_order(gappy, pre, 1, {0, 1}), false));
   // A reducer takes any buckets that cover the buffer once, in their list's order.
   CHECK_NOTHROW(bucket_reducer(plan_in_order(vars, pre, 1, up), false));
   CHECK_THROWS_WITH(bucket_reducer({{0, 4}, {2, 8}}, false), Catch::Contains("cover the buffer, each float once"));

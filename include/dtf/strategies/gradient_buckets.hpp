@@ -18,8 +18,8 @@
 // (a LibTorch module declared in another order than it uses its layers) then reduces its first
 // gradients first. A bucket is a run of variables consecutive in that order and adjacent in the
 // buffer (a scattered order makes smaller buckets, never a copy), at least bucket_bytes; the
-// prefix joins the bucket beginning right after it when that one is reduced last, else is one
-// of its own, last. For a model that reports from the top down this is plan_buckets' cut. The
+// prefix goes with the bucket right after it when that one is reduced last (as plan_buckets
+// cuts), else alone, last. For a model that reports from the top down this is plan_buckets' cut. The
 // order must be every rank's: replan_after_first_step broadcasts rank 0's (ranks may observe
 // different orders, e.g. a graph that depends on the data). Buckets are any disjoint ranges
 // that cover the buffer, reduced in their list's order.
@@ -110,11 +110,17 @@ inline std::vector<gradient_bucket> plan_in_order(const std::vector<variable_spe
                                             " variables, the model " + std::to_string(vars.size()));
   const std::size_t total = prefix + num_parameters(vars);
   if (bucket_bytes == 0 || total == prefix) return plan_buckets(vars, prefix, bucket_bytes);
+  std::vector<std::size_t> starts;  // a variable's floats run to the next one's start (any gap its own)
+  for (const auto& v : vars)
+    if (v.size() > 0) starts.push_back(prefix + v.offset);
+  std::sort(starts.begin(), starts.end());
   std::vector<gradient_bucket> buckets;
   gradient_bucket run;  // the bucket being grown (empty: none)
   for (std::size_t i : order) {
     if (vars[i].size() == 0) continue;
-    const gradient_bucket v{prefix + vars[i].offset, prefix + vars[i].offset + vars[i].size()};
+    const std::size_t at = prefix + vars[i].offset;
+    const auto next = std::upper_bound(starts.begin(), starts.end(), at);
+    const gradient_bucket v{at, next == starts.end() ? total : *next};
     if (run.size() > 0 && (v.end == run.begin || v.begin == run.end)) {
       run = {std::min(run.begin, v.begin), std::max(run.end, v.end)};
     } else {
@@ -126,9 +132,13 @@ inline std::vector<gradient_bucket> plan_in_order(const std::vector<variable_spe
       run = {};
     }
   }
-  if (run.size() > 0) buckets.push_back(run);
-  if (!buckets.empty() && buckets.back().begin == prefix) buckets.back().begin = 0;  // the prefix, last
-  else if (prefix > 0) buckets.push_back({0, prefix});
+  const bool open = run.size() > 0;  // the last bucket is what was left (under bucket_bytes)
+  if (open) buckets.push_back(run);
+  // The prefix and any gap before the first variable: with that variable's bucket when it is
+  // last and what was left or right after the prefix (plan_buckets' rule), else alone, last.
+  const std::size_t low = starts.front();
+  if (!buckets.empty() && buckets.back().begin == low && (open || low == prefix)) buckets.back().begin = 0;
+  else if (low > 0) buckets.push_back({0, low});
   return buckets;
 }
 

@@ -259,7 +259,7 @@ class ring_allreduce<M> {
       reducer_->report(detail::exchange_prefix + first, count);
     };
     // CUDA builds: a ready callback costs a host wait per layer unless the model leaves the
-    // layer's event to the staging (orders_ready_on_device); only an overlapping exchange needs it.
+    // layer's event to the staging (orders_ready_on_device); needed to overlap, and in the first step.
     const bool reports = device_memory_is_host_accessible || reducer_->overlapping() || replan_;
     const gradient_ready_fn ready = reports ? gradient_ready_fn(report) : gradient_ready_fn();
 #if DTF_CUDA
