@@ -589,6 +589,52 @@ TEST_CASE("gradient buckets are cut at variable boundaries from the top layer do
   }
 }
 
+TEST_CASE("gradient buckets cut again in a step's report order: plan_buckets' cut for a top-down order, rank 0's "
+          "order on every rank",
+          "[collectives][overlap]") {
+  using dtf::strategies::detail::plan_in_order;
+  using dtf::strategies::detail::reported_order;
+  const auto vars = dtf::test::small_net().variables();  // kernel 0:128, bias 128:16, kernel 144:48, bias 192:3
+  const std::size_t pre = dtf::strategies::detail::exchange_prefix;
+  // Top down (nn::sequential's reports): the same cut as plan_buckets at every size.
+  const std::vector<std::size_t> down{3, 2, 1, 0}, up{0, 1, 2, 3};
+  for (std::size_t bytes : {0u, 1u, 200u, 1u << 20})
+    CHECK(plan_in_order(vars, pre, bytes, down) == dtf::strategies::detail::plan_buckets(vars, pre, bytes));
+  // Bottom up: the first variable's bucket first, the prefix alone last.
+  CHECK(plan_in_order(vars, pre, 1, up) ==
+        std::vector<gradient_bucket>{{pre, pre + 128}, {pre + 128, pre + 144}, {pre + 144, pre + 192}, {pre + 192, pre + 195}, {0, pre}});
+  CHECK(plan_in_order(vars, pre, 600, up) == std::vector<gradient_bucket>{{pre, pre + 192}, {pre + 192, pre + 195}, {0, pre}});
+  // Scattered: a variable not adjacent to the bucket being grown starts another (no copies).
+  CHECK(plan_in_order(vars, pre, 1000, {3, 0, 1, 2}) ==
+        std::vector<gradient_bucket>{{pre + 192, pre + 195}, {0, pre + 195 - 3}});
+  CHECK_THROWS_WITH(plan_in_order(vars, pre, 1, {0, 1, 1, 3}), Catch::Contains("not a permutation"));
+  CHECK_THROWS_WITH(plan_in_order(vars, pre, 1, {0, 1}), Catch::Contains("has 2 variables, the model 4"));
+  // Reports as they came: a range reaches the variables whose first float it holds, top down.
+  CHECK(reported_order(vars, pre, {{pre + 128, 16}, {pre, 128}, {pre + 144, 51}}) == std::vector<std::size_t>{1, 0, 3, 2});
+  CHECK(reported_order(vars, pre, {{pre + 144, 48}}) == std::vector<std::size_t>{2, 3, 1, 0});  // the rest, top down
+  // The reducer keeps the step's reports; two ranks that saw different orders both take rank 0's.
+  std::vector<std::vector<gradient_bucket>> planned(2);
+  run_ranks(2, test_options(), [&](communicator& c) {
+    bucket_reducer reducer(dtf::strategies::detail::plan_buckets(vars, pre, 1), /*overlap=*/false);
+    reducer.record_reports(true);
+    reducer.begin_step([](std::size_t, const gradient_bucket&) {});
+    for (std::size_t i : c.rank() == 0 ? up : down) reducer.report(pre + vars[i].offset, vars[i].size());
+    reducer.finish();
+    planned[c.rank()] = dtf::strategies::detail::replan_after_first_step(c, "order", vars, pre, 1, reducer);
+  });
+  CHECK(planned[0] == plan_in_order(vars, pre, 1, up));
+  CHECK(planned[1] == planned[0]);
+  // Gaps in a layout (floats no variable names) belong to the variable below them, as in plan_buckets.
+  const std::vector<dtf::variable_spec> gappy{{"a", {3}, 2}, {"b", {2}, 8}};
+  for (std::size_t bytes : {1u, 20u, 1000u})
+    CHECK(plan_in_order(gappy, pre, bytes, {1, 0}) == dtf::strategies::detail::plan_buckets(gappy, pre, bytes));
+  CHECK(plan_in_order(gappy, pre, 1, {0, 1}) == std::vector<gradient_bucket>{{pre + 2, pre + 8}, {pre + 8, pre + 10}, {0, pre + 2}});
+  CHECK_NOTHROW(bucket_reducer(plan_in_order(gappy, pre, 1, {0, 1}), false));
+  // A reducer takes any buckets that cover the buffer once, in their list's order.
+  CHECK_NOTHROW(bucket_reducer(plan_in_order(vars, pre, 1, up), false));
+  CHECK_THROWS_WITH(bucket_reducer({{0, 4}, {2, 8}}, false), Catch::Contains("cover the buffer, each float once"));
+}
+
 TEST_CASE("bucket_reducer with a communication thread reduces a bucket while backprop still runs", "[collectives][overlap]") {
   const std::vector<gradient_bucket> buckets{{6, 10}, {2, 6}, {0, 2}};
   bucket_reducer reducer(buckets, /*overlap=*/true);

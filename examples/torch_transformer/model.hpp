@@ -4,14 +4,21 @@
 // last position's output a linear layer maps to logits over the vocabulary. Also
 // benchmarks/torch_transformer_alone.cpp's (the same network trained by LibTorch alone).
 //
+// Also main.cpp's flags (transformer_flags) and its last line (report_against_untrained).
+//
 // Token ids travel as floats (dtf's features are float32; ids below 2^24 are exact) and become
 // int64 in forward. Every layer is a LibTorch built-in, so dtf::libtorch::module_model draws them
 // all from the job's seed.
 #pragma once
 
 #include <dtf/data/dataset.hpp>
+#include <dtf/error.hpp>
+#include <dtf/flags.hpp>
 #include <dtf/nn/evaluate.hpp>
 #include <dtf/torch/module_model.hpp>
+#include <dtf/train_flags.hpp>
+
+#include "../next_word/corpus.hpp"
 
 #include <torch/torch.h>
 
@@ -59,6 +66,42 @@ struct TransformerLmImpl : torch::nn::Cloneable<TransformerLmImpl> {  // Cloneab
   torch::nn::Linear head{nullptr};
 };
 TORCH_MODULE(TransformerLm);
+
+/// main.cpp's command line: the standard training flags (the collective or the ps set, as
+/// --strategy says), the text's, the network's sizes and the rate.
+struct transformer_flags {
+  std::string strategy = "ring_allreduce";
+  dtf::train_flags tf;
+  text_flags text;
+  transformer_sizes sizes;
+  int train_examples = 0;
+  float lr = 1e-3f;
+
+  bool collective() const { return strategy == "ring_allreduce"; }
+
+  /// Parses the command line; false when the program should exit (--help). Errors:
+  /// errc::invalid_config for a --strategy other than ring_allreduce or downpour.
+  bool parse(int argc, char** argv) {
+    for (int i = 1; i + 1 < argc; ++i)  // the --strategy flag's value decides the flag set, so look first
+      if (std::string(argv[i]) == "--strategy") strategy = argv[i + 1];
+    tf.train.epochs = 1;
+    tf.train.batch = 64;
+    tf.train.log_every = 200;
+    text.context = 8;
+    dtf::flag_parser flags("Trains a LibTorch Transformer next-word model of the King James Bible with a dtf strategy.");
+    tf.add_to(flags, collective() ? dtf::train_flag_set::collective : dtf::train_flag_set::ps);
+    text.add_to(flags);
+    flags.add("strategy", strategy, "ring_allreduce or downpour").add("lr", lr, "rate of the Adam update")
+        .add("train_examples", train_examples, "use only the first N training examples (0: all)")
+        .add("d_model", sizes.d_model, "width of the embeddings and the encoder")
+        .add("heads", sizes.heads, "attention heads per layer").add("layers", sizes.layers, "encoder layers")
+        .add("feedforward", sizes.feedforward, "hidden units of each layer's feed-forward block");
+    if (!flags.parse(argc, argv)) return false;
+    if (!collective() && strategy != "downpour")
+      throw dtf::error(dtf::errc::invalid_config, "--strategy: '" + strategy + "' is not ring_allreduce or downpour");
+    return true;
+  }
+};
 
 /// The test perplexity, exp of the mean test cross-entropy, added to an evaluation's figures
 /// (so that the RESULT line ends in perplexity=...).

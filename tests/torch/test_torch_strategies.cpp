@@ -682,3 +682,148 @@ TEST_CASE("libtorch namespace: after `using namespace dtf`, torch:: names LibTor
   CHECK(o.threads == 0);
 }
 
+
+namespace {
+
+/// Linear(8, 12), ReLU, Linear(12, 10), ReLU, Linear(10, 3), registered in reverse of their
+/// use (the head first): named_parameters() lists head, mid, in, and backward finishes them in
+/// that order too, so the buffer's layout is the reverse of plan_buckets' (top-down) assumption.
+struct ReversedImpl : ::torch::nn::Cloneable<ReversedImpl> {
+  ReversedImpl() { reset(); }
+  void reset() override {
+    head = register_module("head", ::torch::nn::Linear(10, 3));
+    mid = register_module("mid", ::torch::nn::Linear(12, 10));
+    in = register_module("in", ::torch::nn::Linear(8, 12));
+  }
+  ::torch::Tensor forward(::torch::Tensor x) {
+    return head->forward(::torch::relu(mid->forward(::torch::relu(in->forward(x)))));
+  }
+  ::torch::nn::Linear head{nullptr}, mid{nullptr}, in{nullptr};
+};
+TORCH_MODULE(Reversed);
+
+/// Reversed() from seed 41, built one at a time (see frozen_tied_net).
+Reversed seeded_reversed() {
+  static std::mutex building;
+  std::lock_guard held(building);
+  ::torch::manual_seed(41);
+  return Reversed();
+}
+
+/// Buckets as [begin, end, begin, end, ...] (Catch prints that; gradient_bucket has no operator<<).
+std::vector<std::size_t> flat_buckets(const std::vector<strategies::detail::gradient_bucket>& bs) {
+  std::vector<std::size_t> out;
+  for (const auto& b : bs) out.insert(out.end(), {b.begin, b.end});
+  return out;
+}
+
+struct reversed_model : dtf::libtorch::module_model<Reversed> {
+  reversed_model() : module_model(seeded_reversed(), {.init = dtf::libtorch::init_from::module}) {}
+};
+
+}  // namespace
+
+TEST_CASE("torch: ring-allreduce cuts its buckets again after the first step in the backward's order (a module "
+          "declared in reverse of use): overlap on and off bitwise, as LibTorch alone",
+          "[torch][collectives][overlap]") {
+  using strategies::detail::gradient_bucket;
+  constexpr std::size_t pre = strategies::detail::exchange_prefix;
+  const std::size_t ranks = 2, batch = 8, steps = 3;
+  const auto data = test::synthetic(ranks * batch * steps, 19, test::labels::argmax).batch(ranks * batch);
+  // The backward's order, observed independently: the ready callback of a lone model's step.
+  reversed_model lone;
+  const auto vars = lone.variables();
+  REQUIRE(vars.size() == 6);
+  std::vector<std::string> ready_names;
+  {
+    std::vector<float> p(lone.num_parameters()), g(p.size());
+    lone.initialize(p, 5);
+    auto b = *data.stream().next();
+    tensor x, y;
+    assign_from_host(x, b.features);
+    assign_from_host(y, b.labels);
+    lone.loss_and_gradients(p, x, y, g, [&](std::size_t first, std::size_t) {
+      for (const auto& v : vars)
+        if (v.offset == first) ready_names.push_back(v.name);
+    });
+  }
+  REQUIRE(ready_names.size() == 6);
+  for (std::size_t k = 0; k < 6; ++k)  // head's two first, then mid's, then in's
+    CHECK(ready_names[k].substr(0, ready_names[k].find('.')) == std::vector<std::string>{"head", "mid", "in"}[k / 2]);
+  CHECK(vars.front().name.rfind("head.", 0) == 0);  // declared first: the bottom of the buffer
+
+  std::vector<std::vector<float>> by_overlap[2];
+  std::vector<gradient_bucket> before[2], after[2];
+  for (bool overlap : {false, true}) {
+    auto& result = by_overlap[overlap];
+    result.resize(ranks);
+    const auto failures = test::run_ranks_collect(ranks, {}, [&](communicator& c) {
+      reversed_model net;
+      strategies::ring_allreduce<reversed_model> r(c, net, {.rule = optim::sgd{0.1f}, .overlap = overlap, .bucket_bytes = 1});
+      RANK_CHECK(r.overlaps() == overlap, r.overlaps());
+      r.initialize(5);
+      if (c.rank() == 0) before[overlap] = r.buckets();
+      auto stream = data.stream();
+      while (auto b = stream.next()) {
+        r.step(rows_of(*b, c.rank() * batch, batch));
+        if (c.rank() == 0 && r.global_step() == 1) after[overlap] = r.buckets();
+      }
+      result[c.rank()].assign(r.parameters().begin(), r.parameters().end());
+    });
+    for (std::size_t k = 0; k < ranks; ++k) {
+      INFO("rank " << k);
+      REQUIRE((failures[k] ? test::message_of(failures[k]) : std::string()) == "");
+    }
+  }
+  // Before: plan_buckets' cut, from the top of the buffer (in's bias) down. After the first
+  // step: one bucket per variable in the order the backward reported them, the prefix last.
+  CHECK(flat_buckets(before[1]) == flat_buckets(strategies::detail::plan_buckets(vars, pre, 1)));
+  CHECK(flat_buckets(after[0]) == flat_buckets(after[1]));
+  REQUIRE(after[1].size() == 7);
+  for (std::size_t k = 0; k < 6; ++k) {
+    const auto& v = *std::find_if(vars.begin(), vars.end(), [&](const auto& s) { return s.name == ready_names[k]; });
+    CHECK(flat_buckets({after[1][k]}) == std::vector<std::size_t>{pre + v.offset, pre + v.offset + v.size()});
+  }
+  CHECK(flat_buckets({after[1][6]}) == std::vector<std::size_t>{0, pre});
+  CHECK(flat_buckets(after[1]) != flat_buckets(before[1]));
+
+  // LibTorch alone at the summed batch: SGD on the same module over data's batches.
+  auto m = seeded_reversed();
+  const auto params = test::distinct_trainable(*m);
+  auto s = data.stream();
+  while (auto b = s.next()) {
+    const auto n = std::int64_t(b->labels.size());
+    auto x = ::torch::from_blob(const_cast<float*>(b->features.data()), {n, 8}).clone();
+    auto y = ::torch::from_blob(const_cast<std::int32_t*>(b->labels.data()), {n}, ::torch::kInt).to(::torch::kLong);
+    for (const auto& t : params) t.mutable_grad() = ::torch::Tensor();
+    ::torch::nn::functional::cross_entropy(m->forward(x), y).backward();
+    ::torch::NoGradGuard no_grad;
+    for (const auto& t : params) t.sub_(t.grad() * 0.1f);
+  }
+  const auto reference = test::flat(params);
+  INFO("relative gap to LibTorch alone " << relative_gap(by_overlap[1][0], reference));
+  CHECK(by_overlap[1] == by_overlap[0]);
+  CHECK(by_overlap[1][1] == by_overlap[1][0]);
+  CHECK(relative_gap(by_overlap[1][0], reference) <= 1e-5);
+  CHECK(relative_gap(reference, test::flat(test::distinct_trainable(*seeded_reversed()))) > 1e-3);  // it moved
+}
+
+TEST_CASE("torch: a module declared in its backward's order keeps plan_buckets' cut after the first step",
+          "[torch][collectives][overlap]") {
+  // The twin (Linear(8, 16), ReLU, Linear(16, 3)) reports from the top of its buffer down: the
+  // buckets after the first step are those before, so its steps are those of before the rebuild.
+  const auto data = test::synthetic(32, 23, test::labels::argmax).batch(16);
+  std::vector<strategies::detail::gradient_bucket> before, after;
+  const auto failures = test::run_ranks_collect(2, {}, [&](communicator& c) {
+    torch_twin net;
+    strategies::ring_allreduce<torch_twin> r(c, net, {.rule = optim::sgd{0.1f}, .bucket_bytes = 1});
+    r.initialize(5);
+    const auto b0 = r.buckets();
+    auto stream = data.stream();
+    while (auto b = stream.next()) r.step(rows_of(*b, c.rank() * 8, 8));
+    if (c.rank() == 0) before = b0, after = r.buckets();
+  });
+  for (std::size_t k = 0; k < 2; ++k) REQUIRE((failures[k] ? test::message_of(failures[k]) : std::string()) == "");
+  CHECK(before.size() == 4);
+  CHECK(flat_buckets(after) == flat_buckets(before));
+}

@@ -70,7 +70,7 @@ class bucket_waits {
   /// on the host). Called before the reducer hears of them. Errors: errc::invalid_argument for
   /// a range outside the buffer or reported twice.
   void note(std::size_t first, std::size_t count, Event event) {
-    const std::size_t total = buckets_.empty() ? 0 : buckets_.front().end;
+    const std::size_t total = buffer_end(buckets_);
     if (first > total || count > total - first)
       throw error(errc::invalid_argument, "pinned staging: gradient reported outside the buffer: floats [" +
                                               std::to_string(first) + ", " + std::to_string(first + count) + ") of " +

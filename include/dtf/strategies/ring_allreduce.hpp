@@ -15,7 +15,8 @@
 // Communication per step: the model's gradients plus the loss (one buffer, see
 // dtf/strategies/gradient_buckets.hpp), 2(n-1)/n of the model's bytes sent and received per
 // rank, reduced as buckets of config.bucket_bytes cut at variable boundaries from the top
-// layer down, one allreduce each, always in that order.
+// layer down, one allreduce each, always in that order; a streaming model's are cut again after
+// the first step in the order it reported them (rank 0's; as DDP rebuilds, gradient_buckets.hpp).
 //
 // Overlap (config.overlap, on by default): when the model reports each variable's gradient as
 // backprop produces it (dtf::streams_gradients, e.g. dtf::nn::sequential), a communication
@@ -161,6 +162,7 @@ class ring_allreduce<M> {
                                         [this] { return device_.stream(); });
     reducer_ = std::make_unique<detail::bucket_reducer>(
         detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, detail::current_device_setter());
+    reducer_->record_reports(replan_ = streams && comm.size() > 1 && config.bucket_bytes > 0);  // replan_buckets
     optimizer_.set_stream(device_.stream());
 #if DTF_CUDA
     if (!exchange_ && comm.size() > 1)  // the TCP ring: the buckets through pinned memory
@@ -276,8 +278,8 @@ class ring_allreduce<M> {
       reducer_->report(detail::exchange_prefix + first, count);
     };
     // CUDA builds: a ready callback costs a host wait per layer unless the model leaves the
-    // layer's event to the staging (orders_ready_on_device); only an overlapping exchange needs it.
-    const bool reports = device_memory_is_host_accessible || reducer_->overlapping();
+    // layer's event to the staging (orders_ready_on_device); needed to overlap, and in the first step.
+    const bool reports = device_memory_is_host_accessible || reducer_->overlapping() || replan_;
     const gradient_ready_fn ready = reports ? gradient_ready_fn(report) : gradient_ready_fn();
 #if DTF_CUDA
     if (staging_) staging_->begin_step();
@@ -341,12 +343,12 @@ class ring_allreduce<M> {
     else update();
     if (graph && graph_.end_step(net_)) optimizer_.count_replayed_update();  // a replay ran no apply()
     ++step_;
+    if (replan_) replan_buckets();
     if (defer) return 0;
     return device_.read(device_loss());
   }
 
  public:
-
   /// The rate of the next step.
   float learning_rate() const {
     if (config_.schedule) return config_.schedule(step_);
@@ -416,6 +418,18 @@ class ring_allreduce<M> {
 #endif
   }
 
+  // After the first step (reported with overlap on and off): the buckets in rank 0's report order.
+  void replan_buckets() {
+    replan_ = false;
+    auto b = detail::replan_after_first_step(comm_, "ring_allreduce/bucket_order", net_.variables(),
+                                             detail::exchange_prefix, config_.bucket_bytes, *reducer_);
+    device_.settle();  // CUDA builds: no copy still reads the old staging
+    reducer_ = std::make_unique<detail::bucket_reducer>(std::move(b), reducer_->overlapping(), 1, detail::current_device_setter());
+#if DTF_CUDA
+    if (staging_) staging_ = std::make_unique<detail::pinned_staging>(reducer_->buckets(), detail::exchange_prefix + n_);
+#endif
+  }
+
   communicator& comm_;
   M& net_;
   ring_allreduce_config config_;
@@ -425,6 +439,7 @@ class ring_allreduce<M> {
   detail::micro_batches micro_;
   std::int64_t step_ = 0;
   optim::device_clip clip_;  // config.clip_norm's, on the compute stream
+  bool replan_ = false;  // the buckets are cut again after the first step (replan_buckets)
   std::unique_ptr<detail::device_exchange> exchange_;  // null: the TCP ring
   device::loss_ring* ring_ = nullptr;  // watch_losses'
   std::unique_ptr<detail::bucket_reducer> reducer_;  // its thread stops before the buffers go

@@ -39,10 +39,11 @@
 //                right before its slice is reported: what is reported is the whole gradient.
 //   streaming    a post-hook on each parameter's gradient accumulator (as DDP's reducer)
 //                calls ready(offset, size) when autograd has finalised that variable's
-//                gradient, in the order autograd finishes them (the same on every rank for the
-//                same graph: LibTorch's CPU engine runs a graph's nodes on the calling thread in
-//                sequence-number order). A variable that received no gradient this step (an
-//                unused branch) is reported after backward with zeros. Every float exactly once.
+//                gradient, in the order autograd finishes them (LibTorch's CPU engine runs a
+//                graph's nodes on the calling thread in sequence-number order); a variable with
+//                no gradient this step (an unused branch) after backward, with zeros. Every float
+//                exactly once. ring_allreduce cuts its buckets again in rank 0's first-step order,
+//                as DDP (dtf/strategies/gradient_buckets.hpp): any declaration order overlaps.
 //   input        x viewed (no copy) as [batch, input_shape...], labels widened to int64 for
 //                loss(logits, labels) (cross-entropy by default): dtf/torch/options.hpp; or a
 //                step of the user's, loss(module, batch), with named inputs (dtf/torch/step.hpp:
@@ -305,8 +306,7 @@ class module_model {
     fired_.assign(variables_.size(), 0);
     for (std::size_t i = 0; i < variables_.size(); ++i)
       for (const auto& m : members(i)) {
-        // The accumulator exists once the parameter requires grad; holding it keeps it (and its
-        // hook) alive across steps, as DDP's reducer does.
+        // Held: the accumulator (and its hook) lives across steps, as DDP's reducer holds it.
         auto acc = ::torch::autograd::impl::grad_accumulator(m);
         const auto key = acc->add_post_hook(std::make_unique<::torch::autograd::utils::LambdaPostHook>(
             [this, i](const ::torch::autograd::variable_list& outputs, const ::torch::autograd::variable_list&) {
