@@ -31,18 +31,13 @@
 // equal; on the device, dtf/optim/device_clip.hpp), micro-batch accumulation
 // (`backward_passes_per_step`, dtf/strategies/micro_batches.hpp: the passes' gradients are summed
 // locally and reduced once per step; no overlap then; step_deferred sums their losses on the device).
-// The device (dtf/strategies/engine_context.hpp): the engine owns a device::context (CUDA builds;
-// its CPU twin otherwise) and runs its step on the compute stream: the model's (when it takes a
-// context, nn::sequential), the loss's slot, the update (optim::optimizer::set_stream); one rank
-// exchanges nothing on CUDA builds (its gradient never leaves the device) and passes no ready
-// callback (no host wait per layer); several ranks on the TCP ring stage the buckets through
-// pinned memory on the communication stream (dtf/strategies/pinned_staging.hpp, section 6.0 of
-// docs/design/gpu-execution.md): each bucket's copy waits on the device for the event of its
-// gradients, the communication thread waits for the copy, and the update waits on the device for
-// the last average; the training thread does not wait for the exchange. watch_losses(ring): each deferred step
-// pushes its averaged loss into a device::loss_ring before its update, and the update kernels
-// read the ring's flag: from a non-finite loss on, the parameters stay those of the step before.
-// use_step_graphs(true): one rank's deferred step as CUDA graphs (dtf/strategies/engine_graph.hpp).
+// The device (docs/design/gpu-execution.md): the engine owns a device::context (engine_context.hpp;
+// a CPU twin on CPU builds) and issues the model's step, the loss's slot and the update on its
+// compute stream; one rank exchanges nothing and waits for no layer; several ranks on the TCP ring
+// stage the buckets through pinned memory on the communication stream (pinned_staging.hpp, §6.0).
+// watch_losses(ring): each deferred step pushes its averaged loss into a device::loss_ring before
+// its update, whose kernels skip from a non-finite loss on. use_step_graphs(true): one rank's
+// deferred step as CUDA graphs (engine_graph.hpp, §7).
 // Errors: those of dtf::communicator (a dead or mismatched rank fails every rank).
 // Thread safety: one thread per instance.
 #pragma once
