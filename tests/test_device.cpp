@@ -463,7 +463,7 @@ TEST_CASE("a steady-state step of sequential, loss and optimizer allocates nothi
 #endif
 }
 
-TEST_CASE("step graphs: a key's first step eager, its second captured, later ones replayed; drops", "[device][graph]") {
+TEST_CASE("step graphs: a key's first step eager, its second captured, later ones replayed, drops", "[device][graph]") {
   // The cache's policy (its CPU twin here: every segment's code runs, the phases and counts are
   // those a CUDA build keeps). A stand-in step of two segments on a counter: a segment's code
   // runs on the host except on a CUDA build's replays.

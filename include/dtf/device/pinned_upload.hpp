@@ -46,7 +46,9 @@ class pinned_upload {
 #endif
     grow(bytes);
   }
+  /// Takes o's buffer and event; o is left empty.
   pinned_upload(pinned_upload&& o) noexcept { swap(o); }
+  /// Takes o's buffer and event; this one's are released.
   pinned_upload& operator=(pinned_upload&& o) noexcept {
     pinned_upload(std::move(o)).swap(*this);
     return *this;
