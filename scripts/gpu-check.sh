@@ -22,9 +22,9 @@
 #               sync_sgd (1 ps, 2 workers) under dtfrun, with test accuracy
 #   bench       bench_gpu (MLP step, nn::dense against cublasSgemm, ps staging against a pageable
 #               copy) beside PyTorch's step (benchmarks/gpu_step_time_torch.py)
-#   e2e         end to end, 2 epochs of Fashion-MNIST: non_distributed at batch 64 and 512 and
-#               ring_allreduce with 2 processes sharing the GPU, beside PyTorch on the same GPU
-#               (eager, fused Adam, the whole step in a CUDA graph, DDP over gloo;
+#   e2e         end to end, 2 epochs of Fashion-MNIST: non_distributed at batch 64 and 512 (64
+#               also with --nocuda_graph) and ring_allreduce with 2 processes sharing the GPU,
+#               beside PyTorch on the same GPU (eager, fused Adam, the whole step in a CUDA graph, DDP over gloo;
 #               benchmarks/gpu_e2e_torch.py); ring_allreduce's exchange backends side by side
 #               (--backend tcp, then --backend nccl: with 2+ GPUs a GPU per process; with one,
 #               NCCL takes one rank per GPU and the run must stop at once naming the shared GPU)
@@ -430,6 +430,9 @@ if want e2e; then
       part "e2e_dtf_b$b" 60 "$e/non_distributed" --epochs 2 --batch "$b" --data "$data" \
         --metrics_file "$logs/e2e_b$b.json" --save_checkpoints_secs 0 --log_every 100000
     done
+    # The same step without its CUDA graphs (docs/design/gpu-execution.md, section 7).
+    part e2e_dtf_b64_eager 60 "$e/non_distributed" --epochs 2 --batch 64 --data "$data" --nocuda_graph \
+      --metrics_file "$logs/e2e_b64_eager.json" --save_checkpoints_secs 0 --log_every 100000
     part e2e_dtf_ring 90 "$dtfrun" --workers 2 --timeout_s 85 -- "$e/ring_allreduce" --epochs 2 --batch 64 \
       --data "$data" --metrics_file "$logs/e2e_ring.json" --log_every 100000 --backend tcp
     # NCCL beside it (docs/design/gpu-execution.md, section 6.1). NCCL refuses two ranks on one
@@ -469,7 +472,9 @@ except OSError:
 cell = lambda r: f"{r[0]:.3f} s ({r[1]:.4f})" if r else "-"
 print("\n| 2 epochs, Fashion-MNIST MLP, Adam | dtf | PyTorch eager | fused Adam | CUDA graph | DDP gloo | dtf / graph |")
 print("| --- | --- | --- | --- | --- | --- | --- |")
-for label, d, b in (("1 process, batch 64", dtf("e2e_b64.json"), 64), ("1 process, batch 512", dtf("e2e_b512.json"), 512),
+for label, d, b in (("1 process, batch 64", dtf("e2e_b64.json"), 64),
+                    ("1 process, batch 64, --nocuda_graph", dtf("e2e_b64_eager.json"), 64),
+                    ("1 process, batch 512", dtf("e2e_b512.json"), 512),
                     ("2 processes on one GPU, batch 64 each", dtf("e2e_ring.json"), 64),
                     ("2 processes, NCCL (a GPU each), batch 64 each", dtf("e2e_ring_nccl.json"), 64)):
     two = "2 processes" in label

@@ -66,10 +66,8 @@ class step_graphs {
   ~step_graphs() { drop_all(); }
 
   /// Starts a step of `rows` rows whose batch is at `x`, `y`, over buffers of `generation`;
-  /// returns how it runs. `may_capture` false: a step that would be captured runs eagerly instead
-  /// (the model is not ready for a capture now, e.g. its buffers are shaped for other rows); the
-  /// key captures at a later step.
-  phase begin(std::size_t rows, const void* x, const void* y, std::uint64_t generation, bool may_capture = true) {
+  /// returns how it runs.
+  phase begin(std::size_t rows, const void* x, const void* y, std::uint64_t generation) {
     if (generation != generation_) {
       drop_all();
       generation_ = generation;
@@ -82,7 +80,7 @@ class step_graphs {
     }
     current_ = &e;
     rows_ = rows;
-    phase_ = !e.warmed ? phase::eager : e.captured ? phase::replay : may_capture ? phase::capture : phase::eager;
+    phase_ = !e.warmed ? phase::eager : !e.captured ? phase::capture : phase::replay;
     next_ = 0;
     return phase_;
   }

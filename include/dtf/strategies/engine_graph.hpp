@@ -18,8 +18,9 @@
 // pass, a model that defers its loss, reports its storage generation and issues its step without
 // a host read (graph_model: nn::sequential with trusted labels), and on CUDA builds no ready
 // callback (one rank passes none). Elsewhere the step stays eager. clip_norm's kernels run
-// between the segments (optim::device_clip: no host read). A step due for capture runs eagerly
-// when the model's buffers are shaped for other rows (shaped_for): a capture cannot resize them.
+// between the segments (optim::device_clip: no host read). A step due for capture while the
+// model's buffers are shaped for other rows (shaped_for) first runs one eager pass of the model's
+// step to shape them: a capture cannot resize them.
 // CPU builds: the CPU twin (every segment eager, the same bookkeeping), the rate read from host
 // memory: the parameters are the eager step's bit for bit.
 // Thread safety: one thread (the engine's).
@@ -70,24 +71,28 @@ class engine_graph {
 
   /// Starts a step of `rows` rows on the batch at x, y over the model's buffers of `generation`;
   /// false when the graphs are off (the step is then eager, as without them).
-  bool begin(std::size_t rows, const void* x, const void* y, std::uint64_t generation, bool may_capture = true) {
+  bool begin(std::size_t rows, const void* x, const void* y, std::uint64_t generation) {
     if (!on_) return false;
-    graphs_->begin(rows, x, y, generation, may_capture);
+    graphs_->begin(rows, x, y, generation);
     return true;
   }
   /// begin() for a step of `net` on batch x, y when the model can be captured now (a
-  /// graph_model with capturable_step()); false otherwise (the step is eager). A model with
-  /// shaped_for(rows) false (its buffers were last shaped for other rows: resizing them, and the
-  /// wait before it, cannot be captured) runs a step due for capture eagerly.
-  template <class M>
-  bool begin_step(const M& net, const tensor& x, const tensor& y) {
+  /// graph_model with capturable_step()); false otherwise (the step is eager). When the step is
+  /// to be captured but the model's buffers were last shaped for other rows (shaped_for(rows)
+  /// false: resizing them, and the host wait before it, cannot be captured), `shape()` runs
+  /// first, eagerly: one pass of the model's step on this batch, whose writes the captured step
+  /// overwrites.
+  template <class M, class Shape>
+  bool begin_step(const M& net, const tensor& x, const tensor& y, Shape&& shape) {
     if constexpr (graph_model<M>)
       if (net.capturable_step() && !x.shape().empty()) {
         const std::size_t rows = x.shape()[0];
-        bool shaped = true;
-        if constexpr (requires { net.shaped_for(rows); }) shaped = net.shaped_for(rows);
-        return begin(rows, x.data<float>(), y.data<std::int32_t>(), net.storage_generation(), shaped);
+        if (!begin(rows, x.data<float>(), y.data<std::int32_t>(), net.storage_generation())) return false;
+        if constexpr (requires { net.shaped_for(rows); })
+          if (graphs_->current_phase() == device::step_graphs::phase::capture && !net.shaped_for(rows)) shape();
+        return true;
       }
+    (void)shape;
     return false;
   }
   /// end() with `net`'s generation now.
