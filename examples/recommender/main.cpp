@@ -15,7 +15,6 @@
 #endif
 
 #include <cstdio>
-#include <memory>
 
 int main(int argc, char** argv) try {
   using namespace examples::recommender;
@@ -29,11 +28,7 @@ int main(int argc, char** argv) try {
   f.add_to(flags);
   if (!flags.parse(argc, argv)) return 0;
   f.check();
-  if (!f.save_synthetic.empty()) {  // the same logs for another program (benchmarks/recommender.sh's TensorFlow peer)
-    f.synthetic_logs().write(f.save_synthetic, f.save_synthetic.ends_with(".gz"));
-    std::printf("recommender: wrote %zu synthetic lines to %s\n", f.synthetic, f.save_synthetic.c_str());
-    return 0;
-  }
+  if (save_synthetic(f)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();
   const logs data = load_logs(f, cluster);
@@ -45,13 +40,7 @@ int main(int argc, char** argv) try {
 
   auto options = tf.options(cluster, "recommender_" + f.strategy);
   options.embedding_rule = dtf::optim::adagrad{.learning_rate = f.embedding_lr};
-  auto held_out = std::make_shared<dtf::metrics::binary_metrics>();
-  if (cluster.self.job != "ps") {
-    options.evaluate_rows = dtf::metrics::binary_evaluate_on(net, data.test.batch(4096), held_out);
-    char planted[96];  // on the RESULT line as the summary below prints them
-    std::snprintf(planted, sizeof planted, "best_auc=%.4f best_log_loss=%.4f", data.best_auc, data.best_log_loss);
-    if (data.best_auc > 0) options.result_extra = planted;
-  }
+  const auto held_out = evaluate_held_out(cluster, net, data, options);
   const dtf::train_result r = train_with(f, cluster, [&](auto strategy) {
     return dtf::train(cluster, net, data.train, std::move(strategy), options, tf.partitioner());
   });

@@ -14,6 +14,7 @@
 #include "model.hpp"
 
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -66,7 +67,8 @@ struct recommender_flags {
         .add("sync_replicas", sync_replicas, "sync_sgd: contributions averaged per step (0: every worker)")
         .add("lr", lr, "SGD step size of the dense MLP")
         .add("embedding_lr", embedding_lr, "Adagrad step size of the embedding rows on the ps")
-        .add("dim", model.dim, "floats per embedding row")
+        .add("dim", model.dim, "floats per embedding (a row holds one more: the id's own weight)")
+        .add("init_scale", model.init_scale, "rows start uniform in [-init_scale, init_scale]")
         .add("hidden", hidden, "widths of the MLP's hidden layers, comma-separated")
         .add("max_rows", model.max_rows, "rows the hashed table holds at most, over all ps")
         .add("evict_after", model.evict_after, "evict rows unseen for this many shard updates (0: never)")
@@ -144,6 +146,29 @@ inline int report(const recommender_flags& f, const logs& data, const dtf::metri
     return 1;
   }
   return r.exit_code;
+}
+
+/// --save_synthetic: writes the --synthetic logs for another program (benchmarks/recommender.sh's
+/// TensorFlow peer) and returns true; else false.
+inline bool save_synthetic(const recommender_flags& f) {
+  if (f.save_synthetic.empty()) return false;
+  f.synthetic_logs().write(f.save_synthetic, f.save_synthetic.ends_with(".gz"));
+  std::printf("recommender: wrote %zu synthetic lines to %s\n", f.synthetic, f.save_synthetic.c_str());
+  return true;
+}
+
+/// A worker's options for the held-out set: its AUC and log loss after each evaluation (into
+/// the returned sink, for report()), and on synthetic logs the planted model's on the RESULT line.
+template <class Net>
+std::shared_ptr<dtf::metrics::binary_metrics> evaluate_held_out(const dtf::cluster& cluster, Net& net, const logs& data,
+                                                                dtf::train_options& options) {
+  auto held_out = std::make_shared<dtf::metrics::binary_metrics>();
+  if (cluster.self.job == "ps") return held_out;
+  options.evaluate_rows = dtf::metrics::binary_evaluate_on(net, data.test.batch(4096), held_out);
+  char planted[96];  // on the RESULT line as report() prints them
+  std::snprintf(planted, sizeof planted, "best_auc=%.4f best_log_loss=%.4f", data.best_auc, data.best_log_loss);
+  if (data.best_auc > 0) options.result_extra = planted;
+  return held_out;
 }
 
 /// Runs train(strategy) with the strategy --strategy names.

@@ -17,7 +17,7 @@ namespace examples::recommender {
 
 /// The top of dlrm in LibTorch: numeric x [batch, 13] and the rows [batch, 26, D + 1] (e_i, b_i)
 /// to z = [x | e_1..e_26 | <e_i, e_j> for i < j], then the ReLU layers and 1 output, plus the
-/// wide part Σ_i b_i + <w, x>: the logit [batch, 1].
+/// wide part Σ_i b_i + <w, x> + Σ_{i<j} <e_i, e_j>: the logit [batch, 1].
 struct torch_topImpl : torch::nn::Cloneable<torch_topImpl> {
   explicit torch_topImpl(dlrm_config c) : c_(std::move(c)) { reset(); }
   void reset() override {
@@ -42,7 +42,7 @@ struct torch_topImpl : torch::nn::Cloneable<torch_topImpl> {
     const auto dots = torch::bmm(e, e.transpose(1, 2));  // [batch, 26, 26]
     const auto pairs = dots.index({torch::indexing::Slice(), first_, second_});
     const auto deep = mlp_->forward(torch::cat({numeric, e.flatten(1), pairs}, 1));
-    return deep + rows.select(2, std::int64_t(c_.dim)).sum(1, true) + wide_->forward(numeric);
+    return deep + rows.select(2, std::int64_t(c_.dim)).sum(1, true) + wide_->forward(numeric) + pairs.sum(1, true);
   }
 
   dlrm_config c_;
