@@ -1,12 +1,13 @@
 // recommender — a DLRM-style click model of Criteo display-ads logs (model.hpp): the 26
 // categorical columns through a hashed embedding table sharded over the ps (64-bit ids, rows
 // created on first use, Adagrad per row on the ps), the 13 numeric features and the rows' pairwise
-// dot products under a dense MLP, a logistic output. Trained by the hybrid strategy (the table
-// on the ps, the dense MLP by ring-allreduce among the workers), or through the ps by SyncSGD,
+// dot products under a dense MLP, plus a wide part (each id's weight, the numeric features'
+// linear term, the pairs' sum) straight to one logistic output. Trained by the hybrid strategy
+// (the table on the ps, the dense MLP by ring-allreduce among the workers), or through the ps by SyncSGD,
 // Hogwild or DOWNPOUR (setup.hpp: flags, logs, strategies); the chief reports the held-out AUC
 // and log loss (dtf/metrics/binary_eval.hpp), and on synthetic logs the planted model's own,
 // the best any model of those logs can reach.
-//   dtfrun --ps 2 --workers 4 -- build/examples/recommender --synthetic 200000 --strategy hybrid
+//   dtfrun --ps 2 --workers 4 -- build/examples/recommender --strategy hybrid   # 1M synthetic lines
 //   dtfrun --ps 2 --workers 4 -- build/examples/recommender --data day_0.gz --max_examples 2000000
 // recommender_torch is this program with the dense tower written in LibTorch (torch_model.hpp).
 #include "setup.hpp"
@@ -19,7 +20,7 @@
 int main(int argc, char** argv) try {
   using namespace examples::recommender;
   dtf::train_flags tf;
-  tf.train.epochs = 2;
+  tf.train.epochs = 4;
   tf.train.batch = 256;
   tf.train.log_every = 100;
   recommender_flags f;
