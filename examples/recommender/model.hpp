@@ -21,9 +21,10 @@
 //           share the rows): each id's own effect, the numeric features' linear one and the
 //           pairs' sum. Without it an id's effect and the pairs reach the logit only through
 //           the MLP, which must find them: on synthetic logs, whose planted logit has exactly
-//           these terms (dtf/data/criteo_synthetic.hpp), the model without it stopped at the
-//           AUC of a linear model (0.74 against the planted 0.81 at 180,000 lines of
-//           vocabulary 100; rows starting near 0 give the MLP's dot inputs too little signal).
+//           these terms (dtf/data/criteo_synthetic.hpp), the model without the wide part
+//           reached AUC 0.73-0.74 against the planted 0.81 (180,000 lines of vocabulary 100),
+//           and without the pairs' sum only a linear model's (rows starting near 0 give the
+//           MLP's dot inputs too little signal to grow); docs/benchmarks/recommender.md.
 //   loss    p(click) = sigmoid(logit), the mean binary cross-entropy of p (one logit, as
 //           dtf/metrics/binary_eval.hpp reads it).
 // Dense variables: the top MLP's ("dense_<i>/kernel", "dense_<i>/bias"), then "wide/kernel"
