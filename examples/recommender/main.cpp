@@ -42,7 +42,10 @@ int main(int argc, char** argv) try {
   auto options = tf.options(cluster, "recommender_" + f.strategy);
   options.embedding_rule = dtf::optim::adagrad{.learning_rate = f.embedding_lr};
   const auto held_out = evaluate_held_out(cluster, net, data, options);
-  const dtf::train_result r = train_with(f, cluster, [&](auto strategy) {
+  // Each worker trains on its 1/N of the examples (the span of --lr_decay).
+  const std::size_t per_worker = (data.train.size() + dtf::num_trainers(cluster) - 1) / dtf::num_trainers(cluster);
+  const auto steps = std::int64_t(tf.train.epochs * ((per_worker + tf.train.batch - 1) / tf.train.batch));
+  const dtf::train_result r = train_with(f, cluster, steps, [&](auto strategy) {
     return dtf::train(cluster, net, data.train, std::move(strategy), options, tf.partitioner());
   });
 
