@@ -20,7 +20,7 @@
 int main(int argc, char** argv) try {
   using namespace examples::recommender;
   dtf::train_flags tf;
-  tf.train.epochs = 4;
+  tf.train.epochs = 5;
   tf.train.batch = 256;
   tf.train.log_every = 100;
   recommender_flags f;

@@ -5,9 +5,11 @@
 # the chief's RESULT line reports the held-out AUC and log loss beside the planted model's.
 # Thresholds: at this size (the default vocabulary, 10 ids per column) the model reaches AUC
 # 0.748 against the planted model's 0.792 (the planted AUC is the limit of unbounded data; the
-# example's defaults, 1,000,000 lines and 4 epochs, come within 0.003 of it), so AUC > 0.72 and
+# example's defaults, 1,000,000 lines and 5 epochs, come within 0.002 of it), so AUC > 0.72 and
 # within 0.06 of the planted AUC, and the log loss (0.388 measured) below 0.41, under the click
-# rate's entropy (0.42 here: a model that learnt nothing).
+# rate's entropy (0.42 here: a model that learnt nothing). These short runs keep Adagrad 0.3 on
+# the rows: the example's default 0.1 suits its million lines, and in 2 epochs of 40,000 it
+# leaves the hybrid job at AUC 0.718 (sync_sgd 0.734).
 # Then the hybrid job under 2 ps and 4 workers, the hybrid job through a lost ps (SIGKILLed,
 # restarted by dtfrun, restored in the job: --max_recoveries), and the TSV path: the same logs written gzip-compressed by --save_synthetic and read back
 # with --data train (1 ps, 1 worker) to exactly the AUC and log loss of the --synthetic run.
@@ -15,7 +17,7 @@
 source "$(dirname "$0")/lib.sh"
 log="$work/recommender.log"
 "$dtfrun" --ps 1 --workers 2 --grace_ms 20000 -- "$example" --synthetic 40000 --epochs 2 --log_every 100 \
-  --target_auc 0.72 >"$log" 2>&1 || { cat "$log"; fail "recommender failed (status $?)"; }
+  --embedding_lr 0.3 --target_auc 0.72 >"$log" 2>&1 || { cat "$log"; fail "recommender failed (status $?)"; }
 grep -q "^ps.0 .*embedding 'categorical' (hashed x 9, 1 shards) created by worker.0" "$log" ||
   { cat "$log"; fail "ps.0 holds no table"; }
 grep -q "^ps.0 .*shut down by the chief" "$log" || fail "ps.0 did not exit by itself"
@@ -32,7 +34,7 @@ grep -q "recommender: held-out AUC $auc, log loss $loss over 4000 examples (the 
 # The hybrid job (docs/design/hybrid.md): the table on 2 ps, the dense MLP by the ring among 4
 # workers, rows averaged per step (synchronous tables: deterministic, AUC 0.743 measured).
 "$dtfrun" --ps 2 --workers 4 --grace_ms 20000 -- "$example" --synthetic 40000 --epochs 2 --log_every 100 \
-  --strategy hybrid_sync --target_auc 0.72 >"$work/hybrid.log" 2>&1 || { cat "$work/hybrid.log"; fail "hybrid_sync failed"; }
+  --embedding_lr 0.3 --strategy hybrid_sync --target_auc 0.72 >"$work/hybrid.log" 2>&1 || { cat "$work/hybrid.log"; fail "hybrid_sync failed"; }
 grep -q "RESULT scheme=recommender_hybrid_sync workers=4 .*tables=synchronous ps=2 .* auc=0\.7" "$work/hybrid.log" ||
   { cat "$work/hybrid.log"; fail "no hybrid RESULT line"; }
 [[ $(grep -cE "^ps\.[01] .*serving 0 shards \(0 bytes\)" "$work/hybrid.log") == 2 ]] ||
