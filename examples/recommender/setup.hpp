@@ -44,7 +44,7 @@ struct recommender_flags {
   std::string data_path, save_synthetic, strategy = "sync_sgd", hidden = "64,32", lr_decay = "constant";
   // The defaults (with main.cpp's 5 epochs) train to within 0.002 of the planted AUC under 2 ps
   // and 4 workers (hybrid) in about a minute here; Adagrad 0.3 on the rows stopped 0.0022 to
-  // 0.0029 short, its rows' steps too noisy (docs/benchmarks/recommender.md, "The wide part").
+  // 0.0029 short (docs/benchmarks/recommender.md, "Closing the gap").
   std::size_t synthetic = 1000000, vocabulary = 10, max_examples = 0, sync_replicas = 0;
   std::uint64_t data_seed = 1;
   double test_fraction = 0.1, target_auc = 0;
