@@ -341,8 +341,10 @@ TEST_CASE("the recommender example's model: ids round-trip its input, gradients 
   const auto logs = data::synthetic_criteo({.examples = 12, .seed = 4, .vocabulary = 5}).columns();
   const auto ds = rec::to_dataset(logs, 0, logs.size());
   // No hidden layer: the loss is then smooth in the rows (no ReLU kink inside a difference step);
-  // what is checked is the model's own backward through the dot products and the lookup.
+  // what is checked is the model's own backward through the dot products, the ids' weights, the
+  // wide kernel and the lookup.
   rec::dlrm net({.dim = 3, .hidden = {}, .init_scale = 0.5f});
+  REQUIRE(net.embeddings().front().dim == 4);  // e (3) and the id's weight b
   auto b = *ds.batch(12).stream().next();
   dtf::detail::batch_ids ids;
   net.embedding_ids(b, 0, ids.all);
@@ -350,25 +352,50 @@ TEST_CASE("the recommender example's model: ids round-trip its input, gradients 
   ids.deduplicate();
   std::vector<float> p(net.num_parameters()), g(p.size());
   net.initialize(p, 1);
-  std::vector<double> values(ids.unique.size() * 3);
+  CHECK(net.variables().back().name == "wide/kernel");
+  for (std::size_t j = 0; j < 13; ++j) p[p.size() - 13 + j] = 0.1f * float(j % 5) - 0.2f;  // w away from 0
+  std::vector<double> values(ids.unique.size() * 4);
   for (std::size_t i = 0; i < values.size(); ++i) values[i] = 0.5 * std::sin(double(i) * 1.7);
   dtf::tensor x, y;
   dtf::assign_from_host(x, b.features);
   dtf::assign_from_host(y, b.labels);
-  // The loss and the rows' gradient at rows v (float), the model's own.
-  auto loss_at = [&](const std::vector<double>& v, std::vector<float>* grads) {
-    std::vector<float> vf(v.begin(), v.end()), gr(v.size()), gd(p.size());
-    const dtf::embedding_rows r{3, ids.index, vf, gr};
-    const float l = net.loss_and_gradients(p, std::span<const dtf::embedding_rows>(&r, 1), x, y, gd);
+  // The loss and the gradients at rows v and parameters q (float), the model's own.
+  auto loss_at = [&](const std::vector<double>& v, const std::vector<float>& q, std::vector<float>* grads,
+                     std::vector<float>* dq) {
+    std::vector<float> vf(v.begin(), v.end()), gr(v.size()), gd(q.size());
+    const dtf::embedding_rows r{4, ids.index, vf, gr};
+    const float l = net.loss_and_gradients(q, std::span<const dtf::embedding_rows>(&r, 1), x, y, gd);
     if (grads) *grads = gr;
+    if (dq) *dq = gd;
     return double(l);
   };
-  std::vector<float> analytic;
-  loss_at(values, &analytic);
+  std::vector<float> analytic, analytic_p;
+  const double l0 = loss_at(values, p, &analytic, &analytic_p);
+  // The reference: binary cross-entropy of sigmoid(logit), the logits the model reports.
+  dtf::tensor out;
+  {
+    std::vector<float> vf(values.begin(), values.end());
+    const dtf::embedding_rows r{4, ids.index, vf, {}};
+    net.logits(p, std::span<const dtf::embedding_rows>(&r, 1), x, out);
+  }
+  const auto t = out.to_vector<float>();
+  REQUIRE(t.size() == 12);
+  double ce = 0;
+  for (std::size_t e = 0; e < 12; ++e) {
+    const double q = 1 / (1 + std::exp(-double(t[e])));
+    ce -= logs.labels[e] != 0 ? std::log(q) : std::log(1 - q);
+  }
+  CHECK(l0 == Approx(ce / 12).epsilon(1e-5));
   for (std::size_t i = 0; i < values.size(); ++i) {
     auto up = values, down = values;
     up[i] += 1e-2, down[i] -= 1e-2;
-    CHECK(analytic[i] == Approx((loss_at(up, nullptr) - loss_at(down, nullptr)) / 2e-2).margin(2e-4));
+    CHECK(analytic[i] == Approx((loss_at(up, p, nullptr, nullptr) - loss_at(down, p, nullptr, nullptr)) / 2e-2).margin(2e-4));
+  }
+  for (std::size_t i = 0; i < p.size(); ++i) {  // the logit layer's kernel and bias, and w
+    auto up = p, down = p;
+    up[i] += 1e-2f, down[i] -= 1e-2f;
+    const double fd = (loss_at(values, up, nullptr, nullptr) - loss_at(values, down, nullptr, nullptr)) / 2e-2;
+    CHECK(analytic_p[i] == Approx(fd).margin(2e-4));
   }
   // A piece that is not 16 bits: an error naming the example and the column.
   b.features(2, 13 + 4 * 5 + 1) = 70000.0f;

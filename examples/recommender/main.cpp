@@ -1,12 +1,13 @@
 // recommender — a DLRM-style click model of Criteo display-ads logs (model.hpp): the 26
 // categorical columns through a hashed embedding table sharded over the ps (64-bit ids, rows
 // created on first use, Adagrad per row on the ps), the 13 numeric features and the rows' pairwise
-// dot products under a dense MLP, a logistic output. Trained by the hybrid strategy (the table
-// on the ps, the dense MLP by ring-allreduce among the workers), or through the ps by SyncSGD,
+// dot products under a dense MLP, plus a wide part (each id's weight, the numeric features'
+// linear term, the pairs' sum) straight to one logistic output. Trained by the hybrid strategy
+// (the table on the ps, the dense MLP by ring-allreduce among the workers), or through the ps by SyncSGD,
 // Hogwild or DOWNPOUR (setup.hpp: flags, logs, strategies); the chief reports the held-out AUC
 // and log loss (dtf/metrics/binary_eval.hpp), and on synthetic logs the planted model's own,
 // the best any model of those logs can reach.
-//   dtfrun --ps 2 --workers 4 -- build/examples/recommender --synthetic 200000 --strategy hybrid
+//   dtfrun --ps 2 --workers 4 -- build/examples/recommender --strategy hybrid   # 1M synthetic lines
 //   dtfrun --ps 2 --workers 4 -- build/examples/recommender --data day_0.gz --max_examples 2000000
 // recommender_torch is this program with the dense tower written in LibTorch (torch_model.hpp).
 #include "setup.hpp"
@@ -15,12 +16,11 @@
 #endif
 
 #include <cstdio>
-#include <memory>
 
 int main(int argc, char** argv) try {
   using namespace examples::recommender;
   dtf::train_flags tf;
-  tf.train.epochs = 2;
+  tf.train.epochs = 5;
   tf.train.batch = 256;
   tf.train.log_every = 100;
   recommender_flags f;
@@ -29,11 +29,7 @@ int main(int argc, char** argv) try {
   f.add_to(flags);
   if (!flags.parse(argc, argv)) return 0;
   f.check();
-  if (!f.save_synthetic.empty()) {  // the same logs for another program (benchmarks/recommender.sh's TensorFlow peer)
-    f.synthetic_logs().write(f.save_synthetic, f.save_synthetic.ends_with(".gz"));
-    std::printf("recommender: wrote %zu synthetic lines to %s\n", f.synthetic, f.save_synthetic.c_str());
-    return 0;
-  }
+  if (save_synthetic(f)) return 0;
 
   const dtf::cluster cluster = tf.resolve_cluster();
   const logs data = load_logs(f, cluster);
@@ -45,14 +41,11 @@ int main(int argc, char** argv) try {
 
   auto options = tf.options(cluster, "recommender_" + f.strategy);
   options.embedding_rule = dtf::optim::adagrad{.learning_rate = f.embedding_lr};
-  auto held_out = std::make_shared<dtf::metrics::binary_metrics>();
-  if (cluster.self.job != "ps") {
-    options.evaluate_rows = dtf::metrics::binary_evaluate_on(net, data.test.batch(4096), held_out);
-    char planted[96];  // on the RESULT line as the summary below prints them
-    std::snprintf(planted, sizeof planted, "best_auc=%.4f best_log_loss=%.4f", data.best_auc, data.best_log_loss);
-    if (data.best_auc > 0) options.result_extra = planted;
-  }
-  const dtf::train_result r = train_with(f, cluster, [&](auto strategy) {
+  const auto held_out = evaluate_held_out(cluster, net, data, options);
+  // Each worker trains on its 1/N of the examples (the span of --lr_decay).
+  const std::size_t per_worker = (data.train.size() + dtf::num_trainers(cluster) - 1) / dtf::num_trainers(cluster);
+  const auto steps = std::int64_t(tf.train.epochs * ((per_worker + tf.train.batch - 1) / tf.train.batch));
+  const dtf::train_result r = train_with(f, cluster, steps, [&](auto strategy) {
     return dtf::train(cluster, net, data.train, std::move(strategy), options, tf.partitioner());
   });
 

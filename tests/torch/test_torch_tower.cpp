@@ -318,7 +318,7 @@ TEST_CASE("torch tower: Hogwild with one worker over 1 ps equals LibTorch alone,
   check_close(dtf::test::gather(w.tables(), 1, upto(Vb)), reference::flat(ref.b), "table b");
 }
 
-// examples/recommender: torch_model.hpp's LibTorch top (bmm and the upper triangle) against
+// examples/recommender: torch_model.hpp's LibTorch top (bmm and the upper triangle, the wide part) against
 // model.hpp's by hand with the same weights (Dense's kernels [in, out] are Linear's weights
 // transposed): the same loss, dense gradient and rows' gradients on one batch.
 TEST_CASE("torch tower: the recommender's LibTorch top equals its dtf::nn top with the same weights",
@@ -361,10 +361,11 @@ TEST_CASE("torch tower: the recommender's LibTorch top equals its dtf::nn top wi
   net.embedding_ids(b, 0, tower_ids);
   CHECK(tower_ids == ids.all);
   ids.deduplicate();
-  std::vector<float> values(ids.unique.size() * c.dim);
+  std::vector<float> values(ids.unique.size() * (c.dim + 1));  // e_i, b_i
   for (auto& v : values) v = float(rng() % 1000) / 1000.0f - 0.5f;
   std::vector<float> hand_grads(values.size()), tower_grads(values.size());
-  const dtf::embedding_rows hand_rows{c.dim, ids.index, values, hand_grads}, tower_rows{c.dim, ids.index, values, tower_grads};
+  const dtf::embedding_rows hand_rows{c.dim + 1, ids.index, values, hand_grads},
+      tower_rows{c.dim + 1, ids.index, values, tower_grads};
   dtf::tensor x, y;
   dtf::assign_from_host(x, b.features);
   dtf::assign_from_host(y, b.labels);
