@@ -122,20 +122,15 @@ class lt_plan {
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const std::uint64_t workspace = lt.workspace_bytes;
     const std::uint32_t align_a = alignment_of(a), align_b = alignment_of(b), align_d = alignment_of(d);
-    cublasStatus_t rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace, sizeof workspace);
-    if (rc == CUBLAS_STATUS_SUCCESS)
-      rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                sizeof align_a);
-    if (rc == CUBLAS_STATUS_SUCCESS)
-      rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                sizeof align_b);
-    if (rc == CUBLAS_STATUS_SUCCESS)
-      rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                sizeof align_d);
-    if (rc == CUBLAS_STATUS_SUCCESS)
-      rc = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                sizeof align_d);
+    cublasStatus_t rc = CUBLAS_STATUS_SUCCESS;
+    auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+      if (rc == CUBLAS_STATUS_SUCCESS) rc = cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof value);
+    };
+    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     if (rc == CUBLAS_STATUS_SUCCESS)

@@ -14,11 +14,9 @@
 // pass's row copies, the accumulation of its gradient and of its loss (a kernel adding
 // w * device_loss() into a device scalar, device_loss() here) on that stream, and reads nothing:
 // the host waits for the stream when a pass's shape changes (its buffers are resized then, e.g.
-// at an epoch's short last batch) and before a pass with more rows than the pass before it: the
-// model may resize its own buffers (nn::sequential's activations: tensor::resize, whose growth
-// within the allocation is Thrust's fill on the legacy stream, not ordered after the stream's
-// work still reading them). With a batch that the passes divide evenly, no wait in a steady
-// state; with uneven passes (10 rows in 3: 3, 3, 4), a wait per step. Both compute the same floats in the same order (CPU
+// at an epoch's short last batch); a model that resizes its own buffers when the rows change
+// waits for its stream itself (nn::sequential: with uneven passes, 10 rows in 3: 3, 3, 4, a wait
+// per step; none when the passes divide the batch evenly). Both compute the same floats in the same order (CPU
 // builds: the same bits, tests/test_collectives.cpp; device code adds w * x without contracting
 // it into a fused multiply-add, as the host does).
 // Thread safety: one thread per instance.
@@ -161,8 +159,6 @@ class micro_batches {
     float* loss = loss_.data<float>();
     for (std::size_t i = 0; i < k; ++i) {
       const std::size_t begin = rows * i / k, end = rows * (i + 1) / k;
-      if (end - begin > model_rows_) wait(stream);  // the model's buffers grow (see the file comment)
-      model_rows_ = end - begin;
       copy_rows_on(stream, x, begin, xs_[i]);
       copy_rows_on(stream, y, begin, ys_[i]);
       m.enqueue_loss_and_gradients(params, xs_[i], ys_[i], g);
@@ -224,7 +220,6 @@ class micro_batches {
   tensor scratch_, x_, y_;
   std::vector<tensor> xs_, ys_;  // the device form's passes
   tensor loss_;                  // the device form's loss
-  std::size_t model_rows_ = 0;   // the rows of the device form's last pass (0: none yet)
 };
 
 }  // namespace dtf::strategies::detail

@@ -262,8 +262,7 @@ class ring_allreduce<M> {
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
     device_.bind();
-    // The step's graphs (segments 0, 1); the lambda shapes the model's buffers before a capture.
-    const bool graph = defer && graph_.begin_step(net_, x, y, [&] {
+    const bool graph = defer && graph_.begin_step(net_, x, y, [&] {  // shapes the buffers before a capture
       if constexpr (defers_loss<M>) net_.enqueue_loss_and_gradients(params, x, y, grads);
     });
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
