@@ -16,11 +16,11 @@
 //      dtf::nccl (DTF_HAVE_NCCL) when every replica has a GPU of its own (more than one
 //      replica, at most as many as visible GPUs), NCCL averages them across the GPUs in place
 //      (ncclCommInitAll over the replicas' devices once; ncclAllReduce with ncclAvg inside
-//      ncclGroupStart/End per step), with no copy through host memory. Both compute the mean
-//      of the replicas' gradients (and losses);
+//      ncclGroupStart/End per step). Both compute the mean of the replicas' gradients (and losses);
 //   3. replica 0 averages the result across processes with the ring allreduce (skipped
 //      with one process), in buckets cut at variable boundaries (config.bucket_bytes, see
-//      dtf/strategies/gradient_buckets.hpp), one allreduce each, always in the same order;
+//      dtf/strategies/gradient_buckets.hpp), one allreduce each, always in the same order
+//      (with NCCL: each bucket through a pinned buffer, then ncclBroadcast to the replicas);
 //   4. every replica applies the same optimiser step to its own variables, so the copies
 //      stay bitwise identical.
 // Overlap (config.overlap, CPU builds, more than one process, a model that streams its
@@ -37,12 +37,10 @@
 //
 // Each replica has its own device::context, created on its device and bound to its model when
 // the model takes one (dtf/strategies/mirrored_replicas.hpp; docs/design/gpu-execution.md,
-// section 2.1): the model's step, the loss's slot and the update on the replica's compute
-// stream; with NCCL, the replicas' reduction on their communication streams, ordered by events
-// (no cudaDeviceSynchronize). CPU builds: the context's CPU twin, the same arithmetic.
-//
-// NOT YET RUN on GPUs: the CUDA paths compile in dtf's CUDA build, but no GPU was available
-// while they were written.
+// section 2.1): the model's step, the loss's slot, the clip and the update on the replica's
+// compute stream; with NCCL, the replicas' reduction on their communication streams, ordered by
+// events. CPU builds: the context's CPU twin, the same arithmetic. NOT YET RUN on GPUs: the
+// CUDA paths compile in dtf's CUDA build, but no GPU was available while they were written.
 //
 // Errors: a replica that throws breaks the step: the other replicas stop at their next
 // synchronisation point and step() rethrows the first error; a replica stuck longer than
@@ -66,6 +64,7 @@
 #include <dtf/tensor.hpp>
 
 #include <dtf/strategies/mirrored_replicas.hpp>  // mirrored_replica: a replica and its context
+#include <dtf/strategies/mirrored_staging.hpp>   // pinned_floats, replica_staging
 #include <dtf/strategies/replicas.hpp>  // replica_barrier, replica_threads, nccl_replica_group
 
 #include <algorithm>
@@ -162,19 +161,20 @@ class mirrored<M, Nccl> {
       : comm_(comm), config_(config), n_(num_parameters(prototype.variables())), reduced_(pre + n_) {
     detail::check_loop_config(config_, "mirrored");
     if (replicas == 0) throw error(errc::invalid_argument, "mirrored: 0 replicas");
+#if DTF_CUDA
+    if constexpr (Nccl) nccl_ = detail::make_nccl_replica_group(replicas);  // on_device(k): GPU k there
+#endif
     for (std::size_t k = 0; k < replicas; ++k) {
       on_device(k);
-      replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule, config_.backward_passes_per_step));
+      replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule, config_.backward_passes_per_step,
+                                                    !reduces_on_gpus()));
     }
 #if DTF_CUDA
-    if constexpr (Nccl) {
-      int count = 0;
-      if (replicas > 1 && cudaGetDeviceCount(&count) == cudaSuccess && std::size_t(count) >= replicas) {
-        std::vector<int> devices(replicas);
-        for (std::size_t k = 0; k < replicas; ++k) devices[k] = int(k);  // on_device(k): GPU k here
-        nccl_ = std::make_unique<detail::nccl_replica_group>(std::move(devices));
+    if constexpr (Nccl)
+      if (nccl_) {  // the group's buffers and streams, once; replica 0's staging across processes
+        detail::bind_replicas(*nccl_, replicas_);
+        staging_ = std::make_unique<detail::replica_staging>(pre + n_);
       }
-    }
 #endif
     on_device(0);
     reducer_ = std::make_unique<detail::bucket_reducer>(
@@ -232,9 +232,14 @@ class mirrored<M, Nccl> {
     const float lr = learning_rate();
     reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& b) {
       if (reducer_->overlapping()) average_replicas(b.begin, b.end);
-      if (comm_.size() > 1)
-        comm_.allreduce<float>("mirrored/gradients/" + std::to_string(k),
-                               std::span<float>(reduced_).subspan(b.begin, b.size()), reduce_op::average);
+      if (comm_.size() == 1) return;
+      const std::string name = "mirrored/gradients/" + std::to_string(k);
+#if DTF_CUDA
+      if (staging_)  // the NCCL path: replica 0's average, through the pinned buffer (section 2.1)
+        return staging_->reduce(b, comm_, name, replicas_[0]->grads.template data<float>(), reduced_.data(),
+                                replicas_[0]->comm_stream());
+#endif
+      comm_.allreduce<float>(name, reduced_.span().subspan(b.begin, b.size()), reduce_op::average);
     });
     const auto body = [&](std::size_t k) {
       try {
@@ -259,6 +264,9 @@ class mirrored<M, Nccl> {
       }
     for (auto& f : failures)
       if (f) std::rethrow_exception(f);
+    // One process on the NCCL path: the loss's copy, issued after the group (every process's
+    // loss is already in reduced_[0] otherwise).
+    if (staging_ && comm_.size() == 1) staging_->wait_loss();
     ++step_;
     return reduced_[0];
   }
@@ -281,8 +289,17 @@ class mirrored<M, Nccl> {
   M& model(std::size_t k = 0) { return replicas_.at(k)->net; }
   /// The global step: steps taken so far (or restored).
   std::int64_t global_step() const noexcept { return step_; }
-  /// The mean gradient's global norm before clipping at the last step (0 without clip_norm).
-  float gradient_norm() const noexcept { return last_norm_; }
+  /// The mean gradient's global norm before clipping at the last step (0 without clip_norm). On
+  /// the NCCL path it is read from replica 0's device when called (the host waits for its stream).
+  float gradient_norm() const {
+#if DTF_CUDA
+    if (reduces_on_gpus() && config_.clip_norm > 0.0f) {
+      on_device(0);
+      return float(replicas_[0]->clip.norm(replicas_[0]->exec.stream()));
+    }
+#endif
+    return last_norm_;
+  }
 
   /// Replica k's update-rule state, for checkpoints (every replica holds the same).
   const optim::optimizer<>& optimizer(std::size_t k = 0) const {
@@ -364,10 +381,10 @@ class mirrored<M, Nccl> {
     // replicas' average of each first).
     if (k == 0) reducer_->finish();
     if (k == 0 && config_.clip_norm > 0.0f)  // the mean of every replica of every process
-      last_norm_ = float(optim::clip_by_global_norm<optim::host_space>(std::span<float>(reduced_).subspan(pre, n_),
+      last_norm_ = float(optim::clip_by_global_norm<optim::host_space>(reduced_.span().subspan(pre, n_),
                                                                        config_.clip_norm));
     barrier.arrive_and_wait(timeout);
-    const auto mean = std::span<const float>(reduced_).subspan(pre, n_);
+    const auto mean = std::as_const(reduced_).span().subspan(pre, n_);
 #if DTF_CUDA
     rep.mean_to_device(mean.data(), n_);
     rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().subspan(pre, n_), lr);
@@ -384,41 +401,29 @@ class mirrored<M, Nccl> {
 #if DTF_CUDA
   // Steps 2–4 with NCCL (docs/design/gpu-execution.md, section 2.1): the replicas' gradients
   // (the loss in slot 0) averaged in place on their GPUs, on their communication streams after
-  // an event of their compute streams; replica 0 then averages across processes through host
-  // memory, as the host path does.
+  // an event of their compute streams; with several processes replica 0 averages them across
+  // processes bucket by bucket through the pinned buffer and broadcasts the result to the other
+  // replicas; the clip and the update on each compute stream after its communication stream.
   void nccl_step(std::size_t k, float loss, detail::replica_barrier& barrier, float lr) {
     const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
     replica& rep = *replicas_[k];
     rep.write_prefix(loss);
-    rep.comm_after_compute();  // the NCCL call below is issued on this communication stream
+    rep.comm_after_compute();  // the NCCL calls below are issued on this communication stream
     barrier.arrive_and_wait(timeout);
-    const bool across = comm_.size() > 1;
     if (k == 0) {
-      std::vector<float*> buffers;
-      std::vector<cudaStream_t> streams;
-      for (auto& r : replicas_) {
-        buffers.push_back(r->grads.template data<float>());
-        streams.push_back(r->comm_stream());
+      nccl_->average(pre + n_);
+      if (comm_.size() > 1) {
+        reducer_->finish();  // across processes, bucket by bucket (the host waits per bucket)
+        nccl_->broadcast(pre + n_);  // after replica 0's copies back, on its communication stream
+      } else {
+        staging_->loss_to_host(rep.grads.template data<float>(), reduced_.data(), rep.comm_stream());
       }
-      nccl_->average(buffers, streams, pre + n_);
-      // The host reads the average: all of it for the ring across processes, else the loss
-      // that step() returns.
-      dtf::detail::check_cuda(cudaMemcpyAsync(reduced_.data(), rep.grads.template data<float>(),
-                                              (across ? pre + n_ : 1) * sizeof(float), cudaMemcpyDeviceToHost,
-                                              rep.comm_stream()),
-                              "cudaMemcpyAsync (reduced gradients)");
-      dtf::detail::check_cuda(cudaStreamSynchronize(rep.comm_stream()), "cudaStreamSynchronize (reduced gradients)");
-      reducer_->finish();  // across processes, bucket by bucket
     }
-    barrier.arrive_and_wait(timeout);
-    rep.compute_after_comm();  // the clip and the update read the average
-    if (across) rep.mean_to_device(reduced_.data() + pre, n_);
-    if (config_.clip_norm > 0.0f) {  // every replica the same mean, on its own GPU
-      rep.settle();  // the clip reads the gradient with Thrust's blocking policy
-      const double norm = optim::clip_by_global_norm(rep.grads.template span<float>().subspan(pre, n_), config_.clip_norm);
-      if (k == 0) last_norm_ = float(norm);
-    }
-    rep.opt.apply(rep.params.template span<float>(), rep.grads.template span<const float>().subspan(pre, n_), lr);
+    barrier.arrive_and_wait(timeout);  // the group's calls are issued before the compute streams wait
+    rep.compute_after_comm();          // the clip and the update read the average
+    const auto grads = rep.grads.template span<float>().subspan(pre, n_);
+    if (config_.clip_norm > 0.0f) rep.clip.apply(rep.exec.stream(), grads, config_.clip_norm);
+    rep.opt.apply(rep.params.template span<float>(), std::span<const float>(grads), lr);
   }
 #endif
 
@@ -427,11 +432,12 @@ class mirrored<M, Nccl> {
   communicator& comm_;
   mirrored_config config_;
   std::size_t n_;
-  std::vector<float> reduced_;  // [loss, 15 zeros, the mean gradient]
+  detail::pinned_floats reduced_;  // [loss, 15 zeros, the mean gradient]; pinned on CUDA builds
   // Null (or nothing, without NCCL): the host path. Its type depends on Nccl only, never on
   // the translation unit, so that mirrored<M, false> has one layout everywhere. Before the
   // replicas: their contexts drain the streams NCCL's calls were issued on before it goes.
   std::conditional_t<Nccl, std::unique_ptr<detail::nccl_replica_group>, detail::no_replica_group> nccl_;
+  std::unique_ptr<detail::replica_staging> staging_;  // the NCCL path's (null otherwise)
   std::vector<std::unique_ptr<replica>> replicas_;
   std::int64_t step_ = 0;
   float last_norm_ = 0;

@@ -15,9 +15,9 @@
 //
 // CUDA builds: the compute and communication streams are the context's (non-blocking), so work
 // on the legacy stream is not ordered after them: whoever reads the replica's buffers from the
-// host or the legacy stream calls settle() first. The gradient's trips through host memory (the
-// host path; several processes) are cudaMemcpyAsync on the compute stream, the host waiting only
-// where it reads the bytes (gradients_to_host). CPU builds: the context's CPU twin; every call
+// host or the legacy stream calls settle() first. The host path's trips through host memory are
+// cudaMemcpyAsync on the compute stream to and from pinned buffers allocated once, the host
+// waiting only where it reads the bytes (gradients_to_host). CPU builds: the context's CPU twin; every call
 // has completed when it returns and the arithmetic is the one before the context, bit for bit.
 // Thread safety: one thread per replica (its own), except where mirrored says otherwise.
 #pragma once
@@ -32,6 +32,7 @@
 #include <dtf/strategies/engine_context.hpp>
 #include <dtf/strategies/gradient_buckets.hpp>
 #include <dtf/strategies/micro_batches.hpp>
+#include <dtf/strategies/mirrored_staging.hpp>  // pinned_floats
 #include <dtf/tensor.hpp>
 
 #include <algorithm>
@@ -42,6 +43,8 @@
 
 #if DTF_CUDA
 #include <dtf/detail/cuda_staging.hpp>  // dtf::detail::check_cuda
+
+#include <dtf/optim/device_clip.hpp>
 
 #include <cuda_runtime.h>
 #endif
@@ -70,8 +73,10 @@ template <class M>
 struct mirrored_replica {
   static constexpr std::size_t pre = exchange_prefix;
 
-  mirrored_replica(const M& prototype, std::size_t n, const optim::rule& rule, int passes)
-      : net(prototype), params({n}), grads({pre + n}), host_grads(device_memory_is_host_accessible ? 0 : pre + n),
+  /// host_path: the host averages the replicas (CUDA builds: host_grads is allocated, pinned).
+  mirrored_replica(const M& prototype, std::size_t n, const optim::rule& rule, int passes, bool host_path = true)
+      : net(prototype), params({n}), grads({pre + n}),
+        host_grads(device_memory_is_host_accessible || !host_path ? 0 : pre + n),
         opt(rule, n), micro(passes), exec(net) {
     opt.set_stream(exec.stream());  // the update after the model's step, on one stream
   }
@@ -79,13 +84,14 @@ struct mirrored_replica {
   mirrored_replica& operator=(const mirrored_replica&) = delete;
 
   M net;
-  tensor params, grads, x, y;     // grads: [loss, 15 zeros, the gradient]
-  std::vector<float> host_grads;  // CUDA builds: grads staged in host memory (the host path)
+  tensor params, grads, x, y;  // grads: [loss, 15 zeros, the gradient]
+  pinned_floats host_grads;    // CUDA builds: grads staged in pinned host memory (the host path)
   optim::optimizer<> opt;
   micro_batches micro;      // backward_passes_per_step
   engine_context<M> exec;  // after net: it unbinds the model before the model goes
 #if DTF_CUDA
   replica_event ready;  // recorded on the compute stream after the loss's slot (the NCCL path)
+  optim::device_clip clip;  // clip_norm on the compute stream (the NCCL path)
 #endif
 
   /// The host waits for the work issued on the replica's streams so far (no-op on CPU builds).
@@ -136,11 +142,13 @@ struct mirrored_replica {
                                             cudaMemcpyDeviceToHost, exec.stream()),
                             "cudaMemcpyAsync (mirrored gradients to the host)");
     dtf::detail::check_cuda(cudaStreamSynchronize(exec.stream()), "cudaStreamSynchronize (mirrored gradients)");
-    std::fill(host_grads.begin(), host_grads.begin() + std::ptrdiff_t(pre), 0.0f);
+    std::fill(host_grads.data(), host_grads.data() + pre, 0.0f);
     host_grads[0] = loss;
   }
-  /// The gradient := `mean` (n host floats), on the compute stream. The source is pageable: the
-  /// call returns once the driver took its bytes, so the caller may overwrite it afterwards.
+  /// The gradient := `mean` (n floats of pinned host memory), on the compute stream, with no host
+  /// wait: the caller does not write `mean` again before the replica's streams are settled
+  /// (mirrored: the next write follows the next step's first barrier, which every replica
+  /// reaches after set_batch's wait).
   void mean_to_device(const float* mean, std::size_t n) {
     dtf::detail::check_cuda(cudaMemcpyAsync(grads.template data<float>() + pre, mean, n * sizeof(float),
                                             cudaMemcpyHostToDevice, exec.stream()),

@@ -1,7 +1,7 @@
 // dtf/strategies/replicas.hpp — the replicas of one process under dtf::strategies::mirrored
 // (dtf/strategies/mirrored.hpp): a barrier that a failing replica breaks, one thread per
 // replica running a step's work, and (CUDA builds linking dtf::nccl) the NCCL group that
-// averages the replicas' gradients across their GPUs.
+// averages the replicas' gradients across their GPUs and broadcasts replica 0's.
 //
 // NOT YET RUN on GPUs: the NCCL group compiles in dtf's CUDA build, but no GPU was available
 // while it was written.
@@ -191,6 +191,36 @@ class nccl_replica_group {
     check(end, "ncclGroupEnd");
   }
 
+  /// Binds the buffers and streams of the calls below, once (no allocation per step). Errors:
+  /// errc::internal when their counts are not the communicators'.
+  void bind(std::vector<float*> buffers, std::vector<cudaStream_t> streams) {
+    if (buffers.size() != comms_.size() || streams.size() != comms_.size())
+      throw error(errc::internal, "mirrored: " + std::to_string(buffers.size()) + " buffers and " +
+                                      std::to_string(streams.size()) + " streams for " +
+                                      std::to_string(comms_.size()) + " NCCL communicators");
+    buffers_ = std::move(buffers);
+    streams_ = std::move(streams);
+  }
+  /// average(buffers, streams, count) on the bound ones.
+  void average(std::size_t count) { average(buffers_, streams_, count); }
+  /// Issues the bound buffers[k] := buffers[root] (count floats, in place), each on streams[k],
+  /// as one NCCL group; the host does not wait (mirrored: the processes' mean from replica 0 to
+  /// the others, docs/design/gpu-execution.md, section 2.1). Errors: errc::internal naming the
+  /// NCCL call.
+  void broadcast(std::size_t count, std::size_t root = 0) {
+    if (buffers_.size() != comms_.size() || root >= comms_.size())
+      throw error(errc::internal, "mirrored: NCCL broadcast from replica " + std::to_string(root) + " of " +
+                                      std::to_string(comms_.size()) + " with " + std::to_string(buffers_.size()) +
+                                      " bound buffers");
+    check(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t first = ncclSuccess;
+    for (std::size_t k = 0; k < comms_.size() && first == ncclSuccess; ++k)
+      first = ncclBroadcast(buffers_[k], buffers_[k], count, ncclFloat, int(root), comms_[k], streams_[k]);
+    const ncclResult_t end = ncclGroupEnd();  // always closes the group
+    check(first, "ncclBroadcast");
+    check(end, "ncclGroupEnd");
+  }
+
  private:
   static void check(ncclResult_t rc, const char* what) {
     if (rc != ncclSuccess)
@@ -200,7 +230,32 @@ class nccl_replica_group {
 
   std::vector<int> devices_;
   std::vector<ncclComm_t> comms_;
+  std::vector<float*> buffers_;  // bind()'s
+  std::vector<cudaStream_t> streams_;
 };
+
+/// The group of `replicas` replicas, replica k on GPU k, or null when they cannot each have a GPU
+/// of their own (one replica, or more replicas than visible GPUs: mirrored's host path).
+inline std::unique_ptr<nccl_replica_group> make_nccl_replica_group(std::size_t replicas) {
+  int count = 0;
+  if (replicas < 2 || cudaGetDeviceCount(&count) != cudaSuccess || std::size_t(count) < replicas) return nullptr;
+  std::vector<int> devices(replicas);
+  for (std::size_t k = 0; k < replicas; ++k) devices[k] = int(k);
+  return std::make_unique<nccl_replica_group>(std::move(devices));
+}
+
+/// group.bind() to the replicas' gradient buffers and communication streams (mirrored's replicas:
+/// each has `grads` and comm_stream()).
+template <class Replicas>
+void bind_replicas(nccl_replica_group& group, const Replicas& replicas) {
+  std::vector<float*> buffers;
+  std::vector<cudaStream_t> streams;
+  for (const auto& r : replicas) {
+    buffers.push_back(r->grads.template data<float>());
+    streams.push_back(r->comm_stream());
+  }
+  group.bind(std::move(buffers), std::move(streams));
+}
 #endif
 
 }  // namespace detail
