@@ -1083,6 +1083,51 @@ TEST_CASE("mirrored: clip_norm, a schedule and micro-batches, 2 replicas x 2 pro
   }
 }
 
+// mirrored's exchange across processes on the NCCL path (docs/design/gpu-execution.md, section
+// 2.1): each bucket to a pinned buffer, the ring there, and back, against the ring in place on
+// the buffer (the host path's), bucket by bucket in the same order: bit for bit. CPU builds: plain
+// copies; CUDA builds: the copies on a communication stream, the buffer on the device.
+TEST_CASE("mirrored staging: buckets through a pinned buffer equal the ring in place, bit for bit",
+          "[collectives][strategies][staging]") {
+  namespace sd = dtf::strategies::detail;
+  const std::size_t pre = sd::exchange_prefix, total = pre + 1000;
+  const std::vector<sd::gradient_bucket> buckets{{pre + 600, total}, {pre + 200, pre + 600}, {0, pre + 200}};
+  run_ranks(2, test_options(), [&](communicator& c) {
+    std::vector<float> mine(total);
+    for (std::size_t i = 0; i < total; ++i) mine[i] = value(c.rank(), i) * 0.37f + 0.1f;  // averages round
+    std::vector<float> want = mine;
+    for (std::size_t k = 0; k < buckets.size(); ++k)
+      c.allreduce<float>("in place/" + std::to_string(k),
+                         std::span<float>(want).subspan(buckets[k].begin, buckets[k].size()), reduce_op::average);
+    dtf::tensor grads({total});
+    grads.copy_from_host<float>(mine);
+    sd::pinned_floats host(total);
+    sd::replica_staging staging(total);
+    dtf::device::context ctx;
+#if DTF_CUDA
+    const dtf::device::stream_t stream = ctx.comm_stream();
+#else
+    const dtf::device::stream_t stream = nullptr;
+#endif
+    for (std::size_t k = 0; k < buckets.size(); ++k)
+      staging.reduce(buckets[k], c, "staged/" + std::to_string(k), grads.data<float>(), host.data(), stream);
+    ctx.synchronize();
+    RANK_CHECK(dtf::test::host_copy(grads.span<const float>()) == want, "the staged buffer differs");
+    RANK_CHECK(std::vector<float>(host.data(), host.data() + total) == want, "the pinned buffer differs");
+    host[0] = -1.0f;  // one process: the loss's slot alone, read after its wait
+    staging.loss_to_host(grads.data<float>(), host.data(), stream);
+    staging.wait_loss();
+    RANK_CHECK(host[0] == want[0], host[0]);
+    try {
+      staging.reduce({total - 1, total + 1}, c, "past", grads.data<float>(), host.data(), stream);
+      throw std::runtime_error("a bucket past the buffer was reduced");
+    } catch (const dtf::error& e) {
+      RANK_CHECK(e.code() == dtf::make_error_code(dtf::errc::invalid_argument), e.what());
+      RANK_CHECK(std::string(e.what()).find("past the buffer of 1016 floats") != std::string::npos, e.what());
+    }
+  });
+}
+
 #if DTF_CUDA
 // mirrored on its replicas' contexts (docs/design/gpu-execution.md, section 2.1) against the
 // model stepped by hand: one replica in one process averages nothing (a mean of one, times 1.0f),
@@ -1134,5 +1179,59 @@ TEST_CASE("mirrored: one replica on its context equals the model stepped by hand
   REQUIRE(mine.size() == today.size());
   for (std::size_t i = 0; i < mine.size(); ++i) CHECK(mine[i] == Approx(today[i]).margin(1e-6));
   for (std::size_t i = 0; i < losses.size(); ++i) CHECK(losses[i] == Approx(today_losses[i]).margin(1e-6));
+}
+// mirrored across processes from the device (section 2.1): 2 processes' ranks on threads, one
+// replica each on a single GPU (the host path, pinned buffers), or with 2+ GPUs two replicas each
+// (the NCCL path in an NCCL build: the buckets through pinned memory, the broadcast, the device
+// clip; two rank threads then drive two NCCL groups over the same GPUs), with clip_norm, against
+// the host path and the one-process reference within rounding.
+TEST_CASE("mirrored across processes from the device equals the host path within rounding",
+          "[collectives][strategies][gpu][staging]") {
+  int gpus = 0;
+  REQUIRE(cudaGetDeviceCount(&gpus) == cudaSuccess);
+  const std::size_t replicas = gpus >= 2 ? 2 : 1, batch = 8, steps = 6;
+  const float clip = 0.05f;
+  std::vector<double> norms;
+  const auto single = train_single_loop(2 * replicas * batch, steps, {.clip_norm = clip}, &norms);
+  const auto data = dtf::test::synthetic(2 * replicas * batch * steps, 7, dtf::test::labels::argmax).batch(2 * replicas * batch);
+  auto run = [&]<class S>(std::vector<float>& losses, std::vector<float>& seen_norms, bool& on_gpus) {
+    std::vector<std::vector<float>> result(2 * replicas);
+    run_ranks(2, test_options(), [&](communicator& c) {
+      S s(c, dtf::test::small_net(), replicas, {.rule = dtf::optim::sgd{.learning_rate = 0.1f}, .clip_norm = clip});
+      s.initialize(3);
+      auto stream = data.stream();
+      while (auto b = stream.next()) {
+        std::vector<dtf::data::host_batch> mine;
+        for (std::size_t k = 0; k < replicas; ++k) mine.push_back(rows_of(*b, (c.rank() * replicas + k) * batch, batch));
+        const float loss = s.step(mine);
+        if (c.rank() == 0) {
+          losses.push_back(loss);
+          seen_norms.push_back(s.gradient_norm());
+        }
+      }
+      if (c.rank() == 0) on_gpus = s.reduces_on_gpus();
+      for (std::size_t k = 0; k < replicas; ++k) result[c.rank() * replicas + k] = dtf::test::host_copy(s.parameters(k));
+    });
+    for (std::size_t k = 1; k < result.size(); ++k) REQUIRE(result[k] == result[0]);
+    return result[0];
+  };
+  std::vector<float> losses, host_losses, seen, host_seen;
+  bool on_gpus = false, host_on_gpus = true;
+  const auto mine = run.template operator()<dtf::strategies::mirrored<dtf::nn::sequential>>(losses, seen, on_gpus);
+  const auto host = run.template operator()<dtf::strategies::mirrored<dtf::nn::sequential, false>>(host_losses, host_seen, host_on_gpus);
+  INFO(replicas << " replicas per process; NCCL path: " << on_gpus);
+  CHECK(!host_on_gpus);
+  CHECK(on_gpus == (replicas > 1 && DTF_MIRRORED_NCCL));
+  REQUIRE(mine.size() == single.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    CHECK(mine[i] == Approx(host[i]).margin(1e-5));
+    CHECK(mine[i] == Approx(single[i]).margin(1e-5));
+  }
+  REQUIRE(losses.size() == steps);
+  for (std::size_t t = 0; t < steps; ++t) {
+    CHECK(losses[t] == Approx(host_losses[t]).epsilon(1e-5));
+    CHECK(seen[t] == Approx(norms[t]).epsilon(1e-4));
+    CHECK(host_seen[t] == Approx(norms[t]).epsilon(1e-4));
+  }
 }
 #endif

@@ -161,7 +161,7 @@ class mirrored<M, Nccl> {
       : comm_(comm), config_(config), n_(num_parameters(prototype.variables())), reduced_(pre + n_) {
     detail::check_loop_config(config_, "mirrored");
     if (replicas == 0) throw error(errc::invalid_argument, "mirrored: 0 replicas");
-#if DTF_CUDA
+#if DTF_MIRRORED_NCCL
     if constexpr (Nccl) nccl_ = detail::make_nccl_replica_group(replicas);  // on_device(k): GPU k there
 #endif
     for (std::size_t k = 0; k < replicas; ++k) {
@@ -169,7 +169,7 @@ class mirrored<M, Nccl> {
       replicas_.push_back(std::make_unique<replica>(prototype, n_, config_.rule, config_.backward_passes_per_step,
                                                     !reduces_on_gpus()));
     }
-#if DTF_CUDA
+#if DTF_MIRRORED_NCCL
     if constexpr (Nccl)
       if (nccl_) {  // the group's buffers and streams, once; replica 0's staging across processes
         detail::bind_replicas(*nccl_, replicas_);
@@ -361,7 +361,7 @@ class mirrored<M, Nccl> {
     } else {
       loss = rep.net.loss_and_gradients(params, rep.x, rep.y, grads);
     }
-#if DTF_CUDA
+#if DTF_MIRRORED_NCCL
     if constexpr (Nccl)
       if (nccl_) return nccl_step(k, loss, barrier, lr);
 #endif
@@ -398,7 +398,7 @@ class mirrored<M, Nccl> {
     detail::average_replicas<M>(replicas_, reduced_.data(), begin, end);
   }
 
-#if DTF_CUDA
+#if DTF_MIRRORED_NCCL
   // Steps 2–4 with NCCL (docs/design/gpu-execution.md, section 2.1): the replicas' gradients
   // (the loss in slot 0) averaged in place on their GPUs, on their communication streams after
   // an event of their compute streams; with several processes replica 0 averages them across
@@ -410,15 +410,16 @@ class mirrored<M, Nccl> {
     rep.write_prefix(loss);
     rep.comm_after_compute();  // the NCCL calls below are issued on this communication stream
     barrier.arrive_and_wait(timeout);
-    if (k == 0) {
-      nccl_->average(pre + n_);
-      if (comm_.size() > 1) {
-        reducer_->finish();  // across processes, bucket by bucket (the host waits per bucket)
-        nccl_->broadcast(pre + n_);  // after replica 0's copies back, on its communication stream
-      } else {
-        staging_->loss_to_host(rep.grads.template data<float>(), reduced_.data(), rep.comm_stream());
+    if constexpr (Nccl)  // (mirrored<M, false> instantiates this member but never calls it)
+      if (k == 0) {
+        nccl_->average(pre + n_);
+        if (comm_.size() > 1) {
+          reducer_->finish();  // across processes, bucket by bucket (the host waits per bucket)
+          nccl_->broadcast(pre + n_);  // after replica 0's copies back, on its communication stream
+        } else {
+          staging_->loss_to_host(rep.grads.template data<float>(), reduced_.data(), rep.comm_stream());
+        }
       }
-    }
     barrier.arrive_and_wait(timeout);  // the group's calls are issued before the compute streams wait
     rep.compute_after_comm();          // the clip and the update read the average
     const auto grads = rep.grads.template span<float>().subspan(pre, n_);
