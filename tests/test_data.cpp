@@ -376,10 +376,13 @@ TEST_CASE("a device shard's epoch orders go through one upload buffer, allocated
 }
 
 namespace {
-// The tensor's bytes on the host (its shape and dtype checked by the caller).
+// The bytes of a tensor of T (copy_to_host checks the dtype).
+template <class T>
 std::vector<std::byte> bytes_of(const tensor& t) {
-  std::vector<std::byte> out(t.size_bytes());
-  if (!out.empty()) thrust::copy(t.bytes().begin(), t.bytes().end(), out.begin());
+  std::vector<T> v(t.size());
+  t.copy_to_host<T>(std::span<T>(v));
+  std::vector<std::byte> out(v.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), v.data(), out.size());
   return out;
 }
 }  // namespace
@@ -400,8 +403,8 @@ TEST_CASE("host batches go to the device through pinned slots, as assign_from_ho
     CHECK(y.shape() == ry.shape());
     CHECK(x.type() == dtype::float32);
     CHECK(y.type() == dtype::int32);
-    CHECK(bytes_of(x) == bytes_of(rx));  // the legacy stream's copies: after the upload's
-    CHECK(bytes_of(y) == bytes_of(ry));
+    CHECK(bytes_of<float>(x) == bytes_of<float>(rx));  // the legacy stream's copies: after the upload's
+    CHECK(bytes_of<std::int32_t>(y) == bytes_of<std::int32_t>(ry));
   };
   auto check_one = [&](const auto& features, const auto& labels) { check_with(up, features, labels); };
   auto s = ten().shuffle(5).batch(4).repeat(2).stream();
