@@ -1,8 +1,10 @@
 #include <catch2/catch.hpp>
 
 #include <dtf/data.hpp>
+#include <dtf/device/batch_upload.hpp>
 #include <dtf/device/pinned_upload.hpp>
 #include <dtf/flags.hpp>
+#include <dtf/host.hpp>
 
 #include <xtensor/xmath.hpp>
 
@@ -371,6 +373,79 @@ TEST_CASE("a device shard's epoch orders go through one upload buffer, allocated
   thrust::copy(big.begin(), big.end(), got.begin());
   CHECK(got == more);
   CHECK(up.allocations() == 2);
+}
+
+namespace {
+// The bytes of a tensor of T (copy_to_host checks the dtype).
+template <class T>
+std::vector<std::byte> bytes_of(const tensor& t) {
+  std::vector<T> v(t.size());
+  t.copy_to_host<T>(std::span<T>(v));
+  std::vector<std::byte> out(v.size() * sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("host batches go to the device through pinned slots, as assign_from_host copies them", "[data][device]") {
+  // Ten examples in batches of 4, 4, 2 over two epochs (the short last batch and the full batch
+  // after it change the tensors' bytes), then batches of 10 (larger than every slot), then one
+  // of 4 again. Each upload equals assign_from_host's tensors, bit for bit.
+  device::batch_upload up(3);
+  CHECK(up.slots() == 3);
+  tensor x, y, rx, ry;
+  std::size_t settles = 0;
+  auto check_with = [&](device::batch_upload& u, const auto& features, const auto& labels) {
+    u.upload(x, features, y, labels, {}, [&] { ++settles; });
+    assign_from_host(rx, features);
+    assign_from_host(ry, labels);
+    CHECK(x.shape() == rx.shape());
+    CHECK(y.shape() == ry.shape());
+    CHECK(x.type() == dtype::float32);
+    CHECK(y.type() == dtype::int32);
+    CHECK(bytes_of<float>(x) == bytes_of<float>(rx));  // the legacy stream's copies: after the upload's
+    CHECK(bytes_of<std::int32_t>(y) == bytes_of<std::int32_t>(ry));
+  };
+  auto check_one = [&](const auto& features, const auto& labels) { check_with(up, features, labels); };
+  auto s = ten().shuffle(5).batch(4).repeat(2).stream();
+  // Slots 0, 1, 2 allocated when first used; the empty tensors, the 2-row batch, the 4-row batch
+  // after it, and the second epoch's 2-row batch call settle.
+  const std::uint64_t allocs[] = {1, 2, 3, 3, 3, 3}, settled[] = {1, 1, 2, 3, 3, 4};
+  for (std::size_t i = 0; i < 6; ++i) {
+    const auto b = s.next();
+    REQUIRE(b);
+    CHECK(b->labels.size() == (i % 3 == 2 ? 2u : 4u));
+    check_one(b->features, b->labels);
+    CHECK(up.allocations() == allocs[i]);
+    CHECK(up.settles() == settled[i]);
+    CHECK(up.next_slot() == (i + 1) % 3);
+  }
+  CHECK(!s.next());
+  // A larger batch grows each slot once, as it comes to it; the bytes change once.
+  const auto big = ten().shuffle(7).batch(10).stream().next();
+  REQUIRE(big);
+  for (std::size_t i = 0; i < 3; ++i) check_one(big->features, big->labels);
+  CHECK(up.allocations() == 6);
+  CHECK(up.settles() == 5);
+  // Back to 4 rows: no allocation, one settle; the same bytes under another shape: none.
+  const auto four = ten().batch(4).stream().next();
+  REQUIRE(four);
+  check_one(four->features, four->labels);
+  xt::xtensor<float, 2> wide = xt::xtensor<float, 2>::from_shape({2, 4});
+  std::copy(four->features.begin(), four->features.end(), wide.begin());
+  check_one(wide, four->labels);
+  CHECK(x.shape() == dims{2, 4});
+  CHECK(up.allocations() == 6);
+  CHECK(up.settles() == 6);
+  CHECK(settles == up.settles());
+  if constexpr (device_memory_is_host_accessible) CHECK(up.waits() == 0);  // CPU: every copy completed
+  CHECK_THROWS_WITH(device::batch_upload(0), Catch::Contains("zero slots"));
+  // A moved-to instance keeps the slots and the counters.
+  device::batch_upload moved(std::move(up));
+  CHECK(moved.allocations() == 6);
+  check_with(moved, four->features, four->labels);
+  CHECK(moved.allocations() == 6);
+  CHECK_THROWS_WITH(up.upload(x, four->features, y, four->labels, {}, [] {}), Catch::Contains("moved-from"));  // NOLINT(bugprone-use-after-move)
 }
 
 TEST_CASE("a device shard checks its labels once, at upload", "[data][device][errors]") {

@@ -18,6 +18,9 @@
 #include "ps_helpers.hpp"
 #include "train_helpers.hpp"
 
+#include <cmath>
+#include <cstring>
+
 using namespace dtf;
 using dtf::test::opts;
 using dtf::test::running_ps;
@@ -526,4 +529,35 @@ TEST_CASE("AGN and DynSGD take the local rate from a schedule of the global step
     client.pull(centre);
     for (std::size_t i = 0; i < p.size(); ++i) REQUIRE(centre[i] == Catch::Detail::Approx(p[i]).margin(1e-6));
   }
+}
+
+TEST_CASE("a worker's gradient: the batch through pinned slots, a deferred loss copied with the gradient", "[strategies][staging]") {
+  // nn::sequential defers its loss, so batch_gradient (dense_staging) brings device_loss() back
+  // with the gradient instead of the float path's read; both must equal loss_and_gradients on the
+  // same batch and parameters, bit for bit, batches of other rows (16, 16, 8) included.
+  static_assert(defers_loss<nn::sequential>);
+  auto net = small_net();
+  auto reference = small_net();
+  const std::size_t n = num_parameters(net.variables());
+  strategies::detail::batch_gradient<nn::sequential> gradient(net, n);
+  tensor init({n});
+  net.initialize(init.span<float>(), 5);
+  std::vector<float> p(n), g(n), rg(n);
+  init.copy_to_host<float>(std::span<float>(p));
+  tensor x, y;
+  auto s = synthetic(40, 2).batch(16).repeat(2).stream();
+  std::size_t steps = 0;
+  while (auto b = s.next()) {
+    gradient.set_batch(*b);
+    const float loss = gradient(p, g);
+    assign_from_host(x, b->features);
+    assign_from_host(y, b->labels);
+    const float expected = test::loss_and_gradients_on_host(reference, p, x, y, rg);
+    REQUIRE(std::isfinite(expected));
+    CHECK(std::memcmp(&loss, &expected, sizeof loss) == 0);
+    CHECK(g == rg);
+    for (std::size_t i = 0; i < n; ++i) p[i] -= 0.1f * g[i];  // other parameters at each step
+    ++steps;
+  }
+  CHECK(steps == 6);
 }

@@ -113,13 +113,15 @@ template <model M>
 class batch_gradient {
  public:
   batch_gradient(M& m, std::size_t n) : model_(m), staging_(n) {}
-  void set_batch(const data::host_batch& b) {
-    assign_from_host(x_, b.features);
-    assign_from_host(y_, b.labels);
-  }
+  void set_batch(const data::host_batch& b) { staging_.set_batch(x_, b.features, y_, b.labels, model_stream(model_)); }
   float operator()(std::span<const float> at, std::span<float> g) {
     return staging_(at, g, [&](std::span<const float> p, std::span<float> dg) {
-      return model_.loss_and_gradients(p, x_, y_, dg);
+      if constexpr (defers_loss<M>) {  // the loss comes back with the gradient: one host wait
+        model_.enqueue_loss_and_gradients(p, x_, y_, dg, gradient_ready_fn{});
+        return model_.device_loss();
+      } else {
+        return model_.loss_and_gradients(p, x_, y_, dg);
+      }
     }, model_stream(model_));
   }
 

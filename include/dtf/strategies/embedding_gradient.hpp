@@ -109,8 +109,7 @@ class embedding_gradient {
 
   /// Plans the current batch's lookups (distinct ids by ps); gathers nothing yet.
   void set_batch(const data::host_batch& b) {
-    assign_from_host(x_, b.features);
-    assign_from_host(y_, b.labels);
+    staging_.set_batch(x_, b.features, y_, b.labels, model_stream(model_));
     batch_.plan(model_, tables_, b);
   }
 

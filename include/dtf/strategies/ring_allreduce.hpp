@@ -46,6 +46,7 @@
 #include <dtf/concepts.hpp>
 #include <dtf/config.hpp>
 #include <dtf/data/dataset.hpp>
+#include <dtf/device/batch_upload.hpp>
 #include <dtf/device/loss_ring.hpp>
 #include <dtf/error.hpp>
 #include <dtf/host.hpp>
@@ -241,12 +242,10 @@ class ring_allreduce<M> {
   const device::step_graphs& graphs() const noexcept { return graph_.graphs(); }
 
  private:
-  // A host batch into x_, y_ once the last step's work no longer reads them (CUDA builds: the
-  // copies are synchronous, on the legacy stream; the host waits for the compute stream).
+  // A host batch into x_, y_ through pinned slots on the stream the model reads them on (§3.1).
   void stage(const data::host_batch& b) {
-    device_.settle();
-    assign_from_host(x_, b.features);
-    assign_from_host(y_, b.labels);
+    device_.bind();  // a model that takes a context reads the batch on the compute stream
+    upload_.upload(x_, b.features, y_, b.labels, detail::takes_context<M> ? device_.stream() : device::stream_t{}, [this] { device_.settle(); });
   }
 
   static const data::host_batch& one_batch(std::span<const data::host_batch> batches) {
@@ -432,6 +431,7 @@ class ring_allreduce<M> {
   ring_allreduce_config config_;
   std::size_t n_;
   tensor params_, grads_, x_, y_;  // grads_: [loss, 15 zeros, the gradient]
+  device::batch_upload upload_;  // stage()'s slots (freed after device_ drains)
   optim::optimizer<> optimizer_;
   detail::micro_batches micro_;
   std::int64_t step_ = 0;
