@@ -14,8 +14,9 @@
 // when it grows past its capacity), which a non-blocking stream does not wait for: `settle` (the
 // caller's host wait for `stream`) is called first. A slot grows (freed, allocated again) only
 // when a larger batch comes: with the same shapes nothing is allocated.
-// CPU builds: the same calls with host buffers for the slots (device memory is host memory); the
-// batch goes through its slot into the tensors, the bits of assign_from_host, and every copy has
+// CPU builds: the same calls and counts (the slots' rotation, allocations and settles follow the
+// CUDA build's policy), but the containers are copied straight into the tensors (device memory is
+// host memory: a slot would only add a copy), the bits of assign_from_host; every copy has
 // completed when upload returns (waits() stays 0).
 // Errors: errc::invalid_argument for zero slots; errc::internal naming the CUDA call that failed.
 // Thread safety: one thread at a time per instance.
@@ -90,9 +91,11 @@ class batch_upload {
     next_ = (next_ + 1) % slots_.size();
     wait(s);
     grow(s, offset + bbytes);
-    std::byte* buf = data(s);
+#if DTF_CUDA
+    std::byte* buf = s.buf;
     if (abytes) std::memcpy(buf, a.data(), abytes);
     if (bbytes) std::memcpy(buf + offset, b.data(), bbytes);
+#endif
     if (x.size_bytes() != abytes || y.size_bytes() != bbytes) {
       ++settles_;
       settle();
@@ -104,9 +107,9 @@ class batch_upload {
     if (bbytes) check(cudaMemcpyAsync(y.bytes().data(), buf + offset, bbytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (labels)");
     check(cudaEventRecord(s.copied, stream), "cudaEventRecord (batch copied)");
     s.issued = true;
-#else
-    if (abytes) std::memcpy(x.bytes().data(), buf, abytes);
-    if (bbytes) std::memcpy(y.bytes().data(), buf + offset, bbytes);
+#else  // the containers straight into the tensors: no copy more than assign_from_host's
+    if (abytes) std::memcpy(x.bytes().data(), a.data(), abytes);
+    if (bbytes) std::memcpy(y.bytes().data(), b.data(), bbytes);
 #endif
   }
 
@@ -130,19 +133,9 @@ class batch_upload {
     std::byte* buf = nullptr;  // pinned (cudaHostAlloc)
     cudaEvent_t copied{};      // recorded after the slot's copies
     bool issued = false;       // a copy was recorded on `copied` since the last wait
-#else
-    std::vector<std::byte> buf;
 #endif
-    std::size_t capacity = 0;
+    std::size_t capacity = 0;  // CPU builds: what the slot would hold (no buffer: see grow)
   };
-
-  static std::byte* data(slot& s) noexcept {
-#if DTF_CUDA
-    return s.buf;
-#else
-    return s.buf.data();
-#endif
-  }
 
   // The host waits for the slot's last copy (it reads the slot) when it has not completed.
   void wait([[maybe_unused]] slot& s) {
@@ -167,9 +160,9 @@ class batch_upload {
     void* p = nullptr;
     check(cudaHostAlloc(&p, bytes, cudaHostAllocDefault), "cudaHostAlloc (batch slot)");
     s.buf = static_cast<std::byte*>(p);
-#else
-    s.buf.resize(bytes);
 #endif
+    // CPU builds: no slot is needed (the containers are copied straight into the tensors, so the
+    // step costs what it did); the capacity and the count follow the CUDA build's policy.
     s.capacity = bytes;
     ++allocations_;
   }
