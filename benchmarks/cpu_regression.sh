@@ -9,24 +9,25 @@
 # Measured, one BLAS thread each:
 #   tp      bench_train_throughput (MLP 784-256-128-10, Adam, Fashion-MNIST): samples/s at batch
 #           32, 64 and 256, the whole pipeline ("full") and the step alone ("step")
-#   nd      examples/non_distributed, --epochs E: wall time of the process, and the training's
-#           own wall_s (its --metrics_file)
-#   ring    examples/ring_allreduce, 2 workers under dtfrun, --epochs E: wall time of the job
+#   nd      examples/non_distributed, --epochs E: wall and CPU (user+system) time of the process,
+#           and the training's own wall_s (its --metrics_file: no start-up, no data loading)
+#   ring    examples/ring_allreduce, 2 workers under dtfrun, --epochs E: wall and CPU time of the
+#           job (dtfrun and both workers)
 #
 # Prints per configuration the median of each build and the ratio new/base taken pair by pair
 # (median, min, max); for samples/s above 1 is faster, for seconds below 1 is faster. The raw
 # measurements and the table go to benchmarks/results/cpu_regression_<date>.txt.
 #
-#   benchmarks/cpu_regression.sh [--base COMMIT] [--rounds 5] [--epochs 1] [--steps 100]
-#       [--repeats 3] [--only tp,nd,ring] [--workdir DIR]
+#   benchmarks/cpu_regression.sh [--base COMMIT] [--rounds 7] [--epochs 3] [--steps 300]
+#       [--repeats 5] [--only tp,nd,ring] [--workdir DIR]
 #
 # --workdir DIR keeps the base's worktree and both builds there (reused by the next run with the
 # same DIR) instead of a temporary folder. Needs cmake, a C++20 compiler, OpenBLAS, python3 and
-# the Fashion-MNIST files (Debian: dataset-fashion-mnist). About 12 minutes on 2 cores with the
+# the Fashion-MNIST files (Debian: dataset-fashion-mnist). About 10 minutes on 2 cores with the
 # defaults once the builds are in ccache.
 set -euo pipefail
 
-BASE=ab01b24 ROUNDS=5 EPOCHS=1 STEPS=100 REPEATS=3 ONLY=tp,nd,ring WORKDIR=
+BASE=ab01b24 ROUNDS=7 EPOCHS=3 STEPS=300 REPEATS=5 ONLY=tp,nd,ring WORKDIR=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --base) BASE=$2; shift 2 ;;
@@ -104,8 +105,16 @@ echo "# cpu_regression: base $(git -C "$ROOT" log -1 --format='%h %cs' "$BASE_SH
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores ($(lscpu | sed -n 's/^Model name: *//p' | head -n1)), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# rounds $ROUNDS, epochs $EPOCHS, bench_train_throughput --steps $STEPS --repeats $REPEATS, BLAS threads 1"
 
-# now: seconds since the epoch with nanoseconds.
-now() { date +%s.%N; }
+# timed SIDE ROUND KEY LOG COMMAND...: runs COMMAND (output to LOG) under /usr/bin/time and
+# records KEY_s (wall) and KEY_cpu_s (user+system, its waited-for children included).
+timed() {
+  local side=$1 rnd=$2 key=$3 log=$4 times=$work/times.txt
+  shift 4
+  /usr/bin/time -f '%e %U %S' -o "$times" "$@" >"$log" 2>&1 || { tail -n 30 "$log" >&2; exit 1; }
+  read -r wall user sys <"$times"
+  record "$side" "$rnd" "${key}_s" "$wall"
+  record "$side" "$rnd" "${key}_cpu_s" "$(python3 -c "print($user + $sys)")"
+}
 # record SIDE ROUND KEY VALUE
 record() { echo "$1 $2 $3 $4" >>"$RAW"; }
 
@@ -121,23 +130,17 @@ run_tp() {
 }
 # run_nd SIDE ROUND: non_distributed for EPOCHS, wall time of the process and its wall_s.
 run_nd() {
-  local log=$work/nd.log metrics=$work/nd.json t0 t1
+  local metrics=$work/nd.json
   rm -f "$metrics"
-  t0=$(now)
-  "$work/$1-build/examples/non_distributed" --epochs "$EPOCHS" --blas_threads 1 --log_every 100000 \
-    --data "$DATA" --metrics_file "$metrics" >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
-  t1=$(now)
-  record "$1" "$2" nd_process_s "$(python3 -c "print($t1 - $t0)")"
+  timed "$1" "$2" nd_process "$work/nd.log" "$work/$1-build/examples/non_distributed" --epochs "$EPOCHS" \
+    --blas_threads 1 --log_every 100000 --data "$DATA" --metrics_file "$metrics"
   record "$1" "$2" nd_train_wall_s "$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['wall_s'])" "$metrics")"
 }
 # run_ring SIDE ROUND: ring_allreduce, 2 workers under the same build's dtfrun, wall time.
 run_ring() {
-  local log=$work/ring.log b=$work/$1-build t0 t1
-  t0=$(now)
-  "$b/tools/dtfrun" --workers 2 --timeout_s 600 -- "$b/examples/ring_allreduce" --epochs "$EPOCHS" \
-    --blas_threads 1 --log_every 100000 --data "$DATA" >"$log" 2>&1 || { tail -n 30 "$log" >&2; exit 1; }
-  t1=$(now)
-  record "$1" "$2" ring_2workers_s "$(python3 -c "print($t1 - $t0)")"
+  local b=$work/$1-build
+  timed "$1" "$2" ring_2workers "$work/ring.log" "$b/tools/dtfrun" --workers 2 --timeout_s 600 -- \
+    "$b/examples/ring_allreduce" --epochs "$EPOCHS" --blas_threads 1 --log_every 100000 --data "$DATA"
 }
 
 for ((r = 1; r <= ROUNDS; r++)); do
