@@ -8,14 +8,18 @@
 #
 # Measured, one BLAS thread each:
 #   tp      bench_train_throughput (MLP 784-256-128-10, Adam, Fashion-MNIST): samples/s at batch
-#           32, 64 and 256, the whole pipeline ("full") and the step alone ("step")
+#           32, 64 and 256, the whole pipeline ("full") and the step alone ("step"), and the wall
+#           and CPU time of the whole program (a fixed amount of work: its batches 32 to 256 and
+#           its GEMM table)
 #   nd      examples/non_distributed, --epochs E: wall and CPU (user+system) time of the process,
 #           and the training's own wall_s (its --metrics_file: no start-up, no data loading)
 #   ring    examples/ring_allreduce, 2 workers under dtfrun, --epochs E: wall and CPU time of the
 #           job (dtfrun and both workers)
 #
 # Prints per configuration the median of each build and the ratio new/base taken pair by pair
-# (median, min, max); for samples/s above 1 is faster, for seconds below 1 is faster. The raw
+# (median, min, max); for samples/s above 1 is faster, for seconds below 1 is faster. On a
+# machine shared with other work the CPU times (user + system) are the steadier figures: a
+# process waiting for a core counts in its wall time, not in its CPU time. The raw
 # measurements and the table go to benchmarks/results/cpu_regression_<date>.txt.
 #
 #   benchmarks/cpu_regression.sh [--base COMMIT] [--rounds 7] [--epochs 3] [--steps 300]
@@ -37,7 +41,7 @@ while [[ $# -gt 0 ]]; do
     --repeats) REPEATS=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
     --workdir) WORKDIR=$2; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "cpu_regression.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -120,13 +124,13 @@ record() { echo "$1 $2 $3 $4" >>"$RAW"; }
 
 # run_tp SIDE ROUND: bench_train_throughput's throughput table, rows of batch 32, 64 and 256.
 run_tp() {
-  local out
-  out=$("$work/$1-build/benchmarks/bench_train_throughput" --steps "$STEPS" --repeats "$REPEATS" --blas_threads 1 \
-        --data "$DATA" | sed -n '/training throughput/,/^$/p')
+  local log=$work/tp.log
+  timed "$1" "$2" tp_run "$log" "$work/$1-build/benchmarks/bench_train_throughput" --steps "$STEPS" \
+    --repeats "$REPEATS" --blas_threads 1 --data "$DATA"
   while read -r batch full _ step; do
     case $batch in 32|64|256) record "$1" "$2" "tp_b${batch}_full_samples/s" "$full"
                               record "$1" "$2" "tp_b${batch}_step_samples/s" "$step" ;; esac
-  done <<<"$out"
+  done < <(sed -n '/training throughput/,/^$/p' "$log")
 }
 # run_nd SIDE ROUND: non_distributed for EPOCHS, wall time of the process and its wall_s.
 run_nd() {
