@@ -53,7 +53,7 @@ want() { [[ ,$ONLY, == *,$1,* ]]; }
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(git -C "$HERE" rev-parse --show-toplevel)
-BASE_SHA=$(git -C "$ROOT" rev-parse --verify "$BASE^{commit}") ||
+BASE_SHA=$(git -C "$ROOT" rev-parse --quiet --verify "$BASE^{commit}") ||
   { echo "cpu_regression.sh: $BASE is not a commit of $ROOT" >&2; exit 2; }
 DATA=/usr/share/datasets/fashion-mnist
 [[ -f $DATA/train-images-idx3-ubyte.gz ]] ||
