@@ -170,7 +170,6 @@ class ring_allreduce<M> {
   /// and the communicator is finalised while the context's streams exist (§6.1's teardown).
   ~ring_allreduce() {
     if (!x_ex_) return;
-    if (ring_) ring_->set_wait_check({});
     x_ex_->drain_or_abort();
     graph_.invalidate();
     x_ex_->release_device();
@@ -231,9 +230,11 @@ class ring_allreduce<M> {
   /// From now on each step_deferred pushes its averaged loss into `ring` (as global step
   /// global_step() + 1, on stream()) before its update, and the update applies nothing once the
   /// ring's flag says a loss was NaN or infinite (read on the device: the parameters stay those
-  /// of the step before the first bad loss). Null: neither. `ring` must outlive the steps.
+  /// of the step before the first bad loss). Null: neither. `ring` must outlive the steps; with
+  /// NCCL its waits check the exchange's health (§6.1), so it must stay alive, and the engine
+  /// too, until watch_losses(nullptr) or another ring (dtf::train does so).
   void watch_losses(device::loss_ring* ring) {
-    if (ring_) ring_->set_wait_check({});
+    if (ring_ && x_ex_->device()) ring_->set_wait_check({});
     ring_ = ring;
     if (ring && x_ex_->device())  // its waits cannot hang on a dead peer (§6.1)
       ring->set_wait_check([this](auto since) {
