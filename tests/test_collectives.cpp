@@ -1149,6 +1149,28 @@ TEST_CASE("step graphs apply to one rank or the NCCL backend, one pass per step"
       }
 }
 
+TEST_CASE("engine context: the host's waits call the wait guard first, and its error ends them", "[collectives][health]") {
+  // ring_allreduce with NCCL installs the exchange's bounded, health-checked wait as the guard
+  // (section 6.1): parameters(), optimizer(), restore(), the loss read go through settle().
+  auto net = dtf::test::small_net();
+  dtf::strategies::detail::engine_context<dtf::nn::sequential> ctx(net);
+  std::vector<std::string> seen;
+  bool dead = false;
+  ctx.set_wait_guard([&](const std::string& what) {
+    seen.push_back(what);
+    if (dead) throw dtf::error(dtf::errc::peer_failure, "stand-in: NCCL reported an error");
+  });
+  ctx.settle();
+  ctx.guard("the gradient's norm");
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[1] == "the gradient's norm");
+  dead = true;
+  CHECK_THROWS_WITH(ctx.settle(), Catch::Contains("NCCL reported an error"));
+  ctx.set_wait_guard({});
+  ctx.settle();  // none: the plain wait
+  CHECK(seen.size() == 3);
+}
+
 namespace {
 // A 2-rank ring_allreduce run of deferred steps with graphs `graphs` on `backend`: rank 1's
 // batch is short (5 rows) at step 6, so the ranks' batch keys differ there (one rank's eager
