@@ -349,7 +349,7 @@ isolated_tests() {
   ! grep -q '^FAIL:' "$logs/test-results.txt"
 }
 # The contract's cases in one process: a failure names its case and assertion in the log.
-device_tests='[device],[step],[loss],[fused],[optim],[nan],[graph]'
+device_tests='[device],[step],[loss],[fused],[optim],[nan],[graph],[nccl_graph]'
 note_device() { grep -E "test cases|passed|failed" "$1" | tail -2 | cut -c1-160; grep -m3 -E "FAILED:|REQUIRE|CHECK" "$1" | cut -c1-120; }
 if want device && has "$t" device; then
   part device 90 "$t" "$device_tests" --durations yes

@@ -1235,3 +1235,128 @@ TEST_CASE("mirrored across processes from the device equals the host path within
   }
 }
 #endif
+
+// Section 7 of docs/design/gpu-execution.md: where a collective engine's step may run as CUDA
+// graphs, as a pure function of the ranks, the backend and the passes.
+TEST_CASE("step graphs apply to one rank or the NCCL backend, one pass per step", "[collectives][graph]") {
+  using dtf::strategies::detail::step_graphs_apply;
+  for (const std::size_t ranks : {1u, 2u, 8u})
+    for (const bool nccl : {false, true})
+      for (const int passes : {1, 2}) {
+        INFO(ranks << " ranks, nccl " << nccl << ", " << passes << " passes");
+        CHECK(step_graphs_apply(ranks, nccl, passes) == (passes == 1 && (ranks == 1 || nccl)));
+      }
+}
+
+TEST_CASE("engine context: the host's waits call the wait guard first, and its error ends them", "[collectives][health]") {
+  // ring_allreduce with NCCL installs the exchange's bounded, health-checked wait as the guard
+  // (section 6.1): parameters(), optimizer(), restore(), the loss read go through settle().
+  auto net = dtf::test::small_net();
+  dtf::strategies::detail::engine_context<dtf::nn::sequential> ctx(net);
+  std::vector<std::string> seen;
+  bool dead = false;
+  ctx.set_wait_guard([&](const std::string& what) {
+    seen.push_back(what);
+    if (dead) throw dtf::error(dtf::errc::peer_failure, "stand-in: NCCL reported an error");
+  });
+  ctx.settle();
+  ctx.guard("the gradient's norm");
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[1] == "the gradient's norm");
+  dead = true;
+  CHECK_THROWS_WITH(ctx.settle(), Catch::Contains("NCCL reported an error"));
+  ctx.set_wait_guard({});
+  ctx.settle();  // none: the plain wait
+  CHECK(seen.size() == 3);
+}
+
+namespace {
+// A 2-rank ring_allreduce run of deferred steps with graphs `graphs` on `backend`: rank 1's
+// batch is short (5 rows) at step 6, so the ranks' batch keys differ there (one rank's eager
+// step against the other's replay). Per rank: the parameters, the full batch's graph counts,
+// whether use_step_graphs said on. CUDA builds: rank r on GPU r.
+struct ring_graph_run {
+  std::vector<std::vector<float>> params = std::vector<std::vector<float>>(2);
+  std::vector<dtf::device::graph_counts> full = std::vector<dtf::device::graph_counts>(2);
+  std::vector<int> on = std::vector<int>(2);
+};
+ring_graph_run run_ring_graphs(bool graphs, dtf::strategies::exchange_backend backend) {
+  const std::size_t batch = 16, steps = 10;
+  const auto data = dtf::test::synthetic(2 * batch * steps, 12, dtf::test::labels::argmax).batch(2 * batch);
+  ring_graph_run out;
+  run_ranks(2, test_options(), [&](communicator& c) {
+#if DTF_CUDA
+    RANK_CHECK(cudaSetDevice(int(c.rank())) == cudaSuccess, "cudaSetDevice(" << c.rank() << ")");
+#endif
+    auto net = dtf::test::small_net();
+    net.set_label_check(dtf::nn::label_check::trusted);  // capturable: no per-step label read
+    dtf::strategies::ring_allreduce<dtf::nn::sequential> s(
+        c, net, {.rule = dtf::optim::adam{.learning_rate = 1e-2f}, .bucket_bytes = 256, .backend = backend});
+    s.initialize(6);
+    dtf::device::loss_ring ring(4);
+    s.watch_losses(&ring);
+    out.on[c.rank()] = s.use_step_graphs(graphs);
+    auto stream = data.stream();
+    dtf::tensor x, y;
+    for (std::size_t step = 1; auto b = stream.next(); ++step) {
+      const std::size_t rows = c.rank() == 1 && step == 6 ? 5 : batch;
+      const auto mine = rows_of(*b, c.rank() * batch, rows);
+      s.context().synchronize();  // the last step no longer reads x, y (copies on the legacy stream)
+      dtf::assign_from_host(x, mine.features);
+      dtf::assign_from_host(y, mine.labels);
+      s.step_deferred(x, y);
+      (void)ring.poll();
+    }
+    RANK_CHECK(ring.drain().size() <= steps, "");
+    out.params[c.rank()] = dtf::test::host_copy(s.parameters());
+    out.full[c.rank()] = s.graphs().counts(batch);
+    s.watch_losses(nullptr);
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("ring_allreduce on the TCP ring, 2 ranks: graphs asked for stay off, the eager step's parameters",
+          "[collectives][graph]") {
+  // The TCP ring waits on the host per bucket (section 6.0): no capture; the engine says so and
+  // steps eagerly, bit for bit as without the request.
+  using dtf::strategies::exchange_backend;
+  const auto eager = run_ring_graphs(false, exchange_backend::tcp);
+  const auto asked = run_ring_graphs(true, exchange_backend::tcp);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(asked.on[r] == 0);
+    CHECK(asked.full[r] == dtf::device::graph_counts{});
+    CHECK(asked.params[r] == eager.params[r]);
+    CHECK(eager.params[r] == eager.params[0]);
+  }
+}
+
+#if DTF_CUDA
+TEST_CASE("ring_allreduce with NCCL, 2 ranks: the step as CUDA graphs, the allreduces captured",
+          "[collectives][graph][nccl_graph][gpu]") {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  if (!dtf::strategies::detail::nccl_exchange_built || gpus < 2) {
+    WARN("skipped: needs a build linking dtf::nccl and 2 GPUs (one per rank); nccl "
+         << dtf::strategies::detail::nccl_exchange_built << ", " << gpus << " GPU(s)");
+    return;
+  }
+  using dtf::strategies::exchange_backend;
+  const auto eager = run_ring_graphs(false, exchange_backend::nccl);
+  const auto graphed = run_ring_graphs(true, exchange_backend::nccl);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(graphed.on[r] == 1);
+    REQUIRE(graphed.params[r].size() == eager.params[r].size());
+    CHECK(graphed.params[r] == graphed.params[0]);  // every rank gets NCCL's same bits
+    // NCCL may pick another algorithm under capture: within rounding of the eager run.
+    for (std::size_t i = 0; i < eager.params[r].size(); ++i)
+      CHECK(graphed.params[r][i] == Approx(eager.params[r][i]).margin(1e-5));
+  }
+  // Full batches: eager at 1 (the buckets' replan follows it), captured at 2, replayed after;
+  // rank 1's short step 6 is a key of its own (eager) while rank 0 replays: the same collectives.
+  CHECK(graphed.full[0] == dtf::device::graph_counts{.eager = 1, .captures = 1, .replays = 8});
+  CHECK(graphed.full[1] == dtf::device::graph_counts{.eager = 1, .captures = 1, .replays = 7});
+}
+#endif

@@ -8,6 +8,7 @@
 #include <dtf/device/step_graph.hpp>
 #include <dtf/nn/sequential.hpp>
 #include <dtf/optim/optimizer.hpp>
+#include <dtf/strategies/exchange_health.hpp>
 #include <dtf/strategies/pinned_staging.hpp>
 
 #include <catch2/catch.hpp>
@@ -17,6 +18,7 @@
 #include <thrust/sort.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -324,6 +326,90 @@ TEST_CASE("the loss ring returns each step once, in order, and the first non-fin
   CHECK(flag() == 17);
 
   CHECK_THROWS_WITH(dtf::device::loss_ring(0), Catch::Contains("at least one slot"));
+}
+
+// A device exchange's health (section 6.1 of docs/design/gpu-execution.md): a wait fails when no
+// step completed for the bound since the later of its start and the last completion seen. A
+// stand-in clock (time points built by hand) and stand-in events (ints: the step each marks,
+// "complete" when the stand-in device has reached it).
+TEST_CASE("exchange health: a wait gives up after the bound without progress, never while steps complete",
+          "[device][health]") {
+  using dtf::strategies::detail::progress_bound;
+  using dtf::strategies::detail::step_marks;
+  using ms = std::chrono::milliseconds;
+  const progress_bound::clock::time_point t0{};
+  progress_bound bound(ms(100));
+  // A wait that began at t0 with no progress: alive at t0 + 100 ms, expired just after.
+  CHECK_FALSE(bound.expired(t0, t0 + ms(100)));
+  CHECK(bound.expired(t0, t0 + ms(101)));
+  // Progress at t0 + 90 ms moves the bound: the wait lives until t0 + 190 ms.
+  bound.observe(1, t0 + ms(90));
+  CHECK_FALSE(bound.expired(t0, t0 + ms(150)));
+  CHECK(bound.expired(t0, t0 + ms(191)));
+  // The same count again is no progress.
+  bound.observe(1, t0 + ms(180));
+  CHECK(bound.expired(t0, t0 + ms(191)));
+  // A later wait is bounded from its own start, whatever happened before.
+  CHECK_FALSE(bound.expired(t0 + ms(500), t0 + ms(550)));
+  CHECK(bound.expired(t0 + ms(500), t0 + ms(601)));
+  CHECK(bound.completed() == 1);
+
+  // Step marks: 3 slots; the stand-in device completes steps in order up to `reached`.
+  step_marks<int> marks(3);
+  int next = 1;
+  auto record = [&](int& e) { e = next++; };
+  std::uint64_t reached = 0;
+  auto query = [&](int e) { return std::uint64_t(e) <= reached; };
+  CHECK(marks.completed(query) == 0);
+  marks.mark(record);
+  marks.mark(record);
+  CHECK(marks.completed(query) == 0);
+  reached = 1;
+  CHECK(marks.completed(query) == 1);
+  reached = 2;
+  CHECK(marks.completed(query) == 2);
+  // Five more steps into three slots: the two oldest slots were recorded again; the steps they
+  // marked before are counted with the newer ones, in order.
+  for (int i = 0; i < 5; ++i) marks.mark(record);
+  CHECK(marks.issued() == 7);
+  CHECK(marks.completed(query) == 4);  // steps 5..7 unknown; 3 and 4 were overwritten
+  reached = 6;
+  CHECK(marks.completed(query) == 6);
+  reached = 7;
+  CHECK(marks.completed(query) == 7);
+}
+
+TEST_CASE("the loss ring calls its wait check in every wait and ends the wait with its error", "[device][health]") {
+  thrust::device_vector<float> loss(1, 1.0f);
+  const float* at = thrust::raw_pointer_cast(loss.data());
+  dtf::device::loss_ring ring(2);
+  int calls = 0;
+  bool dead = false;
+  ring.set_wait_check([&](std::chrono::steady_clock::time_point since) {
+    CHECK(since <= std::chrono::steady_clock::now());
+    ++calls;
+    if (dead) throw dtf::error(dtf::errc::timeout, "stand-in: no step completed");
+  });
+  ring.push(1, at);
+  ring.push(2, at);
+  CHECK(calls == 0);  // nothing waited yet
+  ring.push(3, at);   // a full ring: the oldest is waited for
+  CHECK(calls >= 1);
+  calls = 0;
+  CHECK(ring.drain().size() == 3);
+  CHECK(calls >= 2);  // each entry in flight
+  ring.push(4, at);
+  ring.push(5, at);
+  dead = true;
+  CHECK_THROWS_WITH(ring.push(6, at), Catch::Contains("no step completed"));
+  CHECK_THROWS_WITH(ring.drain(), Catch::Contains("no step completed"));
+  dead = false;
+  ring.set_wait_check({});  // none: the waits block as before
+  calls = 0;
+  const auto rest = ring.drain();
+  CHECK(calls == 0);
+  REQUIRE(rest.size() == 2);
+  CHECK(rest[0].step == 4);
 }
 
 // The TCP ring's pinned staging (section 6.0 of docs/design/gpu-execution.md, rule 1): which

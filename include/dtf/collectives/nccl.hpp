@@ -4,6 +4,7 @@
 //   dtf::collectives::nccl_communicator nccl(comm);          // every rank of comm, at once
 //   nccl.allreduce_average(grads, count, stream, "bucket 3"); // enqueued on `stream`
 //   nccl.wait(done_event, "step 12");                        // bounded; aborts on a dead peer
+//   nccl.check_health("a drain");                            // NCCL's async error, never waits
 //
 // Unlike dtf::nccl_communicator (basic_communicator<nccl_backend>,
 // dtf/collectives/backends/nccl.hpp: the whole collectives API, which takes the TCP ring over),
@@ -123,6 +124,20 @@ class nccl_communicator {
       }
     });
   }
+
+  /// NCCL's asynchronous error, if any, as a dtf::error (the communicator is then aborted and
+  /// broken); for a host that polls other conditions in its own wait loop.
+  void check_health(const std::string& what) {
+    guard([&] { poll(what); });
+  }
+  /// Ends a wait that saw no progress for `waited_ms`: errc::timeout naming `what`; the
+  /// communicator is aborted and broken.
+  [[noreturn]] void fail_timeout(const std::string& what, std::uint32_t waited_ms) {
+    guard([&] { timed_out(what, waited_ms); });
+    throw error(errc::internal, "unreachable");  // guard rethrows timed_out's error
+  }
+  /// The bound of this communicator's waits (the ring's timeout_ms).
+  std::uint32_t timeout_ms() const noexcept { return timeout_ms_; }
 
   /// Aborts the communicator (idempotent): NCCL's kernels in flight end.
   void abort() noexcept {

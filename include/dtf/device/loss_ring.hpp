@@ -17,6 +17,12 @@
 // reader falls `slots` steps behind) and keeps its entry for the next poll().
 // CPU builds: the same type; the copies are immediate (the loss is in host memory), so poll()
 // returns every step pushed since the last poll.
+// set_wait_check(check): the ring's host waits (push()'s on a full ring, drain()) poll the slot's
+// event (cudaEventQuery) and call check(since) in the loop instead of blocking in
+// cudaEventSynchronize, so a wait on a device stuck behind a dead peer's collective ends with
+// check's error (ring_allreduce::watch_losses installs its NCCL exchange's health check,
+// docs/design/gpu-execution.md section 6.1); check is called at least once per wait on every
+// build (CPU builds: once, nothing to wait for).
 // device_flag() is what update kernels read to apply nothing from the bad step on
 // (optim::optimizer::set_skip_flag; ring_allreduce::watch_losses pushes before its update, so the
 // bad step's own update is skipped too).
@@ -27,12 +33,15 @@
 #include <dtf/device/kernels.hpp>
 #include <dtf/error.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -106,14 +115,17 @@ class loss_ring {
   /// The number of slots.
   std::size_t capacity() const noexcept { return steps_.size(); }
 
+  /// What each host wait calls in its loop, with the wait's start; it ends the wait by throwing.
+  using wait_check = std::function<void(std::chrono::steady_clock::time_point since)>;
+  /// The check of later waits (see the file comment); empty: none (the waits block).
+  void set_wait_check(wait_check check) { check_ = std::move(check); }
+
   /// Records step's loss, the float at `device_loss` (device memory; host memory on CPU builds)
   /// once the work issued on `stream` so far has written it. Does not wait unless every slot is
   /// still unread (then for the oldest only).
   void push(std::int64_t step, const float* device_loss, stream_t stream = {}) {
     if (in_flight_ == capacity()) {  // the reader is `slots` steps behind: make room
-#if DTF_CUDA
-      detail::check_ring(cudaEventSynchronize(events_[oldest()]), "cudaEventSynchronize");
-#endif
+      wait_slot(oldest());
       take_oldest();
     }
     const std::size_t k = head_;
@@ -148,10 +160,7 @@ class loss_ring {
 
   /// Waits for every entry in flight and returns them with poll()'s (the end of a run).
   std::vector<step_loss> drain() {
-#if DTF_CUDA
-    for (std::size_t i = 0; i < in_flight_; ++i)
-      detail::check_ring(cudaEventSynchronize(events_[(oldest() + i) % capacity()]), "cudaEventSynchronize");
-#endif
+    for (std::size_t i = 0; i < in_flight_; ++i) wait_slot((oldest() + i) % capacity());
     return poll();
   }
 
@@ -173,6 +182,28 @@ class loss_ring {
 
  private:
   std::size_t oldest() const noexcept { return (head_ + capacity() - in_flight_) % capacity(); }
+
+  // The host waits for slot k's copies: blocking without a check, else polling with it.
+  void wait_slot(std::size_t k) {
+    if (!check_) {
+#if DTF_CUDA
+      detail::check_ring(cudaEventSynchronize(events_[k]), "cudaEventSynchronize");
+#endif
+      return;
+    }
+    const auto since = std::chrono::steady_clock::now();
+    for (;;) {
+      check_(since);
+#if DTF_CUDA
+      const cudaError_t rc = cudaEventQuery(events_[k]);
+      if (rc != cudaErrorNotReady) return detail::check_ring(rc, "cudaEventQuery");
+      std::this_thread::yield();
+#else
+      (void)k;
+      return;
+#endif
+    }
+  }
 
   // The oldest entry in flight has landed: keep it for the next poll.
   void take_oldest() {
@@ -199,6 +230,7 @@ class loss_ring {
   std::size_t in_flight_ = 0;        // slots written and not yet returned
   std::vector<step_loss> ready_;     // landed, waiting for poll()
   std::int64_t first_bad_ = 0;       // the flag as the host has seen it
+  wait_check check_;                 // set_wait_check
 #if DTF_CUDA
   detail::loss_slot* slots_ = nullptr;  // pinned
   std::vector<cudaEvent_t> events_;

@@ -8,6 +8,7 @@
 //   ctx.bind();                                 // each step: still bound (another engine may have taken it)
 //   optimizer.set_stream(ctx.stream());         // the update on the compute stream
 //   ctx.write_prefix(g, 16, net.device_loss(), 0.0f);  // [loss, 15 zeros] on the compute stream
+//   ctx.set_wait_guard([&](auto& what) { exchange.wait(what); });  // NCCL: waits that cannot hang
 //   ctx.settle();                               // the host waits (a read at a hook's cadence)
 //
 // CUDA builds: the context's compute stream is non-blocking, so work on the legacy default stream
@@ -98,8 +99,19 @@ class engine_context {
     return {};
 #endif
   }
+  /// What the host calls before each of its waits for the context's streams (settle(), read(),
+  /// guard()): a device exchange's bounded, health-checked wait (section 6.1), so the waits
+  /// cannot hang on a dead peer's collective; empty: none.
+  void set_wait_guard(std::function<void(const std::string& what)> g) { guard_ = std::move(g); }
+  /// Runs the wait guard (a host read outside settle() and read(), e.g. a device scalar's).
+  void guard(const std::string& what) const {
+    if (guard_) guard_(what);
+  }
   /// The host waits for the work issued on the context so far (no-op on CPU builds).
-  void settle() const { ctx_->synchronize(); }
+  void settle() const {
+    guard("a host read of the engine's buffers");
+    ctx_->synchronize();
+  }
 
   /// Writes g[0] = *loss (or `value` when loss is null) and g[1..prefix) = 0 on the compute stream.
   void write_prefix(float* g, std::size_t prefix, const float* loss, float value) const {
@@ -110,6 +122,7 @@ class engine_context {
   /// so far has written it: the host waits for the compute stream.
   float read(const float* p) const {
 #if DTF_CUDA
+    guard("the step's loss read");
     float v = 0.0f;
     cudaError_t rc = cudaMemcpyAsync(&v, p, sizeof v, cudaMemcpyDeviceToHost, stream());
     if (rc == cudaSuccess) rc = cudaStreamSynchronize(stream());
@@ -123,6 +136,7 @@ class engine_context {
  private:
   std::unique_ptr<device::context> ctx_;
   M* net_;
+  std::function<void(const std::string&)> guard_;  // set_wait_guard
 };
 
 }  // namespace dtf::strategies::detail

@@ -14,10 +14,13 @@
 //     if (graph.end(net.storage_generation())) optimizer.count_replayed_update();
 //   }
 //
-// Where it applies (ring_allreduce::use_step_graphs): one rank, no NCCL exchange, one backward
-// pass, a model that defers its loss, reports its storage generation and issues its step without
-// a host read (graph_model: nn::sequential with trusted labels), and on CUDA builds no ready
-// callback (one rank passes none). Elsewhere the step stays eager. clip_norm's kernels run
+// Where it applies (ring_allreduce::use_step_graphs, step_graphs_apply): one backward pass, one
+// rank or the NCCL backend (its buckets' allreduces captured in segment 0 on the communication
+// stream, forked from the compute stream by the layers' events and joined before the capture
+// ends), a model that defers its loss, reports its storage generation and issues its step
+// without a host read (graph_model: nn::sequential with trusted labels), and on CUDA builds no
+// ready callback that waits on the host (one rank passes none; with NCCL the model leaves each
+// layer's event to the exchange). Elsewhere (the TCP ring's host waits) the step stays eager. clip_norm's kernels run
 // between the segments (optim::device_clip: no host read). A step due for capture while the
 // model's buffers are shaped for other rows (shaped_for) first runs one eager pass of the model's
 // step to shape them: a capture cannot resize them.
@@ -44,6 +47,13 @@ concept graph_model = requires(const M& m) {
   { m.storage_generation() } -> std::convertible_to<std::uint64_t>;
   { m.capturable_step() } -> std::convertible_to<bool>;
 };
+
+/// Whether a collective engine's deferred step may run as graphs: one backward pass per step,
+/// and one rank or the NCCL backend (`nccl`; the TCP ring waits on the host). The model's part
+/// (graph_model, capturable_step) is checked per step.
+constexpr bool step_graphs_apply(std::size_t ranks, bool nccl, int passes) noexcept {
+  return passes == 1 && (ranks == 1 || nccl);
+}
 
 /// One thread: *rate = value (the step's learning rate, a kernel argument).
 struct write_rate {

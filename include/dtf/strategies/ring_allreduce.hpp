@@ -34,10 +34,12 @@
 // The device (docs/design/gpu-execution.md): the engine owns a device::context (engine_context.hpp;
 // a CPU twin on CPU builds) and issues the model's step, the loss's slot and the update on its
 // compute stream; one rank exchanges nothing and waits for no layer; several ranks on the TCP ring
-// stage the buckets through pinned memory on the communication stream (pinned_staging.hpp, §6.0).
+// stage the buckets through pinned memory on the communication stream (pinned_staging.hpp, §6.0);
+// NCCL runs on that stream with no per-step host wait, its health checked where the host waits
+// (nccl_exchange.hpp, §6.1). The buckets' exchange: ring_exchange.hpp.
 // watch_losses(ring): each deferred step pushes its averaged loss into a device::loss_ring before
-// its update, whose kernels skip from a non-finite loss on. use_step_graphs(true): one rank's
-// deferred step as CUDA graphs (engine_graph.hpp, §7).
+// its update, whose kernels skip from a non-finite loss on. use_step_graphs(true): the deferred
+// step as CUDA graphs on one rank or with NCCL (engine_graph.hpp, §7).
 // Errors: those of dtf::communicator (a dead or mismatched rank fails every rank).
 // Thread safety: one thread per instance.
 #pragma once
@@ -61,6 +63,7 @@
 #include <dtf/strategies/micro_batches.hpp>
 #include <dtf/strategies/nccl_exchange.hpp>
 #include <dtf/strategies/pinned_staging.hpp>
+#include <dtf/strategies/ring_exchange.hpp>
 #include <dtf/tensor.hpp>
 
 #if DTF_CUDA
@@ -154,16 +157,23 @@ class ring_allreduce<M> {
         grads_({detail::exchange_prefix + n_}), optimizer_(config.rule, n_),
         micro_((detail::check_loop_config(config, "ring_allreduce"), config.backward_passes_per_step)) {
     const bool streams = streams_gradients<M> && config.backward_passes_per_step == 1;
-    exchange_ = detail::select_exchange(config.backend, comm, grads_, net, "ring_allreduce",
-                                        [this] { return device_.stream(); });
-    reducer_ = std::make_unique<detail::bucket_reducer>(
-        detail::plan_buckets(net.variables(), detail::exchange_prefix, config.bucket_bytes), config.overlap && streams && comm.size() > 1, 1, detail::current_device_setter());
-    reducer_->record_reports(replan_ = streams && comm.size() > 1 && config.bucket_bytes > 0);  // replan_buckets
+    x_ex_ = std::make_unique<detail::ring_exchange>(comm, net, grads_, config.backend, config.bucket_bytes,
+                                                    config.overlap, streams, device_.get(), "ring_allreduce");
+    if (x_ex_->device())  // NCCL: the host's waits for the streams are bounded and health-checked (§6.1)
+      device_.set_wait_guard([this](const std::string& what) {
+        if (auto* d = x_ex_ ? x_ex_->device() : nullptr) d->wait("ring_allreduce: " + what);
+      });
     optimizer_.set_stream(device_.stream());
-#if DTF_CUDA
-    if (!exchange_ && comm.size() > 1)  // the TCP ring: the buckets through pinned memory
-      staging_ = std::make_unique<detail::pinned_staging>(reducer_->buckets(), detail::exchange_prefix + n_);
-#endif
+  }
+  ring_allreduce(const ring_allreduce&) = delete;
+  ring_allreduce& operator=(const ring_allreduce&) = delete;
+  /// NCCL's work ends first (a bounded wait, else an abort), then the graphs that captured it go
+  /// and the communicator is finalised while the context's streams exist (§6.1's teardown).
+  ~ring_allreduce() {
+    if (!x_ex_) return;
+    x_ex_->drain_or_abort();
+    graph_.invalidate();
+    x_ex_->release_device();
   }
 
   /// Rank 0 initialises the parameters from `seed`; every rank receives them.
@@ -221,21 +231,30 @@ class ring_allreduce<M> {
   /// From now on each step_deferred pushes its averaged loss into `ring` (as global step
   /// global_step() + 1, on stream()) before its update, and the update applies nothing once the
   /// ring's flag says a loss was NaN or infinite (read on the device: the parameters stay those
-  /// of the step before the first bad loss). Null: neither. `ring` must outlive the steps.
+  /// of the step before the first bad loss). Null: neither. `ring` must outlive the steps; with
+  /// NCCL its waits check the exchange's health (§6.1), so it must stay alive, and the engine
+  /// too, until watch_losses(nullptr) or another ring (dtf::train does so).
   void watch_losses(device::loss_ring* ring) {
+    if (ring_ && x_ex_->device()) ring_->set_wait_check({});
     ring_ = ring;
+    if (ring && x_ex_->device())  // its waits cannot hang on a dead peer (§6.1)
+      ring->set_wait_check([this](auto since) {
+        if (auto* d = x_ex_->device()) d->check_health(since, "ring_allreduce: the loss ring's wait");
+      });
     optimizer_.set_skip_flag(ring ? ring->device_flag() : nullptr);
     graph_.invalidate();  // the update reads another flag
   }
 
   /// Later deferred steps as CUDA graphs where they apply (docs/design/gpu-execution.md, section
-  /// 7: one rank, one pass, a detail::graph_model in a capturable state; the CPU
-  /// twin on CPU builds); off, or where they do not apply: eager. Returns whether they are on.
+  /// 7: one pass, one rank or NCCL (whose buckets are then reduced on this thread, inside the
+  /// capture), a detail::graph_model in a capturable state; the CPU twin on CPU builds); off, or
+  /// where they do not apply: eager. Returns whether they are on.
   bool use_step_graphs(bool on) {
     bool applies = false;
     if constexpr (defers_loss<M> && detail::graph_model<M>)
-      applies = comm_.size() == 1 && !exchange_ && micro_.passes() == 1 && !reducer_->overlapping();
+      applies = detail::step_graphs_apply(comm_.size(), x_ex_->device() != nullptr, micro_.passes());
     graph_.enable(on && applies, optimizer_);
+    x_ex_->set_overlap(!graph_.enabled());
     return graph_.enabled();
   }
   /// The step graphs' cache (its counts per batch rows).
@@ -261,25 +280,22 @@ class ring_allreduce<M> {
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
     device_.bind();
+    if constexpr (requires { net_.shaped_for(std::size_t{}); })  // the model waits on the host when its rows change:
+      if (x_ex_->device() && !x.shape().empty() && !net_.shaped_for(x.shape()[0]))  // bounded first (§6.1)
+        device_.guard("the model's wait before a step of other rows");
     const bool graph = defer && graph_.begin_step(net_, x, y, [&] {  // shapes the buffers before a capture
       if constexpr (defers_loss<M>) net_.enqueue_loss_and_gradients(params, x, y, grads);
     });
-    reducer_->begin_step([this](std::size_t k, const detail::gradient_bucket& bucket) { reduce_bucket(k, bucket); });
+    x_ex_->begin_step();
     float loss = 0;
     bool loss_on_device = false;  // the model (or micro_) left its loss at its device_loss() (defer)
-    auto report = [this](std::size_t first, std::size_t count) {
-#if DTF_CUDA
-      if (staging_) staging_->note(detail::exchange_prefix + first, count, detail::ready_event(net_));
-#endif
-      reducer_->report(detail::exchange_prefix + first, count);
-    };
+    auto report = [this](std::size_t first, std::size_t count) { x_ex_->report(net_, first, count); };
     // CUDA builds: a ready callback costs a host wait per layer unless the model leaves the
-    // layer's event to the staging (orders_ready_on_device); needed to overlap, and in the first step.
-    const bool reports = device_memory_is_host_accessible || reducer_->overlapping() || replan_;
-    const gradient_ready_fn ready = reports ? gradient_ready_fn(report) : gradient_ready_fn();
+    // layer's event to the exchange (orders_ready_on_device); needed to overlap, for the replan,
+    // and for NCCL's per-layer order on the device.
+    const gradient_ready_fn ready = x_ex_->wants_reports() ? gradient_ready_fn(report) : gradient_ready_fn();
 #if DTF_CUDA
-    if (staging_) staging_->begin_step();
-    detail::ready_guard<M> guard(net_, staging_ != nullptr);
+    detail::ready_guard<M> guard(net_, x_ex_->ready_on_device());
 #endif
     auto model_step = [&] {  // segment 0: the model's step and the loss's slot
       try {
@@ -307,27 +323,20 @@ class ring_allreduce<M> {
           loss = net_.loss_and_gradients(params, x, y, grads);
         }
       } catch (...) {
-        reducer_->abort_step();
-        if (exchange_) exchange_->abort();  // the other ranks' NCCL waits end at their bound
+        x_ex_->abort_step();  // the other ranks' NCCL waits end at their bound
         throw;
       }
       const float* model_loss = nullptr;
       if constexpr (defers_loss<M>)
         if (loss_on_device) model_loss = micro_.passes() > 1 ? micro_.device_loss() : net_.device_loss();
       device_.write_prefix(grads_.template data<float>(), pre, model_loss, loss);
+      // Graphs: the buckets' collectives (NCCL) inside the capture, forked and joined (§7).
+      if (graph) x_ex_->finish(device_.stream());
     };
     if (graph) graph_.segment(0, device_.stream(), model_step);
     else model_step();
-#if DTF_CUDA
-    // The buckets backprop did not complete (the last one holds the loss's slot) wait for this
-    // (rule 1 of section 6.0); the update waits for the last average on the device (rule 5).
-    if (staging_) staging_->gradients_written(device_.stream());
-    reducer_->finish();
-    if (staging_) device_.get().compute_waits_for_comm();
-#else
-    reducer_->finish();
-#endif
-    if (exchange_) exchange_->finish();
+    // The buckets not reduced yet, then the update waits for the averages on the device.
+    if (!graph) x_ex_->finish(device_.stream());
     if (config_.clip_norm > 0.0f) clip_.apply(device_.stream(), grads, config_.clip_norm);  // no host read
     if (defer && ring_) ring_->push(step_ + 1, device_loss(), device_.stream());  // before the update: its flag
     const float lr = learning_rate();
@@ -339,7 +348,7 @@ class ring_allreduce<M> {
     else update();
     if (graph && graph_.end_step(net_)) optimizer_.count_replayed_update();  // a replay ran no apply()
     ++step_;
-    if (replan_) replan_buckets();
+    x_ex_->end_step(net_, [this] { device_.settle(); });  // outside the graphs: NCCL's health mark
     if (defer) return 0;
     return device_.read(device_loss());
   }
@@ -370,17 +379,21 @@ class ring_allreduce<M> {
   std::int64_t global_step() const noexcept { return step_; }
   /// The averaged gradient's global norm before clipping at the last step (config.clip_norm;
   /// 0 without clipping), read from the device (CUDA builds: the host waits for the compute stream).
-  float gradient_norm() const { return config_.clip_norm > 0.0f ? float(clip_.norm(device_.stream())) : 0.0f; }
+  float gradient_norm() const {
+    if (config_.clip_norm <= 0.0f) return 0.0f;
+    device_.guard("the gradient's norm");
+    return float(clip_.norm(device_.stream()));
+  }
   /// The communicator the ranks reduce over.
   communicator& comm() noexcept { return comm_; }
   /// Whether the gradients' buckets are reduced while backprop runs (config.overlap, a model
   /// that streams its gradients, more than one rank).
-  bool overlaps() const noexcept { return reducer_->overlapping(); }
+  bool overlaps() const noexcept { return x_ex_->overlapping(); }
   /// The backend the gradients are averaged on (tcp or nccl; config.backend resolved).
-  exchange_backend backend() const noexcept { return exchange_ ? exchange_backend::nccl : exchange_backend::tcp; }
+  exchange_backend backend() const noexcept { return x_ex_->device() ? exchange_backend::nccl : exchange_backend::tcp; }
   /// The buckets the gradients travel in ([begin, end) floats of [loss, 15 zeros, gradient]),
   /// in the order they are reduced.
-  const std::vector<detail::gradient_bucket>& buckets() const noexcept { return reducer_->buckets(); }
+  const std::vector<detail::gradient_bucket>& buckets() const noexcept { return x_ex_->buckets(); }
 
   /// The update rule's state, for checkpoints (every rank holds the same), once the steps issued
   /// so far have written it.
@@ -401,31 +414,6 @@ class ring_allreduce<M> {
   }
 
  private:
-  // Bucket k's allreduce (average), in place; CUDA builds stage it through pinned memory on the
-  // communication stream (section 6.0).
-  void reduce_bucket(std::size_t k, const detail::gradient_bucket& b) {
-    if (exchange_) return exchange_->reduce(k, b);  // on the device (NCCL)
-    const std::string name = "ring_allreduce/gradients/" + std::to_string(k);
-#if DTF_CUDA
-    if (!staging_) return;  // one rank: the average is its gradient, left on the device
-    staging_->reduce(k, b, comm_, name, grads_.template data<float>(), device_.get().comm_stream());
-#else
-    comm_.allreduce<float>(name, grads_.template span<float>().subspan(b.begin, b.size()), reduce_op::average);
-#endif
-  }
-
-  // After the first step (reported with overlap on and off): the buckets in rank 0's report order.
-  void replan_buckets() {
-    replan_ = false;
-    auto b = detail::replan_after_first_step(comm_, "ring_allreduce/bucket_order", net_.variables(),
-                                             detail::exchange_prefix, config_.bucket_bytes, *reducer_);
-    device_.settle();  // CUDA builds: no copy still reads the old staging
-    reducer_ = std::make_unique<detail::bucket_reducer>(std::move(b), reducer_->overlapping(), 1, detail::current_device_setter());
-#if DTF_CUDA
-    if (staging_) staging_ = std::make_unique<detail::pinned_staging>(reducer_->buckets(), detail::exchange_prefix + n_);
-#endif
-  }
-
   communicator& comm_;
   M& net_;
   ring_allreduce_config config_;
@@ -436,13 +424,10 @@ class ring_allreduce<M> {
   detail::micro_batches micro_;
   std::int64_t step_ = 0;
   optim::device_clip clip_;  // config.clip_norm's, on the compute stream
-  bool replan_ = false;  // the buckets are cut again after the first step (replan_buckets)
-  std::unique_ptr<detail::device_exchange> exchange_;  // null: the TCP ring
   device::loss_ring* ring_ = nullptr;  // watch_losses'
-  std::unique_ptr<detail::bucket_reducer> reducer_;  // its thread stops before the buffers go
-#if DTF_CUDA
-  std::unique_ptr<detail::pinned_staging> staging_;  // the TCP ring with several ranks; freed after device_ drains
-#endif
+  // The buckets, their reducer (its thread stops before the buffers go), the pinned staging
+  // (freed after device_ drains) or NCCL (released by the destructor before device_ goes).
+  std::unique_ptr<detail::ring_exchange> x_ex_;
   detail::engine_context<M> device_{net_};  // destroyed before the rest, its streams drained
   detail::engine_graph graph_;  // after device_: its graphs go first, waiting for their stream
 };

@@ -19,6 +19,10 @@
 // itself, on its compute stream, before its update, and its update kernels read the ring's flag:
 // the bad step and those between it and its read apply nothing, so the parameters stay those of
 // the step before. Other engines' losses are pushed here, after the step, from the legacy stream.
+// With NCCL, the watching engine also hands the ring its exchange's health check
+// (loss_ring::set_wait_check): a drain or a full ring's push on a device stuck behind a dead
+// peer ends with errc::timeout or errc::peer_failure within the ring's timeout_ms, not a hang
+// (docs/design/gpu-execution.md, section 6.1).
 // CPU builds: the ring's copies are immediate, so every poll returns the step just pushed and a
 // NaN is caught at its own step whatever log_every is.
 // A stop that comes otherwise (a signal, another rank, a hook) can leave up to log_every - 1
