@@ -164,7 +164,7 @@ struct train_flags {
           .add("backward_passes_per_step", train.backward_passes_per_step,
                "backward passes (micro-batches of --batch / N rows) accumulated per step, Horovod's name")
           .add("cuda_graph", train.cuda_graph,
-               "CUDA builds, one rank: replay each batch size's step as a CUDA graph where it applies "
+               "CUDA builds, one rank or the NCCL backend: replay each batch size's step as a CUDA graph where it applies "
                "(--nocuda_graph: every step eager)");
     }
   }

@@ -24,7 +24,7 @@
 //                     (train_options::loss_ring, dtf/train/loss_reads.hpp); rank 0 evaluates
 //                     after each epoch. The engine's device::context orders the step on its
 //                     compute stream (ring_allreduce), the device gather included
-//                     (dtf/train/ring_batches.hpp); one rank's deferred step from device batches
+//                     (dtf/train/ring_batches.hpp); one rank's (or NCCL's) deferred step from device batches
 //                     replays CUDA graphs where they apply (train_options::cuda_graph,
 //                     step_graphs_on; section 7 of docs/design/gpu-execution.md).
 //   finish            close_ring: the session closed (rank 0's final checkpoint), every rank past

@@ -73,11 +73,12 @@ struct train_options {
   /// Off: the step returns its loss to the host, as before. The parameters are the same.
   bool loss_ring = true;
   /// The step as CUDA graphs (docs/design/gpu-execution.md, section 7) where it applies:
-  /// ring_allreduce on one rank (a single-process run or a ring of one), device_data, loss_ring
-  /// with a model that defers its loss and can be captured (nn::sequential with labels checked at
-  /// upload), no clip_norm, backward_passes_per_step 1. Each batch size's second step is captured,
-  /// later ones replay it; the parameters are the eager step's bit for bit. Elsewhere (and off)
-  /// the step is eager. CPU builds run the CPU twin: the same steps, eagerly.
+  /// ring_allreduce on one rank (a single-process run or a ring of one) or on several with the
+  /// NCCL backend (its allreduces captured too), device_data, loss_ring with a model that defers
+  /// its loss and can be captured (nn::sequential with labels checked at upload),
+  /// backward_passes_per_step 1. Each batch size's second step is captured, later ones replay it;
+  /// on one rank the parameters are the eager step's bit for bit. Elsewhere (and off) the step is
+  /// eager. CPU builds run the CPU twin: the same steps, eagerly.
   bool cuda_graph = true;
   /// Test loss and accuracy of parameters (device memory, the model's layout); called by the
   /// chief after each of its epochs and at the end. Empty: no evaluation (RESULT has no accuracy).
