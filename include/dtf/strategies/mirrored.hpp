@@ -340,7 +340,7 @@ class mirrored<M, Nccl> {
 #endif
   }
 
-  // Replica k's share of step 1-4.
+  // Replica k's share of step 1-4 (set_batch: no host wait, see mean_to_device).
   void replica_step(std::size_t k, const data::host_batch& b, detail::replica_barrier& barrier, float lr) {
     const auto timeout = std::chrono::milliseconds(config_.timeout_ms);
     replica& rep = *replicas_[k];
@@ -366,7 +366,8 @@ class mirrored<M, Nccl> {
       if (nccl_) return nccl_step(k, loss, barrier, lr);
 #endif
 #if DTF_CUDA
-    rep.gradients_to_host(loss);  // the host averages them: it waits for the compute stream
+    // The host averages them; its wait for the compute stream orders reduced_'s writes (mean_to_device).
+    rep.gradients_to_host(loss);
 #else
     rep.write_prefix(loss);
 #endif

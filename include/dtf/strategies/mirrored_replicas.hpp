@@ -6,7 +6,7 @@
 // stream.
 //
 //   detail::mirrored_replica<M> rep(prototype, n, rule, passes);  // on replica k's device
-//   rep.set_batch(batch);                // waits for the previous step (the copy is synchronous)
+//   rep.set_batch(batch);                // the batch in through pinned slots, compute stream
 //   ... loss = rep.net.loss_and_gradients(...) ...
 //   rep.write_prefix(loss);              // [loss, 15 zeros] before the gradient, compute stream
 //   rep.comm_after_compute();            // the communication stream waits for it (NCCL path)
@@ -17,13 +17,17 @@
 // on the legacy stream is not ordered after them: whoever reads the replica's buffers from the
 // host or the legacy stream calls settle() first. The host path's trips through host memory are
 // cudaMemcpyAsync on the compute stream to and from pinned buffers allocated once, the host
-// waiting only where it reads the bytes (gradients_to_host). CPU builds: the context's CPU twin; every call
-// has completed when it returns and the arithmetic is the one before the context, bit for bit.
+// waiting only where it reads the bytes (gradients_to_host). The batch goes in the same way
+// (device::batch_upload, section 3.1): no host wait per step, so the host's next write to a
+// buffer an asynchronous copy reads is ordered by another wait (see mean_to_device).
+// CPU builds: the context's CPU twin; every call has completed when it returns and the
+// arithmetic is the one before the context, bit for bit (the batch: assign_from_host's bits).
 // Thread safety: one thread per replica (its own), except where mirrored says otherwise.
 #pragma once
 
 #include <dtf/config.hpp>
 #include <dtf/data/dataset.hpp>
+#include <dtf/device/batch_upload.hpp>
 #include <dtf/device/kernels.hpp>
 #include <dtf/error.hpp>
 #include <dtf/host.hpp>
@@ -88,6 +92,7 @@ struct mirrored_replica {
   pinned_floats host_grads;    // CUDA builds: grads staged in pinned host memory (the host path)
   optim::optimizer<> opt;
   micro_batches micro;      // backward_passes_per_step
+  dtf::device::batch_upload upload;  // set_batch's pinned slots (before exec: freed after it drains)
   engine_context<M> exec;  // after net: it unbinds the model before the model goes
 #if DTF_CUDA
   replica_event ready;  // recorded on the compute stream after the loss's slot (the NCCL path)
@@ -97,13 +102,17 @@ struct mirrored_replica {
   /// The host waits for the work issued on the replica's streams so far (no-op on CPU builds).
   void settle() const { exec.settle(); }
 
-  /// Copies the batch in (synchronously) once the previous step no longer reads it, and binds
-  /// the model again if something else bound it since.
+  /// Binds the model again if something else bound it since, then copies the batch in through
+  /// pinned slots (device::batch_upload) on the stream the model reads it on: the compute
+  /// stream, after the previous step's reads of x and y (stream order), with no host wait unless
+  /// a tensor's bytes change (then settle(): Thrust resizes on the legacy stream). A model that
+  /// takes no context runs on the legacy stream, which is not ordered after the previous update
+  /// on the compute stream: the host waits for it first, as before.
   void set_batch(const data::host_batch& b) {
-    settle();
-    assign_from_host(x, b.features);
-    assign_from_host(y, b.labels);
     exec.bind();
+    if constexpr (!takes_context<M>) settle();
+    upload.upload(x, b.features, y, b.labels, takes_context<M> ? exec.stream() : dtf::device::stream_t{},
+                  [this] { settle(); });
   }
 
   /// grads[0] = loss, grads[1..pre) = 0: on CPU builds in place, on CUDA builds one kernel on
@@ -146,9 +155,11 @@ struct mirrored_replica {
     host_grads[0] = loss;
   }
   /// The gradient := `mean` (n floats of pinned host memory), on the compute stream, with no host
-  /// wait: the caller does not write `mean` again before the replica's streams are settled
-  /// (mirrored: the next write follows the next step's first barrier, which every replica
-  /// reaches after set_batch's wait).
+  /// wait: the caller does not write `mean` again before this copy completed (mirrored's host
+  /// path: the next write follows the next step's first barrier, which every replica reaches
+  /// after gradients_to_host's cudaStreamSynchronize of the compute stream, stream-ordered
+  /// after this copy; set_batch no longer waits). A step that fails before that barrier breaks
+  /// it, so no replica writes `mean` in that step.
   void mean_to_device(const float* mean, std::size_t n) {
     dtf::detail::check_cuda(cudaMemcpyAsync(grads.template data<float>() + pre, mean, n * sizeof(float),
                                             cudaMemcpyHostToDevice, exec.stream()),
