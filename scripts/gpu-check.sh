@@ -6,11 +6,12 @@
 # benchmarks, and runs each part under its own time limit, going on after a part fails:
 #
 #   device      first, the cases of the GPU execution contract (docs/design/gpu-execution.md):
-#               dtf_tests "[device],[step],[loss],[fused],[optim],[nan],[graph]" in one process (the
-#               context's pool, the kernels, the loss ring, the steady step captured in a CUDA
-#               graph, the fused loss and optimizer, the dense layers' cuBLASLt epilogues against
-#               the cuBLAS path, a diverged run stopped at its step, the step graphs of
-#               ring_allreduce against its eager step and their pool), then
+#               dtf_tests "[device],[step],[loss],[fused],[optim],[nan],[graph],[nccl_graph]" in
+#               one process (the context's pool, the kernels, the loss ring, the steady step
+#               captured in a CUDA graph, the fused loss and optimizer, the dense layers' cuBLASLt
+#               epilogues against the cuBLAS path, a diverged run stopped at its step, the step
+#               graphs of ring_allreduce against its eager step and their pool, host batches
+#               through pinned slots; with 2+ GPUs the NCCL step captured on 2 ranks), then
 #               ring_allreduce with 2 and 3 ranks on the TCP ring (threads sharing the GPU: the
 #               buckets through pinned memory on the communication stream, section 6.0),
 #               dtf_tests "[staging]" under compute-sanitizer's racecheck and synccheck
