@@ -103,8 +103,9 @@ class nccl_communicator {
   void allreduce_average(float* data, std::size_t count, cudaStream_t stream, const std::string& what) {
     guard([&] {
       const ncclResult_t rc = ncclAllReduce(data, data, count, ncclFloat32, ncclAvg, comm_, stream);
+      // The names are built on failure only: this runs per bucket and step.
       if (rc != ncclSuccess && rc != ncclInProgress) check(rc, ("ncclAllReduce (" + what + ")").c_str());
-      settle("ncclAllReduce (" + what + ")", timeout_ms_);
+      settle_call("ncclAllReduce", what, timeout_ms_);
     });
   }
 
@@ -171,6 +172,13 @@ class nccl_communicator {
       if (clock::now() > deadline) timed_out(what, timeout_ms);
       std::this_thread::yield();
     }
+  }
+
+  // settle("call (what)"), the name built only when it fails.
+  void settle_call(const char* call, const std::string& what, std::uint32_t timeout_ms) {
+    ncclResult_t state = ncclSuccess;
+    check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+    if (state != ncclSuccess) settle(std::string(call) + " (" + what + ")", timeout_ms);
   }
 
   // NCCL's asynchronous error, if any (a peer gone, a network failure).

@@ -116,6 +116,13 @@ class device_exchange {
   virtual void abort() noexcept = 0;
 };
 
+/// "bucket k of the gradients" for k < n: the buckets' names in errors, built once per plan.
+inline std::vector<std::string> bucket_names(std::size_t n) {
+  std::vector<std::string> names(n);
+  for (std::size_t k = 0; k < n; ++k) names[k] = "bucket " + std::to_string(k) + " of the gradients";
+  return names;
+}
+
 #if DTF_CUDA && defined(DTF_HAVE_NCCL)
 /// The NCCL exchange of a buffer's buckets (see the file comment).
 class nccl_bucket_exchange final : public device_exchange {
@@ -125,7 +132,8 @@ class nccl_bucket_exchange final : public device_exchange {
   /// collectives run on `comm` (the context's communication stream).
   nccl_bucket_exchange(communicator& ring, float* buffer, std::vector<gradient_bucket> buckets, cudaStream_t compute,
                        cudaStream_t comm)
-      : buffer_(buffer), compute_(compute), stream_(comm), nccl_(ring), waits_(std::move(buckets)),
+      : buffer_(buffer), compute_(compute), stream_(comm), nccl_(ring), names_(bucket_names(buckets.size())),
+        waits_(std::move(buckets)),
         bound_(std::chrono::milliseconds(nccl_.timeout_ms())), marks_(64) {
     try {
       for (cudaEvent_t* e : {&written_, &legacy_written_, &done_, &probe_[0], &probe_[1]})
@@ -160,7 +168,7 @@ class nccl_bucket_exchange final : public device_exchange {
     } else if (w.event) {
       check(cudaStreamWaitEvent(stream_, w.event, 0), "cudaStreamWaitEvent (a layer's gradient)");
     }
-    nccl_.allreduce_average(buffer_ + b.begin, b.size(), stream_, "bucket " + std::to_string(k) + " of the gradients");
+    nccl_.allreduce_average(buffer_ + b.begin, b.size(), stream_, names_.at(k));
   }
 
   void finish() override {
@@ -174,7 +182,10 @@ class nccl_bucket_exchange final : public device_exchange {
     marks_.mark([&](cudaEvent_t& e) { check(cudaEventRecord(e, compute_), "cudaEventRecord (the step's end)"); });
   }
 
-  void set_buckets(std::vector<gradient_bucket> buckets) override { waits_ = bucket_waits<cudaEvent_t>(std::move(buckets)); }
+  void set_buckets(std::vector<gradient_bucket> buckets) override {
+    names_ = bucket_names(buckets.size());
+    waits_ = bucket_waits<cudaEvent_t>(std::move(buckets));
+  }
 
   void check_health(clock::time_point since, const std::string& what) override {
     nccl_.check_health(what);
@@ -217,6 +228,7 @@ class nccl_bucket_exchange final : public device_exchange {
   float* buffer_;
   cudaStream_t compute_, stream_;
   collectives::nccl_communicator nccl_;
+  std::vector<std::string> names_;  // "bucket k of the gradients", built once (errors name them)
   bucket_waits<cudaEvent_t> waits_;  // rule 1 of section 6.0: what each bucket waits for
   progress_bound bound_;
   step_marks<cudaEvent_t> marks_;

@@ -53,6 +53,7 @@ class ring_exchange {
     exchange_ = select_exchange(backend, comm, grads, buckets, ctx, strategy_);
     reducer_ = std::make_unique<bucket_reducer>(std::move(buckets), overlap_, 1, current_device_setter());
     reducer_->record_reports(replan_ = streams && comm.size() > 1 && bucket_bytes > 0);  // end_step
+    name_buckets();
 #if DTF_CUDA
     if (!exchange_ && comm.size() > 1)  // the TCP ring: the buckets through pinned memory
       staging_ = std::make_unique<pinned_staging>(reducer_->buckets(), buffer_end(reducer_->buckets()));
@@ -137,6 +138,7 @@ class ring_exchange {
                                      bucket_bytes_, *reducer_);
     settle();
     reducer_ = std::make_unique<bucket_reducer>(std::move(b), reducer_->overlapping(), 1, current_device_setter());
+    name_buckets();
     if (exchange_) exchange_->set_buckets(reducer_->buckets());
 #if DTF_CUDA
     if (staging_) staging_ = std::make_unique<pinned_staging>(reducer_->buckets(), buffer_end(reducer_->buckets()));
@@ -174,7 +176,7 @@ class ring_exchange {
   // communication stream (section 6.0) or hand it to NCCL (section 6.1).
   void reduce(std::size_t k, const gradient_bucket& b) {
     if (exchange_) return exchange_->reduce(k, b);
-    const std::string name = strategy_ + "/gradients/" + std::to_string(k);
+    const std::string& name = names_.at(k);
 #if DTF_CUDA
     if (!staging_) return;  // one rank: the average is its gradient, left on the device
     staging_->reduce(k, b, comm_, name, grads_.data<float>(), ctx_.comm_stream());
@@ -183,10 +185,17 @@ class ring_exchange {
 #endif
   }
 
+  // "<strategy>/gradients/k", each bucket's tensor name on the ring, built once per plan.
+  void name_buckets() {
+    names_.resize(reducer_->buckets().size());
+    for (std::size_t k = 0; k < names_.size(); ++k) names_[k] = strategy_ + "/gradients/" + std::to_string(k);
+  }
+
   communicator& comm_;
   tensor& grads_;
   device::context& ctx_;
   std::string strategy_;
+  std::vector<std::string> names_;  // name_buckets()
   std::size_t bucket_bytes_;
   bool overlap_;         // as configured (set_overlap(true) restores it)
   bool replan_ = false;  // the buckets are cut again after the first step (end_step)
