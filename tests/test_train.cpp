@@ -479,8 +479,8 @@ TEST_CASE("ring_allreduce: the step as graphs gives the eager step's parameters 
   REQUIRE(graphed.losses.size() == 16);
   CHECK(graphed.losses == eager.losses);
   // Full batches (32 rows): eager at 1, 7 (the evaluation grew the buffers), 11 (the restore);
-  // captured at 2, 9, 13 (9 and 13 after a short step: one eager pass of the model's step shapes
-  // the buffers first, shaped_for); replayed at 3, 5 (after the short step 4: the captured
+  // captured at 2, 9, 13 (9 and 13 after a short step: the buffers keep their allocations, so
+  // reshaping them is host bookkeeping); replayed at 3, 5 (after the short step 4: the captured
   // pointers, whatever the buffers' host shape), 6, 10, 14, 15. The short batch (4 rows): eager
   // at 4, 8 (after the evaluation's drop), 12 (after the restore's), captured at 16.
   CHECK(graphed.full == dtf::device::graph_counts{.eager = 3, .captures = 3, .replays = 6});

@@ -41,7 +41,7 @@ class tensor {
 
   /// A zero-filled tensor of the given shape and dtype.
   explicit tensor(dims shape, dtype type = dtype::float32)
-      : shape_(std::move(shape)), dtype_(type), storage_(num_elements(shape_) * size_of(type)) {}
+      : shape_(std::move(shape)), dtype_(type), bytes_(num_elements(shape_) * size_of(type)), storage_(bytes_) {}
 
   /// The element type.
   dtype type() const noexcept { return dtype_; }
@@ -59,14 +59,22 @@ class tensor {
   /// The number of elements.
   std::size_t size() const noexcept { return num_elements(shape_); }
   /// The buffer's size in bytes.
-  std::size_t size_bytes() const noexcept { return storage_.size(); }
+  std::size_t size_bytes() const noexcept { return bytes_; }
+  /// The allocation's size in bytes: resize() within it touches no memory.
+  std::size_t capacity_bytes() const noexcept { return storage_.size(); }
 
   /// Changes the shape (and dtype), keeping the allocation when it is large enough. The
   /// contents are unspecified afterwards. Use it to reuse a buffer across steps.
+  /// Within capacity_bytes() only the shape changes: nothing is allocated, written or issued on
+  /// any stream (CUDA builds: work queued on another stream that reads the buffer is unaffected,
+  /// so the host need not wait for it). Beyond it the allocation grows (Thrust, on the legacy
+  /// default stream: the caller orders it against other streams).
   void resize(dims shape, dtype type) {
+    const std::size_t n = num_elements(shape) * size_of(type);
+    if (n > storage_.size()) storage_.resize(n);
     shape_ = std::move(shape);
     dtype_ = type;
-    storage_.resize(num_elements(shape_) * size_of(type));
+    bytes_ = n;
   }
   /// As resize(shape, type), keeping the dtype.
   void resize(dims shape) { resize(std::move(shape), dtype_); }
@@ -113,15 +121,15 @@ class tensor {
   /// The whole buffer as contiguous bytes in device memory: what the transport sends.
   ///@{
   std::span<std::byte> bytes() noexcept {
-    return {reinterpret_cast<std::byte*>(thrust::raw_pointer_cast(storage_.data())), storage_.size()};
+    return {reinterpret_cast<std::byte*>(thrust::raw_pointer_cast(storage_.data())), bytes_};
   }
   std::span<const std::byte> bytes() const noexcept {
-    return {reinterpret_cast<const std::byte*>(thrust::raw_pointer_cast(storage_.data())), storage_.size()};
+    return {reinterpret_cast<const std::byte*>(thrust::raw_pointer_cast(storage_.data())), bytes_};
   }
   ///@}
 
   /// Sets every element to zero.
-  void zero() { thrust::fill(storage_.begin(), storage_.end(), static_cast<unsigned char>(0)); }
+  void zero() { thrust::fill(storage_.begin(), storage_.begin() + bytes_, static_cast<unsigned char>(0)); }
 
   /// Copies n = size() elements from host memory into the tensor.
   template <tensor_element T>
@@ -168,7 +176,8 @@ class tensor {
 
   dims shape_;
   dtype dtype_;
-  thrust::device_vector<unsigned char> storage_;
+  std::size_t bytes_;                              // size_bytes(): the shape's bytes
+  thrust::device_vector<unsigned char> storage_;  // capacity_bytes() >= bytes_
 };
 
 }  // namespace dtf

@@ -10,9 +10,9 @@
 // copies, and the host waits for it only before writing that slot again, `slots` batches later
 // (no wait unless the host runs that far ahead of the device). The copies follow the work issued
 // on `stream` before them: the previous step's reads of the tensors, when they are on the same
-// stream. A tensor whose bytes change is resized by Thrust on the legacy stream (a reallocation
-// when it grows past its capacity), which a non-blocking stream does not wait for: `settle` (the
-// caller's host wait for `stream`) is called first. A slot grows (freed, allocated again) only
+// stream. A tensor reshaped within its allocation touches no memory (tensor::resize); one that
+// grows past it is reallocated by Thrust on the legacy stream, which a non-blocking stream does
+// not wait for: `settle` (the caller's host wait for `stream`) is called first, then only. A slot grows (freed, allocated again) only
 // when a larger batch comes: with the same shapes nothing is allocated.
 // CPU builds: the same calls and counts (the slots' rotation, allocations and settles follow the
 // CUDA build's policy), but the containers are copied straight into the tensors (device memory is
@@ -75,8 +75,8 @@ class batch_upload {
 
   /// Copies host containers `a` and `b` (contiguous, row-major: xtensor, e.g. a host_batch's
   /// features and labels) into device tensors `x` and `y` on `stream`, resizing them to the
-  /// containers' shapes and element types; `settle()` is called first when a tensor's bytes
-  /// change. Returns once both are in the slot (the containers may then be reused), the copies
+  /// containers' shapes and element types; `settle()` is called first when a tensor grows
+  /// past its allocation. Returns once both are in the slot (the containers may then be reused), the copies
   /// still in flight on CUDA builds: whoever reads x and y orders its reads after them (the same
   /// stream, or an event).
   template <class A, class B, class Settle>
@@ -96,7 +96,7 @@ class batch_upload {
     if (abytes) std::memcpy(buf, a.data(), abytes);
     if (bbytes) std::memcpy(buf + offset, b.data(), bbytes);
 #endif
-    if (x.size_bytes() != abytes || y.size_bytes() != bbytes) {
+    if (abytes > x.capacity_bytes() || bbytes > y.capacity_bytes()) {  // the tensors grow
       ++settles_;
       settle();
     }
@@ -119,7 +119,7 @@ class batch_upload {
   std::size_t next_slot() const noexcept { return next_; }
   ///@}
   /// Slot allocations so far (one per slot once each was used, then one per slot per larger
-  /// batch), calls of `settle` (a tensor's bytes changed), and host waits for a slot's copy that
+  /// batch), calls of `settle` (a tensor grew), and host waits for a slot's copy that
   /// had not completed (always 0 on CPU builds).
   ///@{
   std::uint64_t allocations() const noexcept { return allocations_; }

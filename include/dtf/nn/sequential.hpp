@@ -265,10 +265,10 @@ class sequential {
   /// Whether enqueue_loss_and_gradients without a ready callback issues no host read or wait (the
   /// labels are trusted: label_check::trusted), so that it can be captured.
   bool capturable_step() const noexcept { return label_check_ == label_check::trusted; }
-  /// Whether the last forward (a step's or an evaluation's) had `rows` rows: the buffers are
-  /// shaped for them, so a step of `rows` rows resizes nothing and waits for nothing (a CUDA
-  /// graph captures only such a step).
-  bool shaped_for(std::size_t rows) const noexcept { return last_rows_ == rows; }
+  /// Whether the buffers already hold a batch of `rows` rows (no forward, a step's or an
+  /// evaluation's, had fewer than the largest so far): a step of `rows` rows then grows nothing,
+  /// so it allocates nothing and does not wait on the host (settle_before_growth).
+  bool fits(std::size_t rows) const noexcept { return rows <= max_rows_ && max_rows_ > 0; }
 
   /// Mean loss of a batch without gradients.
   float loss(std::span<const float> p, const tensor& x, const tensor& y) {
@@ -369,8 +369,8 @@ class sequential {
     if (rows > max_rows_) {
       max_rows_ = rows;  // the activations, gradients and workspaces may grow (storage_generation)
       ++generation_;
+      settle_before_growth();
     }
-    settle_on_new_rows(rows);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const tensor& in = i == 0 ? x : acts_[i - 1];
       tensor& dst = i + 1 == layers_.size() ? out : acts_[i];
@@ -387,15 +387,15 @@ class sequential {
     }
   }
 
-  // The buffers (activations, gradients, the loss's workspace, the ones vector) are resized
-  // when the batch's rows change, by Thrust on the legacy default stream, which the context's
-  // non-blocking compute stream does not wait for: steps still queued there may read or write
-  // what the resize writes or frees. So on a context the host waits for the compute stream
-  // before a step with other rows than the last one (an epoch's short last batch, and the full
-  // batch after it): no wait in a steady state.
-  void settle_on_new_rows(std::size_t rows) {
-    if (rows == last_rows_) return;
-    last_rows_ = rows;
+  // The buffers (activations, gradients, the loss's workspace, the ones vector, the ReLU masks)
+  // keep their allocations: a batch of fewer rows than the largest so far only reshapes them
+  // (tensor::resize within its capacity touches no memory). A batch of more rows grows them, by
+  // Thrust on the legacy default stream (or cudaFree/cudaMalloc), which the context's
+  // non-blocking compute stream does not wait for: steps still queued there may read what the
+  // growth frees. So on a context the host waits for the compute stream before a step that grows
+  // them (the first step, an evaluation of a larger batch): none when an epoch's short last batch
+  // or the full batch after it comes.
+  void settle_before_growth() {
 #if DTF_CUDA
     if (stream_ != nullptr && stream_ != cudaStreamLegacy)
       if (const cudaError_t rc = cudaStreamSynchronize(stream_); rc != cudaSuccess)
@@ -414,7 +414,6 @@ class sequential {
   label_check label_check_ = label_check::verify;
   device::context* context_ = nullptr;
   bool ready_on_device_ = false;  // set_ready_on_device
-  std::size_t last_rows_ = 0;     // the rows of the last forward (settle_on_new_rows)
   std::size_t max_rows_ = 0;      // the most rows a step or evaluation has had
   std::uint64_t generation_ = 0;  // storage_generation
   device::stream_t stream_{};

@@ -77,7 +77,7 @@ class dense_staging {
 
   /// Host containers `features` and `labels` (a host_batch's) into device tensors x and y on
   /// `stream` (model_stream(m): the copy precedes the model's step issued there), through pinned
-  /// slots; the host waits for `stream` only when a tensor's bytes change (device::batch_upload).
+  /// slots; the host waits for `stream` only when a tensor grows past its allocation (device::batch_upload).
   template <class A, class B>
   void set_batch(tensor& x, const A& features, tensor& y, const B& labels, device::stream_t stream = {}) {
     upload_.upload(x, features, y, labels, stream, [stream] {

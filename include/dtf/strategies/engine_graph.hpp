@@ -21,9 +21,9 @@
 // without a host read (graph_model: nn::sequential with trusted labels), and on CUDA builds no
 // ready callback that waits on the host (one rank passes none; with NCCL the model leaves each
 // layer's event to the exchange). Elsewhere (the TCP ring's host waits) the step stays eager. clip_norm's kernels run
-// between the segments (optim::device_clip: no host read). A step due for capture while the
-// model's buffers are shaped for other rows (shaped_for) first runs one eager pass of the model's
-// step to shape them: a capture cannot resize them.
+// between the segments (optim::device_clip: no host read). A key is captured after its eager
+// step, when the model's buffers fit its rows: an epoch's short last batch and the full batch
+// after it only reshape them on the host (tensor::resize within capacity), which a capture holds.
 // CPU builds: the CPU twin (every segment eager, the same bookkeeping), the rate read from host
 // memory: the parameters are the eager step's bit for bit.
 // Thread safety: one thread (the engine's).
@@ -87,22 +87,15 @@ class engine_graph {
     return true;
   }
   /// begin() for a step of `net` on batch x, y when the model can be captured now (a
-  /// graph_model with capturable_step()); false otherwise (the step is eager). When the step is
-  /// to be captured but the model's buffers were last shaped for other rows (shaped_for(rows)
-  /// false: resizing them, and the host wait before it, cannot be captured), `shape()` runs
-  /// first, eagerly: one pass of the model's step on this batch, whose writes the captured step
-  /// overwrites.
-  template <class M, class Shape>
-  bool begin_step(const M& net, const tensor& x, const tensor& y, Shape&& shape) {
+  /// graph_model with capturable_step()); false otherwise (the step is eager). A key's capture
+  /// follows its eager step, so the model's buffers already fit its rows (they only grow, and
+  /// their growth moves the generation, which drops the graphs): reshaping them to its rows is a
+  /// change of shape on the host (tensor::resize within capacity), which a capture holds.
+  template <class M>
+  bool begin_step(const M& net, const tensor& x, const tensor& y) {
     if constexpr (graph_model<M>)
-      if (net.capturable_step() && !x.shape().empty()) {
-        const std::size_t rows = x.shape()[0];
-        if (!begin(rows, x.data<float>(), y.data<std::int32_t>(), net.storage_generation())) return false;
-        if constexpr (requires { net.shaped_for(rows); })
-          if (graphs_->current_phase() == device::step_graphs::phase::capture && !net.shaped_for(rows)) shape();
-        return true;
-      }
-    (void)shape;
+      if (net.capturable_step() && !x.shape().empty())
+        return begin(x.shape()[0], x.data<float>(), y.data<std::int32_t>(), net.storage_generation());
     return false;
   }
   /// end() with `net`'s generation now.

@@ -13,10 +13,10 @@
 // is on the given stream, e.g. nn::sequential bound to a training engine's context) issues every
 // pass's row copies, the accumulation of its gradient and of its loss (a kernel adding
 // w * device_loss() into a device scalar, device_loss() here) on that stream, and reads nothing:
-// the host waits for the stream when a pass's shape changes (its buffers are resized then, e.g.
-// at an epoch's short last batch); a model that resizes its own buffers when the rows change
-// waits for its stream itself (nn::sequential: with uneven passes, 10 rows in 3: 3, 3, 4, a wait
-// per step; none when the passes divide the batch evenly). Both compute the same floats in the same order (CPU
+// the host waits for the stream when a pass's buffers grow (the first step, a larger batch; an
+// epoch's short last batch only reshapes them); a model that grows its own buffers waits for its
+// stream itself (nn::sequential: on its first step and a larger batch, so none per step, even
+// with uneven passes, 10 rows in 3: 3, 3, 4). Both compute the same floats in the same order (CPU
 // builds: the same bits, tests/test_collectives.cpp; device code adds w * x without contracting
 // it into a fused multiply-add, as the host does).
 // Thread safety: one thread per instance.
@@ -173,8 +173,9 @@ class micro_batches {
 
  private:
   // The device form's buffers shaped for batch (x, y): pass i's rows, the pass's gradient, the
-  // loss. Resizing may touch memory on the legacy stream (Thrust), so the host waits for
-  // `stream` first, when a shape changes (never in a steady state).
+  // loss. Reshaping within their allocations touches no memory (tensor::resize); growing them
+  // does, on the legacy stream (Thrust), so the host waits for `stream` first when one grows
+  // (the first step, a larger batch: never in a steady state, nor at an epoch's short batch).
   void shape_passes(const tensor& x, const tensor& y, std::size_t n, device::stream_t stream) {
     const std::size_t rows = x.dim(0), k = std::size_t(passes_);
     std::vector<dims> xd(k), yd(k);
@@ -186,7 +187,11 @@ class micro_batches {
              ys_[i].type() == y.type();
     }
     if (same) return;
-    wait(stream);
+    bool grows = xs_.size() != k || scratch_.capacity_bytes() < n * sizeof(float) || loss_.capacity_bytes() < sizeof(float);
+    for (std::size_t i = 0; i < k && !grows; ++i)
+      grows = xs_[i].capacity_bytes() < num_elements(xd[i]) * size_of(x.type()) ||
+              ys_[i].capacity_bytes() < num_elements(yd[i]) * size_of(y.type());
+    if (grows) wait(stream);
     xs_.resize(k), ys_.resize(k);
     for (std::size_t i = 0; i < k; ++i) xs_[i].resize(xd[i], x.type()), ys_[i].resize(yd[i], y.type());
     scratch_.resize({n});

@@ -105,7 +105,7 @@ struct mirrored_replica {
   /// Binds the model again if something else bound it since, then copies the batch in through
   /// pinned slots (device::batch_upload) on the stream the model reads it on: the compute
   /// stream, after the previous step's reads of x and y (stream order), with no host wait unless
-  /// a tensor's bytes change (then settle(): Thrust resizes on the legacy stream). A model that
+  /// a tensor grows past its allocation (then settle(): Thrust reallocates on the legacy stream). A model that
   /// takes no context runs on the legacy stream, which is not ordered after the previous update
   /// on the compute stream: the host waits for it first, as before.
   void set_batch(const data::host_batch& b) {

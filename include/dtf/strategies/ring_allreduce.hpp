@@ -280,12 +280,10 @@ class ring_allreduce<M> {
     const auto grads = grads_.template span<float>().subspan(pre, n_);
     const auto params = params_.template span<const float>();
     device_.bind();
-    if constexpr (requires { net_.shaped_for(std::size_t{}); })  // the model waits on the host when its rows change:
-      if (x_ex_->device() && !x.shape().empty() && !net_.shaped_for(x.shape()[0]))  // bounded first (§6.1)
-        device_.guard("the model's wait before a step of other rows");
-    const bool graph = defer && graph_.begin_step(net_, x, y, [&] {  // shapes the buffers before a capture
-      if constexpr (defers_loss<M>) net_.enqueue_loss_and_gradients(params, x, y, grads);
-    });
+    if constexpr (requires { net_.fits(std::size_t{}); })  // the model waits on the host when its buffers grow:
+      if (x_ex_->device() && !x.shape().empty() && !net_.fits(x.shape()[0]))  // bounded first (§6.1)
+        device_.guard("the model's wait before its buffers grow");
+    const bool graph = defer && graph_.begin_step(net_, x, y);
     x_ex_->begin_step();
     float loss = 0;
     bool loss_on_device = false;  // the model (or micro_) left its loss at its device_loss() (defer)
