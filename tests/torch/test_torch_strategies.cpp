@@ -30,7 +30,6 @@
 #include <functional>
 #include <memory>
 #include <sstream>
-#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -131,21 +130,18 @@ data::host_batch rows_of(const data::host_batch& b, std::size_t begin, std::size
 /// Linear(8, 8) frozen at 0.5, ReLU, Linear(8, 8) used twice (tied), Linear(8, 3), seeded:
 /// 99 trainable floats (LibTorch's named_parameters() lists 243, 72 of them frozen).
 ::torch::nn::Sequential frozen_tied_net() {
-  namespace tnn = ::torch::nn;
-  // Ranks build it on threads of one process: the seed and the draws from LibTorch's one global
-  // generator must not interleave with another rank's, or each build holds other values.
-  static std::mutex building;
-  std::lock_guard held(building);
-  ::torch::manual_seed(14);
-  tnn::Linear f(8, 8), l(8, 8);
-  {
-    ::torch::NoGradGuard no_grad;
-    f->weight.fill_(0.5f);
-    f->bias.fill_(0.5f);
-  }
-  f->weight.requires_grad_(false);
-  f->bias.requires_grad_(false);
-  return tnn::Sequential(f, tnn::ReLU(), l, tnn::ReLU(), l, tnn::Linear(8, 3));
+  return test::seeded(14, [] {  // ranks build it on threads of one process
+    namespace tnn = ::torch::nn;
+    tnn::Linear f(8, 8), l(8, 8);
+    {
+      ::torch::NoGradGuard no_grad;
+      f->weight.fill_(0.5f);
+      f->bias.fill_(0.5f);
+    }
+    f->weight.requires_grad_(false);
+    f->bias.requires_grad_(false);
+    return tnn::Sequential(f, tnn::ReLU(), l, tnn::ReLU(), l, tnn::Linear(8, 3));
+  });
 }
 
 /// frozen_tied_net() as a dtf model that starts from the module's values.
@@ -363,13 +359,8 @@ TEST_CASE("torch: init_from::module gives a loaded module's values back bit for 
 
 namespace {
 
-/// torch_small_net() from seed 31, built one at a time (see frozen_tied_net).
-::torch::nn::Sequential seeded_small_net() {
-  static std::mutex building;
-  std::lock_guard held(building);
-  ::torch::manual_seed(31);
-  return test::torch_small_net();
-}
+/// torch_small_net() from seed 31, built one at a time (test::seeded).
+::torch::nn::Sequential seeded_small_net() { return test::seeded(31, test::torch_small_net); }
 
 /// Cross-entropy after zero_grad(set_to_none) on its module (LibTorch 2's default zeroing, here
 /// in the loss): every .grad() dtf lent is undefined when backward starts.
@@ -486,13 +477,8 @@ struct TwoInput : ::torch::nn::ModuleHolder<TwoInputImpl> {  // TORCH_MODULE(Two
   TwoInput() : ModuleHolder(std::make_shared<TwoInputImpl>()) {}
 };
 
-/// TwoInput from seed 41, built one at a time (see frozen_tied_net).
-TwoInput two_input_net() {
-  static std::mutex building;
-  std::lock_guard held(building);
-  ::torch::manual_seed(41);
-  return TwoInput();
-}
+/// TwoInput from seed 41, built one at a time (test::seeded).
+TwoInput two_input_net() { return test::seeded(41, [] { return TwoInput(); }); }
 
 /// Mean squared error of the prediction from columns 0-2 and 3-6 against column 7.
 struct mse_step {
@@ -702,13 +688,8 @@ struct ReversedImpl : ::torch::nn::Cloneable<ReversedImpl> {
 };
 TORCH_MODULE(Reversed);
 
-/// Reversed() from seed 41, built one at a time (see frozen_tied_net).
-Reversed seeded_reversed() {
-  static std::mutex building;
-  std::lock_guard held(building);
-  ::torch::manual_seed(41);
-  return Reversed();
-}
+/// Reversed() from seed 41, built one at a time (test::seeded).
+Reversed seeded_reversed() { return test::seeded(41, [] { return Reversed(); }); }
 
 /// Buckets as [begin, end, begin, end, ...] (Catch prints that; gradient_bucket has no operator<<).
 std::vector<std::size_t> flat_buckets(const std::vector<strategies::detail::gradient_bucket>& bs) {

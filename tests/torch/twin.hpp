@@ -9,10 +9,25 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 namespace dtf::test {
+
+/// make() after ::torch::manual_seed(seed), one build at a time in the process: ranks build their
+/// modules on threads of one process, and the seed and the draws from LibTorch's one global
+/// generator must not interleave with another build's, or each build holds other values.
+inline std::mutex& seeded_builds() {
+  static std::mutex building;  // one for every build (not one per Make): they share the generator
+  return building;
+}
+template <class Make>
+auto seeded(std::uint64_t seed, Make&& make) {
+  std::lock_guard held(seeded_builds());
+  ::torch::manual_seed(seed);
+  return make();
+}
 
 /// Linear(8, 16), ReLU, Linear(16, 3): small_net() in LibTorch.
 inline ::torch::nn::Sequential torch_small_net() {
